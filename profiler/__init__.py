@@ -1,0 +1,1 @@
+"""ppd's offline tools: models, local clusters, trace replay, profiling, reports."""

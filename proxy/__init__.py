@@ -1,0 +1,1 @@
+"""ppd's online router (filled in by the proxy issue)."""
