@@ -1,0 +1,19 @@
+"""Trace replay: an open-loop multi-turn client, per-request metrics, summaries and outputs."""
+
+from profiler.replay.client import (
+    ReplayConfig,
+    ReplayError,
+    ReplayResult,
+    RequestRecord,
+    arrival_times,
+    replay,
+)
+
+__all__ = [
+    "ReplayConfig",
+    "ReplayError",
+    "ReplayResult",
+    "RequestRecord",
+    "arrival_times",
+    "replay",
+]

@@ -1,0 +1,318 @@
+"""The open-loop replay client.
+
+New conversations arrive as a Poisson process (gamma inter-arrivals for burstiness != 1, as in
+vLLM's serving benchmark); within a conversation the next turn is sent when the previous reply
+is complete, plus an optional think time, and carries the actual reply in its history. Every
+turn becomes one RequestRecord; timeouts, HTTP errors and connection errors are failed records,
+never exceptions. A failed turn ends its conversation (there is no reply to continue from).
+
+Time comes from an injectable clock and sleep so the arrival logic can be tested without
+waiting; `arrival_times` is a pure function of a seeded generator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import httpx
+
+from profiler.replay.wire import Api, History, error_message, parse_event
+from profiler.traces.conversation import Conversation
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class ReplayError(RuntimeError):
+    """The replay cannot start (bad target, no model); per-request failures are records."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    """How to replay: target, load, request shape. Validated once when built."""
+
+    target: str  # proxy base URL, e.g. http://127.0.0.1:8000
+    qps: float  # conversation arrival rate
+    duration_s: float  # stop starting new conversations after this
+    model: str | None = None  # None: the first model of GET /v1/models
+    api: Literal["chat", "completions"] = "chat"
+    max_turns: int | None = None
+    timeout_s: float = 30.0  # per request, whole stream included
+    max_tokens_cap: int = 1024
+    ignore_eos: bool = True
+    burstiness: float = 1.0  # gamma shape; 1.0 = Poisson
+    think_time_s: float = 0.0
+    seed: int = 0
+    max_conversations: int | None = None
+    headers_for_turn: Callable[[int], Mapping[str, str]] | None = None  # e.g. force a route
+    progress: bool = False
+    session_header: bool = True  # send x-session-id (as vLLM's multi-turn benchmark does)
+
+    def __post_init__(self) -> None:
+        if not self.target.startswith(("http://", "https://")):
+            raise ValueError(f"target must be an http(s) URL, got {self.target!r}")
+        if self.qps <= 0 or self.duration_s <= 0:
+            raise ValueError("qps and duration_s must be > 0")
+        if self.api not in ("chat", "completions"):
+            raise ValueError(f"api must be chat or completions, got {self.api!r}")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError("max_turns must be >= 1")
+        if self.timeout_s <= 0 or self.max_tokens_cap < 1 or self.burstiness <= 0:
+            raise ValueError("timeout_s, max_tokens_cap and burstiness must be positive")
+        if self.think_time_s < 0:
+            raise ValueError("think_time_s must be >= 0")
+        if self.max_conversations is not None and self.max_conversations < 1:
+            raise ValueError("max_conversations must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One turn as the client saw it. Times in seconds; start_s from the replay's start."""
+
+    conversation_id: str
+    turn: int  # 1-based
+    route: str | None  # x-ppd-route
+    decode: str | None  # x-ppd-decode
+    prefill: str | None  # x-ppd-prefill
+    start_s: float
+    ttft_s: float | None
+    tpot_s: float | None  # (e2e - ttft) / (output tokens - 1); None below 2 tokens
+    e2e_s: float | None
+    itl_s: tuple[float, ...]  # gaps between successive streamed chunks with text
+    n_input_tokens: int | None  # from usage
+    n_output_tokens: int  # usage when present, else chunks with text
+    success: bool  # HTTP 200, >= 1 token, no error, within the timeout
+    error: str | None
+    status: int | None
+    max_tokens: int | None = None
+    proxy_turn: int | None = None  # x-ppd-turn, the proxy's view of the turn index
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    records: list[RequestRecord]
+    wall_time_s: float
+    config: ReplayConfig
+    n_conversations: int = 0  # conversations started
+
+
+def arrival_times(
+    qps: float,
+    duration_s: float,
+    rng: random.Random,
+    *,
+    burstiness: float = 1.0,
+    max_count: int | None = None,
+) -> list[float]:
+    """Start times (s) of conversations arriving at rate qps until duration_s.
+
+    Inter-arrival gaps are gamma(shape=burstiness, scale=1/(qps*burstiness)): mean 1/qps
+    for every shape; shape 1 is exponential (Poisson arrivals), below 1 burstier.
+    """
+    times: list[float] = []
+    now = 0.0
+    while max_count is None or len(times) < max_count:
+        now += rng.gammavariate(burstiness, 1.0 / (qps * burstiness))
+        if now >= duration_s:
+            break
+        times.append(now)
+    return times
+
+
+@dataclass(slots=True)
+class _Stream:
+    """Accumulates one streamed answer."""
+
+    start: float
+    status: int | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    chunk_times: list[float] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    usage: Mapping[str, object] | None = None
+    error: str | None = None
+    end: float | None = None
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) else None
+
+
+def _record(conv_id: str, turn: int, t0: float, max_tokens: int, s: _Stream) -> RequestRecord:
+    usage = s.usage or {}
+    n_out = _int_or_none(usage.get("completion_tokens"))
+    n_out = n_out if n_out is not None else len(s.chunk_times)
+    ttft = s.chunk_times[0] - s.start if s.chunk_times else None
+    e2e = s.end - s.start if s.end is not None else None
+    success = s.status == 200 and s.error is None and n_out >= 1 and ttft is not None
+    tpot = None
+    if success and n_out > 1 and e2e is not None and ttft is not None:
+        tpot = (e2e - ttft) / (n_out - 1)
+    turn_header = s.headers.get("x-ppd-turn")
+    return RequestRecord(
+        conversation_id=conv_id,
+        turn=turn,
+        route=s.headers.get("x-ppd-route"),
+        decode=s.headers.get("x-ppd-decode"),
+        prefill=s.headers.get("x-ppd-prefill"),
+        start_s=s.start - t0,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        e2e_s=e2e,
+        itl_s=tuple(b - a for a, b in zip(s.chunk_times, s.chunk_times[1:], strict=False)),
+        n_input_tokens=_int_or_none(usage.get("prompt_tokens")),
+        n_output_tokens=n_out,
+        success=success,
+        error=s.error if s.error or success else "no tokens in the answer",
+        status=s.status,
+        max_tokens=max_tokens,
+        proxy_turn=int(turn_header) if turn_header and turn_header.isdigit() else None,
+    )
+
+
+class _Replayer:
+    """One replay run: owns the HTTP client, the clock, and the records."""
+
+    def __init__(self, config: ReplayConfig, client: httpx.AsyncClient, model: str,
+                 clock: Clock, sleep: Sleep) -> None:
+        self.config = config
+        self.api = Api(config.api)
+        self.client = client
+        self.model = model
+        self.clock = clock
+        self.sleep = sleep
+        self.records: list[RequestRecord] = []
+        self.t0 = clock()
+        self.on_record: Callable[[RequestRecord], None] = lambda record: None
+
+    async def _stream(self, body: dict, headers: Mapping[str, str]) -> _Stream:
+        s = _Stream(start=self.clock())
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                async with self.client.stream(
+                    "POST", self.api.path, json=body, headers=dict(headers)
+                ) as response:
+                    s.status, s.headers = response.status_code, response.headers
+                    if response.status_code != 200:
+                        s.error = error_message(response.status_code, await response.aread())
+                        return s
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == "[DONE]":
+                            break
+                        chunk = parse_event(data)
+                        if chunk.error:
+                            s.error = chunk.error
+                            break
+                        if chunk.text:
+                            s.chunk_times.append(self.clock())
+                            s.text.append(chunk.text)
+                        if chunk.usage:
+                            s.usage = chunk.usage
+        except TimeoutError:
+            s.error = f"timeout after {self.config.timeout_s:g} s"
+        except httpx.HTTPError as exc:
+            s.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            s.end = self.clock()
+        return s
+
+    async def conversation(self, conversation: Conversation, conv_id: str) -> None:
+        """Send the conversation's turns one after another; stop at the first failure."""
+        config = self.config
+        history = History(self.api, conversation.system)
+        turns = conversation.turns[: config.max_turns] if config.max_turns else conversation.turns
+        for turn_index, turn in enumerate(turns, start=1):
+            history.add_user(turn.user)
+            max_tokens = min(turn.n_out_tokens or config.max_tokens_cap, config.max_tokens_cap)
+            headers: dict[str, str] = {}
+            if config.session_header:
+                headers["x-session-id"] = conv_id
+            if config.headers_for_turn is not None:
+                headers.update(config.headers_for_turn(turn_index))
+            body = history.body(self.model, max_tokens, ignore_eos=config.ignore_eos)
+            stream = await self._stream(body, headers)
+            record = _record(conv_id, turn_index, self.t0, max_tokens, stream)
+            self.records.append(record)
+            self.on_record(record)
+            if not record.success:
+                return
+            history.add_reply("".join(stream.text))
+            if config.think_time_s and turn_index < len(turns):
+                await self.sleep(config.think_time_s)
+
+    async def run(self, conversations: Sequence[Conversation]) -> int:
+        """Start conversations at their arrival times; wait for all; return how many started."""
+        config = self.config
+        rng = random.Random(config.seed)
+        arrivals = arrival_times(config.qps, config.duration_s, rng,
+                                 burstiness=config.burstiness,
+                                 max_count=config.max_conversations)
+        if len(arrivals) > len(conversations):
+            log.warning("%d arrivals but %d conversations: conversations repeat",
+                        len(arrivals), len(conversations))
+        tasks = []
+        for index, at in enumerate(arrivals):
+            delay = self.t0 + at - self.clock()
+            if delay > 0:
+                await self.sleep(delay)
+            conversation = conversations[index % len(conversations)]
+            cycle = index // len(conversations)
+            # A repeated conversation gets its own id, so the proxy sees a new session.
+            conv_id = conversation.id if cycle == 0 else f"{conversation.id}#{cycle}"
+            tasks.append(asyncio.create_task(self.conversation(conversation, conv_id)))
+        await asyncio.gather(*tasks)
+        return len(arrivals)
+
+
+async def first_model(client: httpx.AsyncClient) -> str:
+    """The id of the first model the target lists at GET /v1/models."""
+    try:
+        response = await client.get("/v1/models")
+        response.raise_for_status()
+        return str(response.json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        url = str(client.base_url).rstrip("/") + "/v1/models"
+        raise ReplayError(f"cannot get a model from {url}: {type(exc).__name__}: {exc}") from None
+
+
+async def replay(
+    conversations: Sequence[Conversation],
+    config: ReplayConfig,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    clock: Clock = time.perf_counter,
+    sleep: Sleep = asyncio.sleep,
+) -> ReplayResult:
+    """Replay conversations against config.target; one record per turn sent."""
+    if not conversations:
+        raise ReplayError("no conversations to replay")
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    timeout = httpx.Timeout(config.timeout_s)
+    async with httpx.AsyncClient(base_url=config.target, transport=transport, limits=limits,
+                                 timeout=timeout) as client:
+        model = config.model or await first_model(client)
+        replayer = _Replayer(config, client, model, clock, sleep)
+        progress = None
+        if config.progress:
+            from tqdm import tqdm
+
+            progress = tqdm(desc="replay", unit="turn", dynamic_ncols=True)
+            replayer.on_record = lambda record: progress.update(1)
+        try:
+            started = await replayer.run(conversations)
+        finally:
+            if progress is not None:
+                progress.close()
+        wall = clock() - replayer.t0
+    records = sorted(replayer.records, key=lambda record: record.start_s)
+    return ReplayResult(records=records, wall_time_s=wall, config=config, n_conversations=started)
