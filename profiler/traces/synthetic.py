@@ -56,10 +56,13 @@ def exact_text(rng: random.Random, n_tokens: int, tokenizer: TextTokenizer) -> s
     target = n_tokens
     best, best_error = text, abs(tokenizer.count(text) - n_tokens)
     for _ in range(_MAX_ADJUSTMENTS):
-        candidate = tokenizer.truncate(text, target).rstrip()
+        cut = tokenizer.truncate(text, target)
+        # Prefer a cut without trailing blanks, but a blank may be the token that is needed.
+        for candidate in dict.fromkeys((cut.rstrip(), cut)):
+            if tokenizer.count(candidate) == n_tokens:
+                return candidate
+        candidate = cut.rstrip()
         got = tokenizer.count(candidate)
-        if got == n_tokens:
-            return candidate
         if abs(got - n_tokens) < best_error:
             best, best_error = candidate, abs(got - n_tokens)
         target += n_tokens - got
