@@ -1,0 +1,230 @@
+"""`create_app`: the Quart app, thin handlers over the router, owning one pooled httpx client.
+
+Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health
+(503 while no route can be served), GET /metrics (Prometheus), GET /stats (JSON counters),
+GET /sessions (admin).
+
+Forcing header `x-ppd-route: pd|local` (the profiler uses it): needs `authorization: Bearer
+ADMIN_KEY` when an admin key is configured. Forcing `local` on a request that has nothing to
+append to (turn 1, a new branch, or a session whose D is gone) runs it as P->D, and the
+response's `x-ppd-route: pd` says so. Under policy replica the header is ignored.
+With `--api-key`, the completion endpoints need `authorization: Bearer API_KEY` (the admin
+key is accepted too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST
+from quart import Quart, Response, request
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from proxy.backends import BackendPool
+from proxy.config import Policy, ProxyConfig
+from proxy.discovery import Discovery
+from proxy.errors import BadRequest, PayloadTooLarge, ProxyError, Unauthorized
+from proxy.health import HealthMonitor
+from proxy.load import RateMeter
+from proxy.metrics import ProxyMetrics
+from proxy.policies import RoutingPolicy
+from proxy.route import Role, RouteKind
+from proxy.router import Incoming, Reply, Router
+from proxy.sessions import SessionLedger
+from proxy.table import DecisionTable
+from proxy.tokens import token_counter
+from proxy.validate import Endpoint, parse_json_object, validate_body
+
+log = logging.getLogger("ppd.proxy")
+
+_FORCIBLE = {RouteKind.PD.value: RouteKind.PD, RouteKind.LOCAL.value: RouteKind.LOCAL}
+
+
+@dataclass(slots=True)
+class ProxyState:
+    """The typed objects one app owns (reachable as app.extensions["ppd"])."""
+
+    config: ProxyConfig
+    pool: BackendPool
+    ledger: SessionLedger
+    router: Router
+    metrics: ProxyMetrics
+    load: RateMeter
+    discovery: Discovery | None
+    transport: httpx.AsyncBaseTransport | None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    client: httpx.AsyncClient | None = None
+
+    def required_roles(self) -> tuple[Role, ...]:
+        """The roles that must have a healthy node for any request to be served."""
+        if self.config.policy.kind is Policy.REPLICA:
+            return (Role.REPLICA,)
+        return (Role.PREFILL, Role.DECODE)
+
+
+def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
+                clock: Callable[[], float]) -> ProxyState:
+    """Assemble the ledgers, policy and router from the config (loads table and tokenizer)."""
+    table = DecisionTable.load(config.policy.table) if config.policy.table else None
+    policy = RoutingPolicy(config.policy, table)
+    pool = BackendPool(config.nodes)
+    ledger = SessionLedger(config.session_ttl, config.max_sessions, clock)
+    metrics = ProxyMetrics(config.policy.kind.value, lambda: len(ledger))
+    load = RateMeter(config.load_window, clock)
+    router = Router(pool, ledger, policy, token_counter(config.tokenizer), metrics, load, clock)
+    discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock)
+                 if config.discovery else None)
+    return ProxyState(config, pool, ledger, router, metrics, load, discovery, transport)
+
+
+def _bearer_matches(header: str | None, *keys: str | None) -> bool:
+    token = header[7:] if header and header.lower().startswith("bearer ") else None
+    return token is not None and any(
+        k is not None and hmac.compare_digest(token.encode(), k.encode()) for k in keys)
+
+
+def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | None = None,
+               clock: Callable[[], float] = time.monotonic) -> Quart:
+    """The proxy as an ASGI app; `transport` replaces the network (tests), `clock` time."""
+    state = build_state(config, transport, clock)
+    app = Quart("ppd.proxy")
+    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
+    app.config["RESPONSE_TIMEOUT"] = None  # streams last as long as generation does
+    app.extensions["ppd"] = state
+
+    @app.before_serving
+    async def start() -> None:
+        state.client = httpx.AsyncClient(
+            transport=transport,
+            timeout=httpx.Timeout(config.request_timeout, connect=config.connect_timeout),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+        )
+        state.router.client = state.client
+        monitor = HealthMonitor(state.pool, state.client, config.health_interval)
+        await monitor.check_all()
+        table = state.router.policy.table
+        if table is not None:
+            for model in sorted(state.pool.models()):
+                if warning := table.model_warning(model):
+                    log.warning(warning)
+        state.tasks.append(asyncio.create_task(_after(config.health_interval, monitor.run)))
+        if state.discovery is not None:
+            address = state.discovery.bind()
+            log.info("discovery listening on %s", address)
+            state.tasks.append(asyncio.create_task(state.discovery.run()))
+
+    @app.after_serving
+    async def stop() -> None:
+        for task in state.tasks:
+            task.cancel()
+        for task in state.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        state.tasks.clear()
+        if state.client is not None:
+            await state.client.aclose()
+
+    async def completion(endpoint: Endpoint) -> Response:
+        auth = request.headers.get("authorization")
+        if config.api_key and not _bearer_matches(auth, config.api_key, config.admin_key):
+            raise Unauthorized("missing or invalid API key (authorization: Bearer KEY)")
+        forced = request.headers.get("x-ppd-route")
+        if forced is not None:
+            if forced not in _FORCIBLE:
+                raise BadRequest(f"x-ppd-route must be one of {sorted(_FORCIBLE)}, got {forced!r}")
+            if config.admin_key and not _bearer_matches(auth, config.admin_key):
+                raise Unauthorized("x-ppd-route needs authorization: Bearer ADMIN_KEY")
+        body = parse_json_object(await request.get_data(cache=False))
+        validate_body(endpoint, body)
+        reply = await state.router.handle(Incoming(
+            endpoint, body, request.headers.get("x-session-id"),
+            _FORCIBLE[forced] if forced else None))
+        return _response(reply)
+
+    @app.post(Endpoint.CHAT.value)
+    async def chat_completions() -> Response:
+        return await completion(Endpoint.CHAT)
+
+    @app.post(Endpoint.COMPLETIONS.value)
+    async def completions() -> Response:
+        return await completion(Endpoint.COMPLETIONS)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        data = [{"id": m, "object": "model", "owned_by": "ppd"} for m in
+                sorted(state.pool.models())]
+        return {"object": "list", "data": data}
+
+    @app.get("/health")
+    async def health() -> tuple[dict[str, Any], int]:
+        ok = state.pool.can_serve(state.required_roles())
+        body = {"status": "ok" if ok else "unavailable", "nodes": state.pool.snapshot()}
+        return body, 200 if ok else 503
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        return {**state.metrics.stats(), "sessions_live": len(state.ledger),
+                "qps": state.load.rate(), "backends": state.pool.snapshot()}
+
+    @app.get("/sessions")
+    async def sessions() -> dict[str, Any]:
+        if config.admin_key and not _bearer_matches(request.headers.get("authorization"),
+                                                    config.admin_key):
+            raise Unauthorized("/sessions needs authorization: Bearer ADMIN_KEY")
+        return {"sessions": state.ledger.snapshot()}
+
+    _register_error_handlers(app)
+    return app
+
+
+async def _after(delay: float, job: Callable[[], Any]) -> None:
+    await asyncio.sleep(delay)
+    await job()
+
+
+def _response(reply: Reply) -> Response:
+    response = Response(reply.body, status=reply.status, headers=reply.headers,
+                        content_type=reply.content_type)
+    response.timeout = None  # type: ignore[assignment]  # no cap on a generation's length
+    return response
+
+
+def _error(exc: ProxyError) -> Response:
+    return Response(exc.body_bytes(), status=exc.status, content_type="application/json")
+
+
+def _register_error_handlers(app: Quart) -> None:
+    @app.errorhandler(ProxyError)
+    async def proxy_error(exc: ProxyError) -> Response:
+        return _error(exc)
+
+    @app.errorhandler(RequestEntityTooLarge)
+    async def too_large(_: RequestEntityTooLarge) -> Response:
+        limit = app.config["MAX_CONTENT_LENGTH"]
+        return _error(PayloadTooLarge(f"request body is over the {limit}-byte limit"))
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        error = ProxyError(exc.description or exc.name)
+        body = error.to_openai_body()
+        body["error"].update(type="invalid_request_error", code=exc.name.lower().replace(" ", "_"))
+        return Response(json.dumps(body).encode(), status=exc.code or 500,
+                        content_type="application/json")
+
+    @app.errorhandler(Exception)
+    async def unexpected(exc: Exception) -> Response:
+        log.exception("unexpected error: %s", exc)
+        return _error(ProxyError(f"internal proxy error: {type(exc).__name__}"))

@@ -1,0 +1,147 @@
+"""Node discovery: a ZMQ ROUTER socket that turns heartbeats into pool membership.
+
+Two heartbeat formats (msgpack maps), both accepted on the same socket:
+- legacy P2pNccl (vLLM's xPyD proxy): `{"type": "P"|"D", "http_address": "host:port",
+  "zmq_address": "host:port"}` every 3 s; such nodes get the legacy request id format;
+- ppd's own (`ppd register`): `{"type": "prefill"|"decode"|"replica", "url": "http://...",
+  "models": [...]}` (models optional).
+A registered node that sends nothing for `heartbeat_timeout` seconds leaves the pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import zmq
+import zmq.asyncio
+
+from proxy.backends import BackendPool, Source
+from proxy.route import Role
+
+log = logging.getLogger("ppd.proxy.discovery")
+
+_LEGACY_ROLES = {"P": Role.PREFILL, "D": Role.DECODE}
+
+
+class HeartbeatError(ValueError):
+    """A heartbeat that is not one of the two formats."""
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """One parsed heartbeat."""
+
+    url: str
+    role: Role
+    zmq_address: str | None = None
+    models: tuple[str, ...] | None = None
+
+
+def parse_heartbeat(payload: bytes) -> Heartbeat:
+    """Decode a msgpack heartbeat in either format."""
+    try:
+        data: Any = msgpack.unpackb(payload, raw=False)
+    except Exception as exc:  # msgpack raises several unrelated exception types
+        raise HeartbeatError(f"not msgpack: {exc}") from exc
+    if not isinstance(data, dict):
+        raise HeartbeatError("heartbeat is not a map")
+    kind = data.get("type")
+    if kind in _LEGACY_ROLES:
+        http_address, zmq_address = data.get("http_address"), data.get("zmq_address")
+        if not isinstance(http_address, str) or not http_address:
+            raise HeartbeatError("legacy heartbeat without http_address")
+        url = http_address if "://" in http_address else f"http://{http_address}"
+        return Heartbeat(url, _LEGACY_ROLES[kind],
+                         zmq_address if isinstance(zmq_address, str) else None)
+    try:
+        role = Role(kind)
+    except ValueError:
+        raise HeartbeatError(f"unknown node type {kind!r}") from None
+    url = data.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise HeartbeatError("heartbeat without an http(s) url")
+    models = data.get("models")
+    return Heartbeat(url, role, None,
+                     tuple(str(m) for m in models) if isinstance(models, list) else None)
+
+
+class Discovery:
+    """Receives heartbeats on a bound ROUTER socket and keeps the pool's registered nodes."""
+
+    def __init__(self, pool: BackendPool, address: str, heartbeat_timeout: float,
+                 clock: Callable[[], float]) -> None:
+        self._pool = pool
+        self._address = address
+        self._timeout = heartbeat_timeout
+        self._clock = clock
+        self._context: zmq.asyncio.Context | None = None
+        self._socket: zmq.asyncio.Socket | None = None
+        self.bound_address: str | None = None
+
+    def bind(self) -> str:
+        """Bind the socket (port `*` or 0 picks a free one); returns the bound endpoint."""
+        address = self._address
+        if address.endswith(":0"):
+            address = address[:-2] + ":*"
+        self._context = zmq.asyncio.Context()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        try:
+            self._socket.bind(address)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise OSError(f"cannot bind discovery socket {self._address}: {exc}") from exc
+        self.bound_address = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        return self.bound_address
+
+    def handle(self, payload: bytes) -> None:
+        """Apply one heartbeat to the pool (bad ones are logged and dropped)."""
+        try:
+            beat = parse_heartbeat(payload)
+        except HeartbeatError as exc:
+            log.warning("ignoring heartbeat: %s", exc)
+            return
+        known = self._pool.get(beat.url) is not None
+        self._pool.add(beat.url, beat.role, source=Source.DISCOVERED,
+                       zmq_address=beat.zmq_address, models=beat.models, now=self._clock())
+        if not known:
+            log.info("node registered: %s (%s)", beat.url, beat.role)
+
+    def expire(self) -> list[str]:
+        """Drop registered nodes whose heartbeats stopped."""
+        gone = self._pool.expire(self._clock(), self._timeout)
+        for url in gone:
+            log.warning("node %s missed its heartbeats; removed", url)
+        return gone
+
+    async def run(self) -> None:
+        """Receive heartbeats until cancelled, expiring silent nodes as time passes."""
+        if self._socket is None:
+            self.bind()
+        assert self._socket is not None
+        poll_ms = int(min(self._timeout / 4, 1.0) * 1000)
+        try:
+            while True:
+                if await self._socket.poll(poll_ms, zmq.POLLIN):
+                    frames = await self._socket.recv_multipart()
+                    # ROUTER prepends the sender identity: [identity, payload].
+                    if len(frames) >= 2:
+                        self.handle(frames[-1])
+                self.expire()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the socket and context."""
+        if self._socket is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._socket.close(linger=0)
+            self._socket = None
+        if self._context is not None:
+            self._context.term()
+            self._context = None

@@ -1,0 +1,101 @@
+"""The proxy's one exception hierarchy; every error a client sees is one of these.
+
+    ProxyError (500 internal_error)
+    ├── BadRequest (400)          malformed JSON, missing/mistyped fields, bad forcing header
+    ├── Unauthorized (401)        missing or wrong API / admin key
+    ├── NotFound (404)            a model no backend serves
+    ├── PayloadTooLarge (413)     body over --max-body-bytes
+    ├── Overloaded (429)          reserved for admission control
+    ├── UpstreamError (502)       backend connection error or 5xx, after failover
+    │   └── UpstreamRejected      backend answered 4xx: its status and body go to the client as is
+    ├── NoBackend (503)           no healthy node for the route
+    └── UpstreamTimeout (504)     backend did not answer in time
+
+httpx errors never leave `proxy.forward`: they are translated there, at the boundary.
+`to_openai_body()` gives the OpenAI error shape `{"error": {"message", "type", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+
+class ProxyError(Exception):
+    """Base of every error the proxy answers with; carries its HTTP status and OpenAI type."""
+
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "internal_error"
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        # A finer label for metrics (e.g. "connect", "status", "timeout"); defaults to code.
+        self.kind = kind or self.code
+
+    def to_openai_body(self) -> dict[str, Any]:
+        """The OpenAI-shaped error body."""
+        return {"error": {"message": self.message, "type": self.type, "code": self.code}}
+
+    def body_bytes(self) -> bytes:
+        """The error body as JSON bytes, ready to send."""
+        return json.dumps(self.to_openai_body()).encode()
+
+
+class BadRequest(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+    code = "bad_request"
+
+
+class Unauthorized(ProxyError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(ProxyError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class PayloadTooLarge(ProxyError):
+    status = 413
+    type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class Overloaded(ProxyError):
+    status = 429
+    type = "rate_limit_error"
+    code = "overloaded"
+
+
+class UpstreamError(ProxyError):
+    status = 502
+    type = "upstream_error"
+    code = "bad_gateway"
+
+
+class UpstreamRejected(UpstreamError):
+    """A backend refused the request with a 4xx; the client gets that answer unchanged."""
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(f"backend answered {status}", kind="rejected")
+        self.upstream_status = status
+        self.upstream_body = body
+        self.content_type = content_type
+
+
+class NoBackend(ProxyError):
+    status = 503
+    type = "service_unavailable"
+    code = "no_backend"
+
+
+class UpstreamTimeout(ProxyError):
+    status = 504
+    type = "timeout"
+    code = "upstream_timeout"

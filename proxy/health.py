@@ -1,0 +1,53 @@
+"""Periodic health checks: GET /health and /v1/models on every node, as a background task."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+
+from proxy.backends import Backend, BackendPool
+
+log = logging.getLogger("ppd.proxy.health")
+
+CHECK_TIMEOUT_S = 5.0
+
+
+class HealthMonitor:
+    """Marks nodes healthy or not from their /health answer and refreshes their model lists."""
+
+    def __init__(self, pool: BackendPool, client: httpx.AsyncClient, interval: float) -> None:
+        self._pool = pool
+        self._client = client
+        self._interval = interval
+
+    async def check(self, node: Backend) -> bool:
+        """Check one node now; True iff it answered /health with 200."""
+        try:
+            response = await self._client.get(f"{node.base}/health", timeout=CHECK_TIMEOUT_S)
+            healthy = response.status_code == 200
+            if healthy:
+                models = await self._client.get(f"{node.base}/v1/models",
+                                                timeout=CHECK_TIMEOUT_S)
+                if models.status_code == 200:
+                    data = models.json().get("data", [])
+                    node.models = tuple(str(m["id"]) for m in data
+                                        if isinstance(m, dict) and "id" in m)
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            log.debug("health check of %s failed: %s", node.url, exc)
+            healthy = False
+        if healthy != node.healthy:
+            log.warning("node %s is now %s", node.url, "healthy" if healthy else "unhealthy")
+        self._pool.mark(node.url, healthy)
+        return healthy
+
+    async def check_all(self) -> None:
+        """Check every node concurrently."""
+        await asyncio.gather(*(self.check(node) for node in self._pool.nodes()))
+
+    async def run(self) -> None:
+        """Check every `interval` seconds until cancelled."""
+        while True:
+            await self.check_all()
+            await asyncio.sleep(self._interval)

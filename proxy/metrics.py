@@ -1,0 +1,92 @@
+"""Observability: Prometheus metrics on a per-app registry, plus JSON counters for /stats."""
+
+from __future__ import annotations
+
+from collections import Counter as TallyCounter
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from proxy.policies import Decision
+from proxy.route import RouteKind
+
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_TURN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 16, 32, 64)
+
+
+class ProxyMetrics:
+    """Every counter the proxy keeps; each app owns one (no global registry)."""
+
+    def __init__(self, policy: str, sessions_live: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.policy = policy
+        self.requests = Counter(
+            "ppd_requests", "Completion requests by route and policy decision",
+            ["endpoint", "route", "reason", "context_class", "workload"],
+            registry=self.registry)
+        self.responses = Counter("ppd_responses", "Completion responses by HTTP status",
+                                 ["status"], registry=self.registry)
+        self.turns = Histogram("ppd_turn_index", "Turn index of each request",
+                               buckets=_TURN_BUCKETS, registry=self.registry)
+        self.ttft = Histogram("ppd_ttft_seconds",
+                              "Proxy-side time to the first response byte, by route",
+                              ["route"], buckets=_TTFT_BUCKETS, registry=self.registry)
+        self.upstream_errors = Counter("ppd_upstream_errors", "Upstream failures by role and kind",
+                                       ["role", "kind"], registry=self.registry)
+        self.failovers = Counter("ppd_failovers", "Turns retried on another node",
+                                 ["role"], registry=self.registry)
+        sessions = Gauge("ppd_sessions_live", "Live sessions", registry=self.registry)
+        sessions.set_function(lambda: float(sessions_live()))
+        self._routes: TallyCounter[str] = TallyCounter()
+        self._reasons: TallyCounter[str] = TallyCounter()
+        self._errors: TallyCounter[str] = TallyCounter()
+        self._statuses: TallyCounter[int] = TallyCounter()
+        self._failovers = 0
+
+    def routed(self, endpoint: str, route: RouteKind, decision: Decision, turn: int) -> None:
+        """One request took `route` (the decision may have been overridden by failover)."""
+        cell = decision.cell
+        self.requests.labels(endpoint, route.value, decision.reason.value,
+                             cell.context_class.value if cell else "",
+                             cell.workload if cell else "").inc()
+        self.turns.observe(turn)
+        self._routes[route.value] += 1
+        self._reasons[decision.reason.value] += 1
+
+    def responded(self, status: int) -> None:
+        """A completion response went out with this status."""
+        self.responses.labels(str(status)).inc()
+        self._statuses[status] += 1
+
+    def first_byte(self, route: RouteKind, seconds: float) -> None:
+        """Proxy-side TTFT of one request."""
+        self.ttft.labels(route.value).observe(seconds)
+
+    def upstream_error(self, role: str, kind: str) -> None:
+        """One upstream failure (before or during a response)."""
+        self.upstream_errors.labels(role, kind).inc()
+        self._errors[f"{role}:{kind}"] += 1
+
+    def failover(self, role: str) -> None:
+        """A turn was retried on another node of role."""
+        self.failovers.labels(role).inc()
+        self._failovers += 1
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format."""
+        return generate_latest(self.registry)
+
+    def stats(self) -> dict[str, Any]:
+        """JSON counters; local_share is local / (local + pd) over routed requests."""
+        pd, local = self._routes[RouteKind.PD.value], self._routes[RouteKind.LOCAL.value]
+        return {
+            "policy": self.policy,
+            "requests": sum(self._routes.values()),
+            "routes": dict(self._routes),
+            "reasons": dict(self._reasons),
+            "local_share": local / (pd + local) if pd + local else 0.0,
+            "responses": {str(k): v for k, v in sorted(self._statuses.items())},
+            "upstream_errors": dict(self._errors),
+            "failovers": self._failovers,
+        }

@@ -1,0 +1,103 @@
+"""Routing policies: pure functions of a turn's workload and what the cluster allows.
+
+`RoutingPolicy.decide(workload, session_id, can_local)` reads no clock and does no I/O, so the
+proxy and a simulator call the same code. `can_local` is the cluster view a policy needs: the
+request continues its session and the session's D is healthy (otherwise only P->D can serve).
+
+- pd: every turn P->D (x=0).            - local: turn 2+ on the session's D (x=1).
+- fixed: turn 2+ local with probability x, drawn from a stable hash of (session, turn).
+- threshold: local iff the uncached suffix n_in <= N tokens (llm-d's prefix-based decider).
+- replica: no P; one node does prefill and decode.
+- ppd: the decision table's verdict for the turn's cell. A cell the table lacks goes P->D,
+  the route that needs no cached state (reason MISSING_CELL, counted in metrics).
+Turn 1 is always P->D in the disaggregated policies.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass
+
+from proxy.config import Policy, PolicyConfig
+from proxy.discretize import Cell, classify
+from proxy.route import RouteKind, Workload
+from proxy.table import DecisionTable
+
+
+class Reason(enum.StrEnum):
+    """Why a route was chosen (a metrics label)."""
+
+    TURN1 = "turn1"
+    NO_HOME = "no_home"
+    POLICY = "policy"
+    DRAW = "draw"
+    THRESHOLD = "threshold"
+    TABLE = "table"
+    MISSING_CELL = "missing_cell"
+    FORCED = "forced"
+    REPLICA = "replica"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A policy's verdict for one turn, with the reason and (ppd) the table cell used."""
+
+    kind: RouteKind
+    reason: Reason
+    cell: Cell | None = None
+
+
+def stable_fraction(session_id: str, turn: int) -> float:
+    """A deterministic draw in [0, 1) per (session, turn); unlike hash(), stable across runs."""
+    digest = hashlib.blake2b(f"{session_id}\x00{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+class RoutingPolicy:
+    """The configured policy, with the decision table's verdicts precomputed (ppd)."""
+
+    def __init__(self, config: PolicyConfig, table: DecisionTable | None = None) -> None:
+        if config.kind is Policy.PPD and table is None:
+            raise ValueError("policy ppd needs a decision table")
+        self.config = config
+        self.table = table
+        self._verdicts = (table.decisions(config.w_ttft, config.w_tpot, config.success_margin)
+                          if table is not None and config.kind is Policy.PPD else {})
+
+    @property
+    def kind(self) -> Policy:
+        """The configured policy."""
+        return self.config.kind
+
+    def decide(self, workload: Workload, session_id: str, can_local: bool) -> Decision:
+        """The route of one turn."""
+        kind = self.config.kind
+        if kind is Policy.REPLICA:
+            return Decision(RouteKind.REPLICA, Reason.REPLICA)
+        if workload.turn <= 1:
+            return Decision(RouteKind.PD, Reason.TURN1)
+        if not can_local:
+            return Decision(RouteKind.PD, Reason.NO_HOME)
+        if kind is Policy.PD:
+            return Decision(RouteKind.PD, Reason.POLICY)
+        if kind is Policy.LOCAL:
+            return Decision(RouteKind.LOCAL, Reason.POLICY)
+        if kind is Policy.FIXED:
+            x = self.config.x or 0.0
+            local = stable_fraction(session_id, workload.turn) < x
+            return Decision(RouteKind.LOCAL if local else RouteKind.PD, Reason.DRAW)
+        if kind is Policy.THRESHOLD:
+            limit = self.config.non_cached_tokens or 0
+            return Decision(RouteKind.LOCAL if workload.n_in <= limit else RouteKind.PD,
+                            Reason.THRESHOLD)
+        return self._decide_table(workload)
+
+    def _decide_table(self, workload: Workload) -> Decision:
+        assert self.table is not None
+        cell = classify(workload.n_ctx, workload.n_in, workload.n_out, workload.qps,
+                        self.table.qps_points)
+        verdict = self._verdicts.get(cell)
+        if verdict is None:
+            return Decision(RouteKind.PD, Reason.MISSING_CELL, cell)
+        return Decision(verdict, Reason.TABLE, cell)

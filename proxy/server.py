@@ -1,0 +1,177 @@
+"""Running an ASGI app (the proxy, or a test's fake vLLM) with hypercorn on a loopback port.
+
+- `serve(config)`: blocking, for `ppd proxy`; SIGINT/SIGTERM shut it down cleanly.
+- `running(app, host, port)`: async context manager yielding a `Server` (url, port); port 0
+  lets the OS choose, so tests and in-process demos never collide.
+- `ServerThread`: the same in a background thread with its own event loop, for synchronous
+  callers (e2e tests, the demo): `with ServerThread(create_app(cfg)) as server: server.url`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from hypercorn.asyncio import serve as hypercorn_serve
+from hypercorn.config import Config as HypercornConfig
+
+from proxy.config import ProxyConfig
+
+# How long a graceful shutdown may take before open streams are cut.
+SHUTDOWN_GRACE_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """A running server's address."""
+
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        """Its base URL."""
+        return f"http://{self.host}:{self.port}"
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    return sock
+
+
+def _hypercorn_config(sock: socket.socket) -> HypercornConfig:
+    config = HypercornConfig()
+    # Hypercorn takes over the already-bound socket, so the port chosen for port 0 is known.
+    config.bind = [f"fd://{sock.detach()}"]
+    config.graceful_timeout = SHUTDOWN_GRACE_S
+    config.accesslog = None
+    config.errorlog = None
+    config.keep_alive_timeout = 75
+    return config
+
+
+@contextlib.asynccontextmanager
+async def running(app: Any, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[Server]:
+    """Serve app in a background task for the duration of the block."""
+    sock = _listen(host, port)
+    server = Server(host, sock.getsockname()[1])
+    stop = asyncio.Event()
+    task = asyncio.create_task(hypercorn_serve(app, _hypercorn_config(sock),
+                                               shutdown_trigger=stop.wait))
+    try:
+        await _wait_ready(server, task)
+        yield server
+    finally:
+        stop.set()
+        try:
+            await asyncio.wait_for(task, SHUTDOWN_GRACE_S + 5)
+        except (TimeoutError, asyncio.CancelledError):
+            task.cancel()
+
+
+async def _wait_ready(server: Server, task: asyncio.Task[None]) -> None:
+    # Hypercorn listens only after the app's start-up (lifespan) ran: a connect means ready.
+    for _ in range(500):
+        if task.done():
+            task.result()  # raises the start-up error
+            raise RuntimeError("server stopped during start-up")
+        try:
+            _, writer = await asyncio.open_connection(server.host, server.port)
+        except OSError:
+            await asyncio.sleep(0.01)
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return
+    raise TimeoutError(f"server on {server.url} did not start")
+
+
+class ServerThread:
+    """Serve an app from a background thread (its own event loop) until stop()."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._app = app
+        self._host = host
+        self._port = port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ppd-server", daemon=True)
+        self.server: Server | None = None
+
+    @property
+    def url(self) -> str:
+        """The base URL (after start())."""
+        if self.server is None:
+            raise RuntimeError("server not started")
+        return self.server.url
+
+    def start(self) -> ServerThread:
+        """Start serving; returns once requests can be made (or raises the start-up error)."""
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self) -> None:
+        """Shut down gracefully and join the thread."""
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(SHUTDOWN_GRACE_S + 10)
+
+    def _run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            async with running(self._app, self._host, self._port) as server:
+                self.server = server
+                self._ready.set()
+                await self._stop.wait()
+        except BaseException as exc:  # hand any start-up failure to the caller's thread
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def serve(config: ProxyConfig) -> None:
+    """Run the proxy on config.host:config.port until SIGINT or SIGTERM (blocking)."""
+    from proxy.app import create_app  # here, so fakes can use this module without the app
+
+    app = create_app(config)
+    asyncio.run(_serve_until_signal(app, config.host, config.port))
+
+
+async def _serve_until_signal(app: Any, host: str, port: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with running(app, host, port):
+        await stop.wait()

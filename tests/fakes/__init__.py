@@ -1,0 +1,1 @@
+"""In-process fakes that stand in for external servers in tests (never imported by product code)."""

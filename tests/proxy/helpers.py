@@ -1,0 +1,52 @@
+"""Helpers for proxy tests: configs over fake nodes, and a proxy served on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import httpx
+
+from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role, create_app, running
+from proxy.app import ProxyState
+from proxy.config import Policy
+from tests.fakes.fake_vllm import FakeVLLM
+
+
+def config_for(nodes: dict[str, FakeVLLM], policy: Policy = Policy.LOCAL,
+               **overrides: Any) -> ProxyConfig:
+    """A ProxyConfig over the named fakes (names starting with p are P, d are D, r replicas)."""
+    roles = {"p": Role.PREFILL, "d": Role.DECODE, "r": Role.REPLICA}
+    specs = tuple(NodeSpec(fake.url, roles[name[0]]) for name, fake in nodes.items())
+    policy_kw = {k: overrides.pop(k) for k in ("x", "table", "non_cached_tokens", "w_ttft",
+                                               "w_tpot") if k in overrides}
+    base = ProxyConfig(nodes=specs, policy=PolicyConfig(policy, **policy_kw), port=0,
+                       health_interval=60.0)
+    return replace(base, **overrides)
+
+
+@dataclass(frozen=True)
+class ProxyUnderTest:
+    """A proxy served on loopback: a client for it, its URL and its typed state."""
+
+    client: httpx.AsyncClient
+    url: str
+    state: ProxyState
+
+
+@contextlib.asynccontextmanager
+async def serve_proxy(config: ProxyConfig) -> AsyncIterator[ProxyUnderTest]:
+    """Serve the proxy for config on a loopback port for the block."""
+    app = create_app(config)
+    async with running(app) as server, httpx.AsyncClient(base_url=server.url,
+                                                         timeout=20) as client:
+        yield ProxyUnderTest(client, server.url, app.extensions["ppd"])
+
+
+def chat_body(*contents: str, **extra: Any) -> dict[str, Any]:
+    """A chat body alternating user/assistant contents (starting with user)."""
+    roles = ("user", "assistant")
+    messages = [{"role": roles[i % 2], "content": c} for i, c in enumerate(contents)]
+    return {"model": "fake-model", "messages": messages, "max_tokens": 16, **extra}
