@@ -1,0 +1,366 @@
+"""`ppd cluster up|status|down`: a local vLLM P/D cluster (and optionally the proxy) in the
+background, described by DIR/cluster.json for `ppd proxy --cluster` and for `down`.
+
+Python API (tests, profiler, demo)::
+
+    config = ClusterConfig(model="tiny", layout=parse_layout("1P1D"), state_dir=tmp)
+    with start_cluster(config) as cluster:
+        cluster.url(Role.DECODE); cluster.start_proxy("local", port=18000)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from profiler import cluster_procs as procs
+from profiler.cluster_plan import (
+    CLUSTER_FILE,
+    DEFAULT_BASE_PORT,
+    DEFAULT_PROXY_PORT,
+    DEFAULT_STATE_DIR,
+    KV_DIR,
+    ClusterConfig,
+    ClusterError,
+    Connector,
+    Device,
+    Layout,
+    cluster_document,
+    node_command,
+    node_env,
+    node_url,
+    parse_layout,
+    plan_nodes,
+)
+from profiler.cluster_procs import ManagedProcess, StartupError
+from profiler.models import ModelName, default_model_dir, is_ready, prepare_model
+from proxy.route import Role
+
+PROXY_FILE = "proxy.json"
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    role: Role
+    proc: ManagedProcess
+
+    @property
+    def url(self) -> str:
+        return self.proc.url
+
+
+@dataclass(slots=True)
+class Cluster:
+    """Running servers of one state directory; stops them on `stop()` or leaving a `with`."""
+
+    model: str
+    layout: Layout
+    state_dir: Path
+    nodes: list[Node]
+    model_path: Path | None = None
+    proxy: ManagedProcess | None = None
+    progress: Progress = field(default=_quiet, repr=False)
+
+    @property
+    def cluster_file(self) -> Path:
+        return self.state_dir / CLUSTER_FILE
+
+    def urls(self, role: Role) -> list[str]:
+        """URLs of the nodes with `role`, in port order."""
+        return [node.url for node in self.nodes if node.role is role]
+
+    def url(self, role: Role, index: int = 0) -> str:
+        """URL of the index-th node with `role`."""
+        urls = self.urls(role)
+        if index >= len(urls):
+            raise ClusterError(f"layout {self.layout} has no {role.value} node #{index}")
+        return urls[index]
+
+    @property
+    def proxy_url(self) -> str:
+        if self.proxy is None:
+            raise ClusterError("no proxy runs in front of this cluster")
+        return self.proxy.url
+
+    def start_proxy(self, policy: str | None = None, port: int = DEFAULT_PROXY_PORT,
+                    host: str = "127.0.0.1", extra_args: Sequence[str] = (),
+                    timeout_s: float = 60.0) -> str:
+        """Start `ppd proxy --cluster FILE` in front (stopping a running one); return its URL."""
+        self.stop_proxy()
+        if not procs.port_free(host, port):
+            raise ClusterError(f"proxy port {port} is in use; choose another --proxy-port")
+        argv = [sys.executable, "-m", "profiler.cli", "proxy", "--cluster", str(self.cluster_file),
+                "--host", host, "--port", str(port)]  # fmt: skip
+        if policy is not None:
+            argv += ["--policy", policy]
+        if self.model_path is not None:
+            argv += ["--tokenizer", str(self.model_path)]
+        argv += list(extra_args)
+        url = f"http://{host}:{port}"
+        log = self.state_dir / "proxy.log"
+        proxy = procs.spawn("proxy", url, argv, os.environ, log)
+        self.progress(f"starting proxy on {url} (policy {policy or 'default'}, log {log})")
+        try:
+            procs.wait_ready([proxy], "/health", timeout_s)
+        except BaseException:
+            procs.stop([proxy])
+            raise
+        self.proxy = proxy
+        doc = {"url": url, "pid": proxy.pid, "log": str(log), "policy": policy}
+        _write_json(self.state_dir / PROXY_FILE, doc)
+        return url
+
+    def stop_proxy(self) -> None:
+        if self.proxy is not None:
+            procs.stop([self.proxy])
+            self.proxy = None
+            (self.state_dir / PROXY_FILE).unlink(missing_ok=True)
+
+    def stop(self) -> None:
+        """Stop the proxy and every node, and drop the shared KV directory."""
+        self.stop_proxy()
+        procs.stop([node.proc for node in self.nodes])
+        shutil.rmtree(self.state_dir / KV_DIR, ignore_errors=True)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def resolve_model(spec: str) -> tuple[str, Path]:
+    """(served model name, directory) for `tiny`, `smollm2` (prepared if needed) or a DIR."""
+    if spec in {m.value for m in ModelName}:
+        return spec, prepare_model(spec)
+    path = Path(spec).expanduser().resolve()
+    if not (path / "config.json").is_file():
+        raise ClusterError(
+            f"model {spec!r} is neither tiny/smollm2 nor a directory with a config.json"
+        )
+    return path.name, path
+
+
+def default_cores() -> tuple[int, ...]:
+    """The CPU ids this process may run on, to pin one node per core."""
+    return tuple(sorted(os.sched_getaffinity(0)))
+
+
+def start_cluster(config: ClusterConfig, progress: Progress = _quiet) -> Cluster:
+    """Start every node of `config`, wait until each answers /v1/models, write cluster.json.
+
+    On failure (a node exits, the timeout passes, Ctrl-C) the nodes already started are
+    stopped and a ClusterError carries the tail of the failing node's log.
+    """
+    state_dir = config.state_dir.resolve()
+    _refuse_running(state_dir)
+    nodes = plan_nodes(config)
+    busy = [n.port for n in nodes if not procs.port_free(config.host, n.port)]
+    if busy:
+        raise ClusterError(f"port(s) {busy} in use; stop what holds them or choose --base-port")
+    served_name, model_path = resolve_model(config.model)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    # KV files are keyed by prompt tokens, not by model: stale ones from another run must go.
+    shutil.rmtree(config.kv_dir, ignore_errors=True)
+    config.kv_dir.mkdir(parents=True)
+    started: list[Node] = []
+    try:
+        for spec in nodes:
+            log = state_dir / f"{spec.name}.log"
+            log.unlink(missing_ok=True)
+            proc = procs.spawn(
+                spec.name, node_url(config, spec),
+                node_command(config, model_path, served_name, spec),
+                node_env(config, spec, os.environ), log, cwd=state_dir,
+            )  # fmt: skip
+            started.append(Node(spec.role, proc))
+            progress(f"starting {spec.name} on {proc.url} (log {log})")
+        procs.wait_ready(
+            [n.proc for n in started], "/v1/models", config.startup_timeout_s,
+            on_ready=lambda p, s: progress(f"{p.name} ready after {s:.0f} s"),
+        )  # fmt: skip
+    except StartupError as exc:
+        procs.stop([n.proc for n in started])
+        raise ClusterError(str(exc)) from None
+    except BaseException:
+        procs.stop([n.proc for n in started])
+        raise
+    cluster = Cluster(served_name, config.layout, state_dir, started, model_path,
+                      progress=progress)  # fmt: skip
+    doc = cluster_document(
+        served_name, config.layout, [(n.role, n.url, n.proc.pid, n.proc.log) for n in started]
+    )
+    _write_json(cluster.cluster_file, doc)
+    return cluster
+
+
+def load_cluster(state_dir: Path) -> Cluster:
+    """The cluster described by state_dir/cluster.json (and proxy.json), without processes."""
+    state_dir = state_dir.resolve()
+    path = state_dir / CLUSTER_FILE
+    try:
+        doc = json.loads(path.read_text())
+        nodes: list[Node] = []
+        for n in doc["nodes"]:
+            role = Role(n["role"])
+            name = f"{role.value}-{sum(1 for m in nodes if m.role is role)}"
+            nodes.append(Node(role, ManagedProcess(name, n["url"], int(n["pid"]), Path(n["log"]))))
+        cluster = Cluster(doc["model"], parse_layout(doc["layout"]), state_dir, nodes)
+    except FileNotFoundError:
+        raise ClusterError(f"no cluster in {state_dir} ({CLUSTER_FILE} not found)") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ClusterError(f"{path} is not a valid cluster file: {exc}") from None
+    proxy_path = state_dir / PROXY_FILE
+    if proxy_path.is_file():
+        p = json.loads(proxy_path.read_text())
+        cluster.proxy = ManagedProcess("proxy", p["url"], int(p["pid"]), Path(p["log"]))
+    return cluster
+
+
+def stop_cluster(state_dir: Path = DEFAULT_STATE_DIR) -> Cluster:
+    """Stop the proxy and nodes recorded in state_dir (from any process); return what it was."""
+    cluster = load_cluster(state_dir)
+    cluster.stop()
+    cluster.cluster_file.unlink(missing_ok=True)
+    return cluster
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHealth:
+    name: str
+    role: str
+    url: str
+    pid: int
+    running: bool
+    healthy: bool  # answers GET /v1/models (nodes) or /health (proxy) with 200
+
+
+def cluster_status(state_dir: Path = DEFAULT_STATE_DIR) -> list[NodeHealth]:
+    """Each recorded server's process state and health."""
+    cluster = load_cluster(state_dir)
+    checks = [(n.proc, n.role.value, "/v1/models") for n in cluster.nodes]
+    if cluster.proxy is not None:
+        checks.append((cluster.proxy, "proxy", "/health"))
+    with httpx.Client(timeout=2.0) as client:
+        return [
+            NodeHealth(p.name, role, p.url, p.pid, procs.group_alive(p.pid),
+                       procs.answers(client, p.url + path))
+            for p, role, path in checks
+        ]  # fmt: skip
+
+
+def _refuse_running(state_dir: Path) -> None:
+    if not (state_dir / CLUSTER_FILE).is_file():
+        return
+    try:
+        old = load_cluster(state_dir)
+    except ClusterError:
+        return  # unreadable leftovers are overwritten
+    if any(procs.is_group_leader(n.proc.pid) for n in old.nodes):
+        raise ClusterError(
+            f"a cluster from {state_dir} is still running; `ppd cluster down --state {state_dir}`"
+        )
+
+
+def _write_json(path: Path, doc: object) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(path)  # readers (the proxy) never see half a file
+
+
+# ----------------------------------------------------------------------------------------- cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ppd cluster", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    up = sub.add_parser("up", help="start the nodes (and the proxy) in the background")
+    up.add_argument("--model", required=True, help="tiny, smollm2 or a model directory")
+    up.add_argument("--layout", required=True, type=_layout_arg, help="1P1D, 1P2D, 2P2D, 1R...")
+    up.add_argument("--device", type=Device, choices=list(Device), default=Device.CPU)
+    up.add_argument("--connector", type=Connector, choices=list(Connector), default=None,
+                    help="KV transfer (default: shared-storage on cpu, nixl on cuda)")
+    up.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT)
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--max-model-len", type=int, default=4096)
+    up.add_argument("--kv-cache-gib", type=int, default=1, help="CPU KV cache per node")
+    up.add_argument("--startup-timeout", type=float, default=300.0, metavar="S")
+    up.add_argument("--vllm-args", default="", help="extra vLLM flags, one quoted string")
+    up.add_argument("--with-proxy", action="store_true", help="start `ppd proxy` in front")
+    up.add_argument("--policy", default=None, help="proxy policy (with --with-proxy)")
+    up.add_argument("--proxy-port", type=int, default=DEFAULT_PROXY_PORT)
+    for name, help_ in (("status", "show each node's health"), ("down", "stop everything")):
+        cmd = sub.add_parser(name, help=help_)
+        cmd.add_argument("--state", type=Path, default=DEFAULT_STATE_DIR)
+    up.add_argument("--state", type=Path, default=DEFAULT_STATE_DIR)
+    return parser
+
+
+def _layout_arg(text: str) -> Layout:
+    try:
+        return parse_layout(text)
+    except ClusterError as exc:  # argparse reports it as a usage error
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def main(argv: list[str]) -> int:
+    """`ppd cluster up|status|down`."""
+    args = build_parser().parse_args(argv)
+    if args.action == "down":
+        cluster = stop_cluster(args.state)
+        print(f"stopped {len(cluster.nodes)} node(s) from {cluster.state_dir}")
+        return 0
+    if args.action == "status":
+        health = cluster_status(args.state)
+        for h in health:
+            state = "healthy" if h.healthy else ("running" if h.running else "stopped")
+            print(f"{h.name:<12} {h.url:<28} pid {h.pid:<8} {state}")
+        return 0 if all(h.healthy for h in health) else 1
+    return _up(args)
+
+
+def _up(args: argparse.Namespace) -> int:
+    def progress(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    if args.policy is not None and not args.with_proxy:
+        raise ClusterError("--policy needs --with-proxy")
+    config = ClusterConfig(
+        model=args.model, layout=args.layout, state_dir=args.state, device=args.device,
+        connector=args.connector, host=args.host, base_port=args.base_port,
+        max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
+        cores=default_cores() if args.device is Device.CPU else (),
+        startup_timeout_s=args.startup_timeout, vllm_args=tuple(shlex.split(args.vllm_args)),
+    )  # fmt: skip
+    if args.model in {m.value for m in ModelName} and not is_ready(
+        default_model_dir(ModelName(args.model))
+    ):
+        progress(f"preparing model {args.model} (once)")
+    cluster = start_cluster(config, progress)
+    if args.with_proxy:
+        try:
+            cluster.start_proxy(args.policy, args.proxy_port, args.host)
+        except BaseException:
+            cluster.stop()
+            raise
+    for node in cluster.nodes:
+        print(f"{node.role.value:<8} {node.url}")
+    if cluster.proxy is not None:
+        print(f"proxy    {cluster.proxy.url}")
+    print(f"cluster file: {cluster.cluster_file}")
+    return 0

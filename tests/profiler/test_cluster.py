@@ -1,0 +1,297 @@
+"""The cluster launcher without vLLM: layouts, command lines, cluster.json, start/stop/failure
+paths (with tests/profiler/fake_vllm_node.py standing in for vLLM's server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from profiler import cluster as cluster_mod
+from profiler.cluster import Cluster, cluster_status, start_cluster, stop_cluster
+from profiler.cluster_plan import (
+    ClusterConfig,
+    ClusterError,
+    Connector,
+    Device,
+    Layout,
+    node_command,
+    node_env,
+    parse_layout,
+    plan_nodes,
+)
+from profiler.cluster_procs import group_alive
+from proxy.route import Role
+
+FAKE_NODE = Path(__file__).with_name("fake_vllm_node.py")
+
+
+def _free_port_block(n: int) -> int:
+    """A base port with n free consecutive ports (OS-chosen, retried on collision)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65000:
+            continue
+        if all(cluster_mod.procs.port_free("127.0.0.1", base + i) for i in range(n)):
+            return base
+    raise RuntimeError("no free port block")
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "mymodel"
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    return path
+
+
+@pytest.fixture
+def fake_python(tmp_path: Path) -> str:
+    """An 'interpreter' that runs the fake node whatever module it is asked for."""
+    wrapper = tmp_path / "fake-python"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_NODE}" "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
+    return str(wrapper)
+
+
+@pytest.fixture
+def record_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "records"
+    path.mkdir()
+    monkeypatch.setenv("FAKE_NODE_RECORD_DIR", str(path))
+    return path
+
+
+def _config(model_dir: Path, fake_python: str, state: Path, layout: str, **kw: object
+            ) -> ClusterConfig:
+    base = _free_port_block(parse_layout(layout).size)
+    return ClusterConfig(model=str(model_dir), layout=parse_layout(layout), state_dir=state,
+                         base_port=base, python=fake_python, cores=(0, 1), **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def running(model_dir: Path, fake_python: str, tmp_path: Path, record_dir: Path
+            ) -> Iterator[Cluster]:
+    cluster = start_cluster(_config(model_dir, fake_python, tmp_path / "state", "1P2D"))
+    yield cluster
+    cluster.stop()
+
+
+# ------------------------------------------------------------------------------------ planning
+
+
+@pytest.mark.parametrize(
+    ("text", "layout"),
+    [("1P1D", Layout(1, 1)), ("1p2d", Layout(1, 2)), ("2P2D", Layout(2, 2)),
+     ("1R", Layout(replica=1)), (" 2r ", Layout(replica=2))],
+)  # fmt: skip
+def test_parse_layout(text: str, layout: Layout) -> None:
+    assert parse_layout(text) == layout
+    assert str(layout) == text.strip().upper()
+
+
+@pytest.mark.parametrize("text", ["", "1P", "P1D", "0P1D", "1P0D", "0R", "1P1D1R", "20R", "x"])
+def test_parse_layout_rejects(text: str) -> None:
+    with pytest.raises(ClusterError, match="bad layout"):
+        parse_layout(text)
+
+
+def test_plan_ports_roles_and_round_robin_cores(tmp_path: Path) -> None:
+    config = ClusterConfig("tiny", parse_layout("1P2D"), tmp_path, base_port=9000, cores=(0, 1))
+    nodes = plan_nodes(config)
+    assert [(n.name, n.port, n.core) for n in nodes] == [
+        ("prefill-0", 9000, 0), ("decode-0", 9001, 1), ("decode-1", 9002, 0)]  # fmt: skip
+    no_pin = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path)
+    assert [n.core for n in plan_nodes(no_pin)] == [None, None]
+    assert node_env(no_pin, plan_nodes(no_pin)[0], {})["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+
+
+def _transfer(argv: list[str]) -> dict[str, object] | None:
+    if "--kv-transfer-config" not in argv:
+        return None
+    return json.loads(argv[argv.index("--kv-transfer-config") + 1])
+
+
+def test_cpu_commands_use_example_connector_with_one_shared_dir(tmp_path: Path) -> None:
+    config = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path / "st", cores=(0, 1),
+                           vllm_args=("--max-num-seqs", "8"))  # fmt: skip
+    p, d = plan_nodes(config)
+    argv_p = node_command(config, Path("/m"), "tiny", p)
+    argv_d = node_command(config, Path("/m"), "tiny", d)
+    assert argv_p[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    for flag in ("--enable-prefix-caching", "--enforce-eager"):
+        assert flag in argv_p and flag in argv_d
+    assert argv_p[argv_p.index("--max-model-len") + 1] == "4096"
+    assert argv_p[argv_p.index("--served-model-name") + 1] == "tiny"
+    assert argv_p[-2:] == ["--max-num-seqs", "8"]
+    shared = {"shared_storage_path": str((tmp_path / "st").resolve() / "kv")}
+    assert _transfer(argv_p) == {"kv_connector": "ExampleConnector", "kv_role": "kv_producer",
+                                 "kv_connector_extra_config": shared}  # fmt: skip
+    assert _transfer(argv_d) == {"kv_connector": "ExampleConnector", "kv_role": "kv_consumer",
+                                 "kv_connector_extra_config": shared}  # fmt: skip
+    env = node_env(config, d, {"PATH": "/bin"})
+    assert env["PATH"] == "/bin" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert "CUDA_VISIBLE_DEVICES" not in env
+
+
+def test_cuda_uses_nixl_kv_both_one_gpu_and_side_channel_per_node(tmp_path: Path) -> None:
+    config = ClusterConfig("tiny", parse_layout("2P2D"), tmp_path, device=Device.CUDA,
+                           base_port=9000)  # fmt: skip
+    nodes = plan_nodes(config)
+    for node in nodes:
+        assert _transfer(node_command(config, Path("/m"), "tiny", node)) == {
+            "kv_connector": "NixlConnector", "kv_role": "kv_both"}  # fmt: skip
+    envs = [node_env(config, n, {}) for n in nodes]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "2", "3"]
+    assert [e["VLLM_NIXL_SIDE_CHANNEL_PORT"] for e in envs] == ["10000", "10001", "10002", "10003"]
+    assert all("VLLM_CPU_OMP_THREADS_BIND" not in e for e in envs)
+
+
+def test_replicas_get_no_kv_transfer(tmp_path: Path) -> None:
+    config = ClusterConfig("tiny", parse_layout("2R"), tmp_path, connector=Connector.NIXL)
+    assert [_transfer(node_command(config, Path("/m"), "tiny", n)) for n in plan_nodes(config)
+            ] == [None, None]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [({"base_port": 0}, "base port"), ({"max_model_len": 8}, "max model length"),
+     ({"kv_cache_gib": 0}, "KV cache"), ({"startup_timeout_s": 0}, "timeout")],
+)  # fmt: skip
+def test_config_validation(kw: dict[str, object], match: str, tmp_path: Path) -> None:
+    with pytest.raises(ClusterError, match=match):
+        ClusterConfig("tiny", parse_layout("1P1D"), tmp_path, **kw)  # type: ignore[arg-type]
+
+
+def test_model_that_is_not_a_model_dir(tmp_path: Path) -> None:
+    with pytest.raises(ClusterError, match="neither tiny/smollm2 nor a directory"):
+        cluster_mod.resolve_model(str(tmp_path / "nope"))
+
+
+# ---------------------------------------------------------------------- processes (fake nodes)
+
+
+def test_up_writes_cluster_json_and_down_stops_everything(
+    running: Cluster, record_dir: Path, tmp_path: Path
+) -> None:
+    doc = json.loads((tmp_path / "state" / "cluster.json").read_text())
+    assert set(doc) == {"model", "layout", "nodes"}
+    assert doc["model"] == "mymodel" and doc["layout"] == "1P2D"
+    assert [n["role"] for n in doc["nodes"]] == ["prefill", "decode", "decode"]
+    for node in doc["nodes"]:
+        assert set(node) == {"role", "url", "pid", "log"}
+        assert httpx.get(node["url"] + "/v1/models").json()["data"][0]["id"] == "mymodel"
+        assert Path(node["log"]).is_file() and group_alive(node["pid"])
+    assert running.urls(Role.DECODE) == [n["url"] for n in doc["nodes"][1:]]
+    assert running.url(Role.PREFILL) == doc["nodes"][0]["url"]
+    with pytest.raises(ClusterError, match="no replica node"):
+        running.url(Role.REPLICA)
+    # Each node got its role's connector and its own core.
+    records = [json.loads((record_dir / f"{n['url'].rsplit(':', 1)[1]}.json").read_text())
+               for n in doc["nodes"]]  # fmt: skip
+    roles = [_transfer(r["argv"])["kv_role"] for r in records]  # type: ignore[index]
+    assert roles == ["kv_producer", "kv_consumer", "kv_consumer"]
+    assert [r["env"]["VLLM_CPU_OMP_THREADS_BIND"] for r in records] == ["0", "1", "0"]
+    assert (tmp_path / "state" / "kv").is_dir()
+
+    assert all(h.healthy and h.running for h in cluster_status(tmp_path / "state"))
+    # The servers are this test's children: reap them as they end (a zombie still counts as
+    # a live group), and see how they ended.
+    with ThreadPoolExecutor(3) as pool:
+        codes = pool.map(lambda n: n.proc.process.wait(timeout=10), running.nodes)
+        stopped = stop_cluster(tmp_path / "state")  # as `ppd cluster down` does, from the file
+    assert len(stopped.nodes) == 3
+    assert list(codes) == [-15, -15, -15]
+    assert not any(group_alive(n["pid"]) for n in doc["nodes"])
+    assert not (tmp_path / "state" / "cluster.json").exists()
+    assert not (tmp_path / "state" / "kv").exists()
+
+
+def test_status_reports_a_dead_node(running: Cluster, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    victim = running.nodes[1].proc
+    os.killpg(victim.pid, 9)
+    victim.process.wait()  # type: ignore[union-attr]
+    assert cluster_mod.main(["status", "--state", str(tmp_path / "state")]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert "healthy" in lines[0] and "stopped" in lines[1] and "healthy" in lines[2]
+
+
+def test_second_up_on_a_running_state_dir_is_refused(
+    running: Cluster, model_dir: Path, fake_python: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ClusterError, match="still running.*ppd cluster down"):
+        start_cluster(_config(model_dir, fake_python, tmp_path / "state", "1P1D"))
+
+
+def test_a_node_that_exits_fails_up_with_its_log_and_stops_the_others(
+    model_dir: Path, fake_python: str, tmp_path: Path, record_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FAKE_NODE_FAIL_ROLE", "kv_consumer")
+    config = _config(model_dir, fake_python, tmp_path / "state", "1P1D")
+    with pytest.raises(ClusterError) as info:
+        start_cluster(config)
+    message = str(info.value)
+    assert "decode-0" in message and "exited with code 3" in message
+    assert "boom, the fake node failed" in message  # the tail of its log
+    # P was up and serving (the failing D waits a moment before exiting) ... and was stopped.
+    prefill = json.loads((record_dir / f"{config.base_port}.json").read_text())
+    assert not group_alive(prefill["pid"])
+    assert cluster_mod.procs.port_free("127.0.0.1", config.base_port)
+    assert not (tmp_path / "state" / "cluster.json").exists()
+
+
+def test_a_node_that_never_answers_times_out(
+    model_dir: Path, fake_python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_NODE_HANG", "1")
+    config = _config(model_dir, fake_python, tmp_path / "state", "1R", startup_timeout_s=1.0)
+    with pytest.raises(ClusterError, match=r"replica-0 .* did not answer /v1/models within 1 s"):
+        start_cluster(config)
+
+
+def test_busy_port_is_reported_before_anything_starts(
+    model_dir: Path, fake_python: str, tmp_path: Path
+) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        config = ClusterConfig(str(model_dir), parse_layout("1R"), tmp_path / "s",
+                               base_port=port, python=fake_python)  # fmt: skip
+        with pytest.raises(ClusterError, match=rf"port\(s\) \[{port}\] in use"):
+            start_cluster(config)
+    assert not (tmp_path / "s" / "replica-0.log").exists()
+
+
+# ----------------------------------------------------------------------------------------- cli
+
+
+def test_cli_bad_layout_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cluster_mod.main(["up", "--model", "tiny", "--layout", "3X"])
+    assert info.value.code == 2
+    assert "bad layout '3X'" in capsys.readouterr().err
+
+
+def test_cli_down_without_cluster_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ClusterError, match="no cluster in .*cluster.json not found"):
+        cluster_mod.main(["down", "--state", str(tmp_path)])
+
+
+def test_cli_policy_needs_with_proxy(tmp_path: Path) -> None:
+    with pytest.raises(ClusterError, match="--policy needs --with-proxy"):
+        cluster_mod.main(["up", "--model", "tiny", "--layout", "1P1D", "--policy", "pd",
+                          "--state", str(tmp_path)])  # fmt: skip
