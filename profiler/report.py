@@ -1,0 +1,227 @@
+"""`ppd report compare RUN_DIR...`: replay runs side by side, and how latency moves with load.
+
+Each RUN_DIR is a `ppd replay --out` directory (its summary.json). Runs are grouped into series
+by label: a label `NAME@ANYTHING` belongs to series NAME (the default label of `ppd replay` is
+`DATASET@QPS`, so runs of one dataset at several loads form one series; label policy runs
+e.g. `ppd@0.5`, `pd@0.5` to compare policies). Outputs in --out: compare.csv and, with two
+runs or more, latency_vs_qps.png and p99_ttft_vs_throughput.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from profiler.replay.output import SUMMARY_FILE
+
+# (row label, summary key) of the side-by-side table.
+COMPARE_ROWS: tuple[tuple[str, str], ...] = (
+    ("qps", "_qps"),
+    ("requests ok/all", "_requests"),
+    ("success rate", "success_rate"),
+    ("turn-1 TTFT mean ms", "turn1_ttft_ms_mean"),
+    ("turn-1 TTFT p99 ms", "turn1_ttft_ms_p99"),
+    ("turn-2+ TTFT mean ms", "turn2plus_ttft_ms_mean"),
+    ("turn-2+ TTFT p50 ms", "turn2plus_ttft_ms_p50"),
+    ("turn-2+ TTFT p90 ms", "turn2plus_ttft_ms_p90"),
+    ("turn-2+ TTFT p99 ms", "turn2plus_ttft_ms_p99"),
+    ("TPOT mean ms", "tpot_ms_mean"),
+    ("TPOT p99 ms", "tpot_ms_p99"),
+    ("output tok/s", "output_tok_s"),
+    ("total tok/s", "total_tok_s"),
+    ("requests/s", "requests_s"),
+    ("local share (turn 2+)", "local_share"),
+    ("SLO attainment", "slo_attainment"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One replay run as read back from its summary.json."""
+
+    path: Path
+    label: str
+    qps: float
+    summary: dict[str, Any]
+
+    @property
+    def series(self) -> str:
+        return self.label.split("@", 1)[0]
+
+
+def load_run(path: Path) -> Run:
+    """The run in directory path (or a summary.json path itself)."""
+    file = path / SUMMARY_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"{path} has no {SUMMARY_FILE} (not a `ppd replay --out` dir?)")
+    try:
+        document = json.loads(file.read_text())
+        summary = document["summary"]
+        qps = float(document["config"]["qps"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{file} is not a ppd replay summary ({exc})") from None
+    label = str(document.get("label") or file.parent.name)
+    return Run(path=file.parent, label=label, qps=qps, summary=summary)
+
+
+def _value(run: Run, key: str) -> Any:
+    if key == "_qps":
+        return run.qps
+    if key == "_requests":
+        return f"{run.summary.get('n_success')}/{run.summary.get('n_requests')}"
+    return run.summary.get(key)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def column_names(runs: Sequence[Run]) -> list[str]:
+    """Run labels, made unique with the directory name where two runs share a label."""
+    labels = [run.label for run in runs]
+    return [run.label if labels.count(run.label) == 1 else f"{run.label} ({run.path.name})"
+            for run in runs]
+
+
+def compare_table(runs: Sequence[Run]) -> str:
+    """The runs' key metrics side by side, one column per run."""
+    names = column_names(runs)
+    rows = [(label, [_fmt(_value(run, key)) for run in runs]) for label, key in COMPARE_ROWS]
+    first = max(len(label) for label, _ in COMPARE_ROWS)
+    widths = [max(len(name), *(len(row[1][i]) for row in rows)) for i, name in enumerate(names)]
+    header = " " * first + "  " + "  ".join(f"{n:>{w}}" for n, w in zip(names, widths,
+                                                                         strict=True))
+    lines = [header]
+    for label, values in rows:
+        cells = "  ".join(f"{v:>{w}}" for v, w in zip(values, widths, strict=True))
+        lines.append(f"{label:<{first}}  {cells}")
+    return "\n".join(lines)
+
+
+def write_compare_csv(runs: Sequence[Run], path: Path) -> None:
+    """One row per run: label, series, qps, path and every scalar summary value."""
+    import pandas as pd
+
+    rows = []
+    for run in runs:
+        scalars = {k: v for k, v in run.summary.items() if not isinstance(v, dict)}
+        rows.append({"label": run.label, "series": run.series, "qps": run.qps,
+                     "path": str(run.path), **scalars})
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def _series(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.series, []).append(run)
+    return {name: sorted(members, key=lambda run: run.qps) for name, members in groups.items()}
+
+
+def _points(runs: Sequence[Run], x_key: str, y_key: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for run in runs:
+        x = run.qps if x_key == "_qps" else run.summary.get(x_key)
+        y = run.summary.get(y_key)
+        if x is not None and y is not None:
+            xs.append(float(x))
+            ys.append(float(y))
+    return xs, ys
+
+
+def plot_latency_vs_qps(runs: Sequence[Run], path: Path) -> None:
+    """TTFT (turn 1, turn 2+) and TPOT against offered load, one line per series."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (("turn1_ttft_ms_p99", "turn-1 TTFT p99 (ms)"),
+              ("turn2plus_ttft_ms_mean", "turn-2+ TTFT mean (ms)"),
+              ("turn2plus_ttft_ms_p99", "turn-2+ TTFT p99 (ms)"),
+              ("tpot_ms_mean", "TPOT mean (ms)"))
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
+    try:
+        for axis, (key, title) in zip(axes, panels, strict=True):
+            for name, members in _series(runs).items():
+                xs, ys = _points(members, "_qps", key)
+                axis.plot(xs, ys, marker="o", label=name)
+            axis.set_title(title)
+            axis.set_xlabel("conversations / s")
+            axis.grid(alpha=0.3)
+        axes[0].legend()
+        figure.tight_layout()
+        figure.savefig(path, dpi=110)
+    finally:
+        plt.close(figure)
+
+
+def plot_ttft_vs_throughput(runs: Sequence[Run], path: Path) -> None:
+    """P99 TTFT (all turns and turn 2+) against output throughput, one line per series."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6.5, 4.5))
+    try:
+        for name, members in _series(runs).items():
+            xs, ys = _points(members, "output_tok_s", "ttft_ms_p99")
+            line = axis.plot(xs, ys, marker="o", label=f"{name} (all turns)")[0]
+            xs2, ys2 = _points(members, "output_tok_s", "turn2plus_ttft_ms_p99")
+            axis.plot(xs2, ys2, marker="x", linestyle="--", color=line.get_color(),
+                      label=f"{name} (turn 2+)")
+            for run in members:
+                x, y = run.summary.get("output_tok_s"), run.summary.get("ttft_ms_p99")
+                if x is not None and y is not None:
+                    axis.annotate(f"{run.qps:g}", (x, y), textcoords="offset points",
+                                  xytext=(4, 4), fontsize=8)
+        axis.set_xlabel("output tokens / s")
+        axis.set_ylabel("P99 TTFT (ms)")
+        axis.set_title("P99 TTFT vs throughput (labels: qps)")
+        axis.grid(alpha=0.3)
+        axis.legend()
+        figure.tight_layout()
+        figure.savefig(path, dpi=110)
+    finally:
+        plt.close(figure)
+
+
+def compare(run_dirs: Sequence[Path], out: Path) -> tuple[str, list[Path]]:
+    """Load runs, write compare.csv (and plots for 2+ runs) into out; return the table."""
+    runs = [load_run(path) for path in run_dirs]
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "compare.csv"]
+    write_compare_csv(runs, written[0])
+    if len(runs) >= 2:
+        written += [out / "latency_vs_qps.png", out / "p99_ttft_vs_throughput.png"]
+        plot_latency_vs_qps(runs, written[1])
+        plot_ttft_vs_throughput(runs, written[2])
+    return compare_table(runs), written
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ppd report", description="Reports on replay runs.")
+    sub = parser.add_subparsers(dest="action", required=True)
+    cmp = sub.add_parser("compare", help="replay runs side by side, latency vs load plots",
+                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cmp.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    cmp.add_argument("--out", type=Path, help="output directory (default: runs/compare-UTCTIME)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    out = args.out or Path("runs") / f"compare-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    table, written = compare(args.runs, out)
+    print(table)
+    print("wrote " + ", ".join(str(path) for path in written))
+    return 0
