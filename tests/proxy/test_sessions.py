@@ -1,0 +1,160 @@
+"""The session ledger: continuation, branches, equal first messages, TTL and LRU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.sessions import SessionLedger, Transcript
+
+
+class FakeClock:
+    """A clock tests move by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def msgs(*contents: str, system: str | None = None) -> list[dict[str, Any]]:
+    roles = ("user", "assistant")
+    out = [{"role": "system", "content": system}] if system else []
+    return out + [{"role": roles[i % 2], "content": c} for i, c in enumerate(contents)]
+
+
+def serve(ledger: SessionLedger, messages: list[dict[str, Any]], reply: str,
+          explicit: str | None = None) -> tuple[str, int]:
+    """Resolve and complete one chat turn; (session id, turn)."""
+    transcript = Transcript.from_chat(messages)
+    lookup = ledger.resolve(transcript, explicit)
+    turn = lookup.turn
+    ledger.record_turn(lookup, transcript.held_after(reply, 10 * (len(messages) + 1)))
+    return lookup.session.id, turn
+
+
+def test_chat_continuation_by_content_hash() -> None:
+    ledger = SessionLedger(3600, 100, FakeClock())
+    sid, turn = serve(ledger, msgs("Hi", system="sys"), "Hello!")
+    assert turn == 1
+    sid2, turn2 = serve(ledger, msgs("Hi", "Hello!", "How are you?", system="sys"), "Fine.")
+    assert (sid2, turn2) == (sid, 2)
+    lookup = ledger.resolve(Transcript.from_chat(
+        msgs("Hi", "Hello!", "How are you?", "Fine.", "Bye", system="sys")))
+    assert lookup.continuation and lookup.turn == 3
+    assert lookup.cached_tokens == 50  # what serve() recorded for the 4-message turn
+
+
+def test_echoed_assistant_message_with_extra_fields_still_continues() -> None:
+    ledger = SessionLedger(3600, 100, FakeClock())
+    serve(ledger, msgs("Hi"), "Hello!")
+    history = msgs("Hi") + [{"role": "assistant", "content": "Hello!", "refusal": None,
+                             "tool_calls": None}, {"role": "user", "content": "More"}]
+    assert ledger.resolve(Transcript.from_chat(history)).continuation
+
+
+def test_edited_history_is_a_new_branch_at_turn_1() -> None:
+    ledger = SessionLedger(3600, 100, FakeClock())
+    serve(ledger, msgs("Hi"), "Hello!")
+    sid, turn = serve(ledger, msgs("Hi", "Something else", "Next"), "ok")
+    assert turn == 1
+    lookup = ledger.resolve(Transcript.from_chat(msgs("Hi", "Something else", "Next", "ok", "x")))
+    assert lookup.continuation and lookup.session.id == sid and lookup.turn == 2
+
+
+def test_two_users_with_the_same_first_message_keep_their_own_conversations() -> None:
+    ledger = SessionLedger(3600, 100, FakeClock())
+    a, _ = serve(ledger, msgs("Hi"), "Hello A")
+    b, turn_b = serve(ledger, msgs("Hi"), "Hello B")
+    assert turn_b == 1 and a != b
+    a2, turn_a2 = serve(ledger, msgs("Hi", "Hello A", "a?"), "A2")
+    b2, turn_b2 = serve(ledger, msgs("Hi", "Hello B", "b?"), "B2")
+    assert (a2, turn_a2) == (a, 2)
+    assert (b2, turn_b2) == (b, 2)
+    # A third user whose history matches neither is not a continuation of either.
+    lookup = ledger.resolve(Transcript.from_chat(msgs("Hi", "Hello C", "c?")))
+    assert not lookup.continuation and lookup.session.id not in (a, b)
+
+
+def test_new_branch_starts_on_its_siblings_nodes() -> None:
+    ledger = SessionLedger(3600, 100, FakeClock())
+    transcript = Transcript.from_chat(msgs("Hi"))
+    lookup = ledger.resolve(transcript)
+    lookup.session.decode, lookup.session.prefill = "http://d", "http://p"
+    ledger.record_turn(lookup, transcript.held_after("Hello", 5))
+    branch = ledger.resolve(Transcript.from_chat(msgs("Hi", "Edited", "x")))
+    assert not branch.continuation
+    assert (branch.session.decode, branch.session.prefill) == ("http://d", "http://p")
+
+
+def test_explicit_id_needs_matching_content_to_continue() -> None:
+    ledger = SessionLedger(3600, 100, FakeClock())
+    serve(ledger, msgs("Hi"), "Hello", explicit="conv-1")
+    sid, turn = serve(ledger, msgs("Hi", "Hello", "next"), "r", explicit="conv-1")
+    assert (sid, turn) == ("conv-1", 2)
+    # Same id, but a history that does not extend what D holds: a branch, turn 1.
+    assert ledger.resolve(Transcript.from_chat(msgs("Other", "x", "y")), "conv-1").turn == 1
+    # Same content under another id is another conversation.
+    assert ledger.resolve(Transcript.from_chat(msgs("Hi", "Hello", "next", "r", "z")),
+                          "conv-2").turn == 1
+
+
+def test_repeating_the_same_prompt_is_not_a_continuation() -> None:
+    ledger = SessionLedger(3600, 100, FakeClock())
+    serve(ledger, msgs("Hi", "Hello", "q"), "a", explicit="c")
+    assert not ledger.resolve(Transcript.from_chat(msgs("Hi", "Hello", "q", "a")), "c").continuation
+
+
+def test_completions_continue_when_the_prompt_extends_prompt_plus_reply() -> None:
+    ledger = SessionLedger(3600, 100, FakeClock())
+    t1 = Transcript.from_prompt("User: hi\nAssistant:")
+    lookup = ledger.resolve(t1)
+    ledger.record_turn(lookup, t1.held_after(" Hello!", 7))
+    t2 = Transcript.from_prompt("User: hi\nAssistant: Hello!\nUser: more\nAssistant:")
+    second = ledger.resolve(t2)
+    assert second.continuation and second.session is lookup.session and second.turn == 2
+    assert second.cached_tokens == 7
+    t3 = Transcript.from_prompt("User: hi\nAssistant: Bonjour\nUser: more\nAssistant:")
+    assert not ledger.resolve(t3).continuation
+
+
+def test_list_prompts_never_continue() -> None:
+    ledger = SessionLedger(3600, 100, FakeClock())
+    t1 = Transcript.from_prompt([1, 2, 3])
+    lookup = ledger.resolve(t1)
+    ledger.record_turn(lookup, t1.held_after("x", 3))
+    assert not ledger.resolve(Transcript.from_prompt([1, 2, 3, 4, 5])).continuation
+
+
+def test_idle_sessions_expire_after_the_ttl() -> None:
+    clock = FakeClock()
+    ledger = SessionLedger(ttl=60, max_sessions=100, clock=clock)
+    serve(ledger, msgs("Hi"), "Hello", explicit="c")
+    clock.now += 59
+    assert ledger.get("c") is not None
+    clock.now += 59  # touched by nothing since: idle for 118 s
+    assert ledger.get("c") is None
+    assert len(ledger) == 0
+
+
+def test_lru_eviction_drops_the_least_recently_used() -> None:
+    clock = FakeClock()
+    ledger = SessionLedger(ttl=3600, max_sessions=2, clock=clock)
+    for name in ("a", "b"):
+        serve(ledger, msgs(name), "r", explicit=name)
+        clock.now += 1
+    ledger.resolve(Transcript.from_chat(msgs("a", "r", "more")), "a")  # a is now the newest
+    clock.now += 1
+    serve(ledger, msgs("c"), "r", explicit="c")
+    assert ledger.get("b") is None
+    assert ledger.get("a") is not None and ledger.get("c") is not None
+    assert len(ledger) == 2
+
+
+def test_hash_index_forgets_evicted_branches() -> None:
+    clock = FakeClock()
+    ledger = SessionLedger(ttl=3600, max_sessions=1, clock=clock)
+    serve(ledger, msgs("Hi"), "A")
+    serve(ledger, msgs("Hi"), "B")  # evicts the first
+    assert len(ledger) == 1
+    assert not ledger.resolve(Transcript.from_chat(msgs("Hi", "A", "x"))).continuation

@@ -1,0 +1,128 @@
+"""Decision tables: the score formula, weights, success guard, nearest qps, missing cells."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.discretize import Cell, ContextClass
+from proxy.route import RouteKind
+from proxy.table import TABLE_COLUMNS, DecisionTable, TableError
+
+
+def row(context: str = "small", workload: str = "tiny", qps: float = 1.0, **values: Any
+        ) -> dict[str, Any]:
+    base = {"context_class": context, "workload": workload, "qps": qps,
+            "pd_ttft_ms": 100.0, "pd_tpot_ms": 50.0, "pd_success": 1.0,
+            "local_ttft_ms": 100.0, "local_tpot_ms": 50.0, "local_success": 1.0,
+            "n_requests": 20}
+    return {**base, **values}
+
+
+SMALL_TINY = Cell(ContextClass.SMALL, "tiny", 1.0)
+
+
+def test_score_follows_the_design_formula() -> None:
+    table = DecisionTable.from_rows([row(pd_ttft_ms=200, local_ttft_ms=100, pd_tpot_ms=50,
+                                         local_tpot_ms=60)])
+    # delta_ttft = (200-100)/200 = 0.5 ; delta_tpot = (60-50)/50 = 0.2
+    assert table.score(SMALL_TINY, 1.0, 1.0) == pytest.approx(0.3)
+    assert table.score(SMALL_TINY, 1.0, 3.0) == pytest.approx(0.5 - 0.6)
+
+
+def test_weights_flip_the_decision_exactly_where_the_formula_does() -> None:
+    table = DecisionTable.from_rows([row(pd_ttft_ms=200, local_ttft_ms=100, pd_tpot_ms=50,
+                                         local_tpot_ms=60)])
+    # score = 0.5*w_ttft - 0.2*w_tpot: local iff w_tpot < 2.5 * w_ttft.
+    assert table.decide(SMALL_TINY, 1.0, 2.4) is RouteKind.LOCAL
+    assert table.decide(SMALL_TINY, 1.0, 2.5) is RouteKind.PD  # score 0 is not > 0
+    assert table.decide(SMALL_TINY, 1.0, 2.6) is RouteKind.PD
+    assert table.decide(SMALL_TINY, 0.0, 0.0) is RouteKind.PD
+
+
+def test_success_guard_beats_latency() -> None:
+    fast_but_flaky = row(pd_ttft_ms=1000, local_ttft_ms=10, local_success=0.80, pd_success=0.99)
+    assert DecisionTable.from_rows([fast_but_flaky]).decide(SMALL_TINY, 1, 1) is RouteKind.PD
+    within_margin = row(pd_ttft_ms=1000, local_ttft_ms=10, local_success=0.96, pd_success=0.99)
+    assert DecisionTable.from_rows([within_margin]).decide(SMALL_TINY, 1, 1) is RouteKind.LOCAL
+    assert DecisionTable.from_rows([within_margin]).decide(SMALL_TINY, 1, 1,
+                                                           success_margin=0.01) is RouteKind.PD
+    pd_flaky = row(pd_ttft_ms=10, local_ttft_ms=1000, pd_success=0.5)
+    assert DecisionTable.from_rows([pd_flaky]).decide(SMALL_TINY, 1, 1) is RouteKind.LOCAL
+
+
+def test_unmeasured_routes_and_missing_cells() -> None:
+    table = DecisionTable.from_rows([
+        row(local_ttft_ms="", local_tpot_ms=""),
+        row(workload="mid_bal", pd_ttft_ms="nan"),
+        row(workload="big_paste", pd_ttft_ms="", local_ttft_ms=""),
+    ])
+    assert table.decide(SMALL_TINY, 1, 1) is RouteKind.PD
+    assert table.decide(Cell(ContextClass.SMALL, "mid_bal", 1.0), 1, 1) is RouteKind.LOCAL
+    assert table.decide(Cell(ContextClass.SMALL, "big_paste", 1.0), 1, 1) is None
+    assert table.decide(Cell(ContextClass.HUGE, "tiny", 1.0), 1, 1) is None
+    assert Cell(ContextClass.SMALL, "big_paste", 1.0) not in table.decisions(1, 1)
+
+
+def test_nearest_qps_over_profiled_points() -> None:
+    table = DecisionTable.from_rows([row(qps=q) for q in (0.5, 2.0, 8.0)])
+    assert table.qps_points == (0.5, 2.0, 8.0)
+    assert table.nearest_qps(0.0) == 0.5
+    assert table.nearest_qps(4.9) == 2.0
+    assert table.nearest_qps(5.0) == 2.0  # tie goes to the lower load
+    assert table.nearest_qps(100) == 8.0
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]], columns: tuple[str, ...] = TABLE_COLUMNS
+              ) -> Path:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(columns), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def test_load_csv_with_meta(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "t.csv", [row(), row(context="large", qps=2.0)])
+    (tmp_path / "t.meta.json").write_text(json.dumps({"model": "m1", "layout": "1P1D"}))
+    table = DecisionTable.load(path)
+    assert len(table) == 2
+    assert table.meta["layout"] == "1P1D"
+    assert table.model_warning("m1") is None
+    warning = table.model_warning("m2")
+    assert warning is not None and "m1" in warning and "m2" in warning
+
+
+def test_load_parquet(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.Table.from_pylist([row(pd_ttft_ms=300.0, local_ttft_ms=100.0)]), path)
+    assert DecisionTable.load(path).decide(SMALL_TINY, 1, 1) is RouteKind.LOCAL
+
+
+@pytest.mark.parametrize(("rows", "columns", "fragment"), [
+    ([row()], TABLE_COLUMNS[:-1], "missing columns"),
+    ([row(context="tiny")], TABLE_COLUMNS, "context_class"),
+    ([row(workload="nope")], TABLE_COLUMNS, "workload"),
+    ([row(pd_ttft_ms="fast")], TABLE_COLUMNS, "pd_ttft_ms"),
+    ([row(pd_success=95)], TABLE_COLUMNS, "pd_success"),
+    ([row(), row()], TABLE_COLUMNS, "duplicate"),
+    ([], TABLE_COLUMNS, "no rows"),
+])
+def test_bad_tables_are_rejected_with_a_clear_message(
+        tmp_path: Path, rows: list[dict[str, Any]], columns: tuple[str, ...],
+        fragment: str) -> None:
+    path = write_csv(tmp_path / "bad.csv", rows, columns)
+    with pytest.raises(TableError, match=fragment):
+        DecisionTable.load(path)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(TableError, match="not found"):
+        DecisionTable.load(tmp_path / "nope.csv")
