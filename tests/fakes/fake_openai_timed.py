@@ -4,7 +4,8 @@ A raw ASGI app (no framework) that answers /v1/models, /v1/chat/completions and
 /v1/completions like a PPD proxy in front of vLLM: it streams `max_tokens` tokens (as with
 ignore_eos), the first after `ttft_s`, the next ones every `itl_s`, then a usage chunk and
 [DONE]; it sets the proxy's x-ppd-* headers and records every request body and header set.
-`serve()` runs it with hypercorn on 127.0.0.1 on an OS-chosen port.
+`serve()` runs it with hypercorn on 127.0.0.1 on an OS-chosen port; `serve_in_thread()` does
+the same on a background thread for synchronous callers (CLI tests).
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import queue
 import socket
-from collections.abc import AsyncIterator, Callable
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,3 +152,25 @@ async def serve(app: FakeTimedServer) -> AsyncIterator[str]:
         await asyncio.wait_for(task, timeout=5)
         with contextlib.suppress(OSError):  # hypercorn may already have closed the fd
             sock.close()
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: FakeTimedServer) -> Iterator[str]:
+    """`serve` on its own event loop in a thread, for code that runs asyncio.run itself."""
+    ready: queue.Queue[str] = queue.Queue()
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    async def run() -> None:
+        async with serve(app) as url:
+            ready.put(url)
+            await stop.wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(run(),), daemon=True)
+    thread.start()
+    try:
+        yield ready.get(timeout=10)
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout=10)
+        loop.close()

@@ -1,0 +1,90 @@
+"""`ppd replay` end to end against the fake timed server, and its outputs on disk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from profiler.cli import main as ppd
+from profiler.replay import cli as replay_cli
+from profiler.replay.output import summary_table
+from tests.fakes.fake_openai_timed import FakeTimedServer, serve_in_thread
+
+
+@pytest.fixture(scope="module")
+def fake_url() -> str:
+    app = FakeTimedServer(ttft_s=0.02, itl_s=0.002, route="local")
+    with serve_in_thread(app) as url:
+        yield url
+
+
+def test_replay_synthetic_writes_every_output(fake_url: str, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code = replay_cli.main([
+        "--target", fake_url, "--dataset", "synthetic:small-tiny", "--qps", "20",
+        "--duration", "0.5", "--max-conversations", "4", "--max-tokens-cap", "8",
+        "--slo", "1000,100", "--out", str(out), "--label", "fake@20", "--no-progress",
+    ])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "turn-2+ TTFT" in printed and str(out) in printed
+    document = json.loads((out / "summary.json").read_text())
+    summary = document["summary"]
+    assert document["label"] == "fake@20" and document["config"]["qps"] == 20.0
+    assert summary["n_requests"] == 2 * summary["n_conversations"] > 0
+    assert summary["success_rate"] == 1.0 and summary["slo_attainment"] == 1.0
+    assert summary["local_share"] == 1.0
+    csv = pd.read_csv(out / "requests.csv")
+    parquet = pd.read_parquet(out / "requests.parquet")
+    assert len(csv) == len(parquet) == summary["n_requests"]
+    assert set(csv["turn"]) == {1, 2} and set(csv["max_tokens"]) == {8}
+    assert len(parquet["itl_s"].iloc[0]) == 7
+    assert (out / "ttft_cdf.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_replay_a_trace_file_through_the_dispatcher(fake_url: str, tmp_path: Path) -> None:
+    rows = [{"id": f"o{i}", "messages": [
+        {"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": "x" * 20},
+        {"role": "user", "content": "and?"}, {"role": "assistant", "content": "y" * 12},
+    ]} for i in range(5)]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "run"
+    code = ppd(["replay", "--target", fake_url, "--dataset", str(trace), "--qps", "50",
+                "--duration", "0.2", "--max-conversations", "3", "--api", "completions",
+                "--max-turns", "1", "--out", str(out), "--no-progress"])
+    assert code == 0
+    frame = pd.read_csv(out / "requests.csv")
+    assert set(frame["turn"]) == {1}
+    assert set(frame["max_tokens"]) == {5}  # 20 characters at 4 per token
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dataset", "synthetic:nope"], "unknown synthetic workload"),
+    (["--dataset", "/nonexistent/trace.json"], "not found"),
+    (["--dataset", "synthetic:mixed", "--slo", "fast"], "--slo wants TTFT_MS,TPOT_MS"),
+    (["--dataset", "synthetic:mixed", "--qps", "0"], "qps"),
+])
+def test_bad_input_is_one_clear_error(argv: list[str], message: str,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["replay", "--target", "http://127.0.0.1:9", "--qps", "1", "--duration", "1"]
+    assert ppd(base + argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ppd replay: error:") and message in err
+    assert "Traceback" not in err
+
+
+def test_conversations_needed_covers_poisson_spread() -> None:
+    assert replay_cli.conversations_needed(1.0, 100.0, None) >= 140  # mean 100, sd 10
+    assert replay_cli.conversations_needed(1.0, 100.0, 7) == 7
+
+
+def test_summary_table_shows_missing_values_as_dashes() -> None:
+    summary = {"n_success": 0, "n_requests": 0, "turn1_ttft_ms_mean": None, "routes": {}}
+    table = summary_table(summary, title="empty")
+    assert table.splitlines()[0] == "empty"
+    assert "0/0" in table and " - / - / - / -" in table

@@ -1,0 +1,80 @@
+"""`ppd report compare` on run directories written by the replay output code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from profiler import report
+from profiler.cli import main as ppd
+from profiler.replay import ReplayConfig, ReplayResult, RequestRecord
+from profiler.replay.metrics import summarize
+from profiler.replay.output import write_run
+
+
+def _run_dir(root: Path, name: str, qps: float, ttft_s: float, route: str) -> Path:
+    records = [
+        RequestRecord(conversation_id=f"c{i}", turn=turn, route="pd" if turn == 1 else route,
+                      decode="d", prefill=None, start_s=float(i), ttft_s=ttft_s * turn,
+                      tpot_s=0.01, e2e_s=ttft_s * turn + 0.1, itl_s=(0.01,) * 10,
+                      n_input_tokens=50, n_output_tokens=11, success=True, error=None,
+                      status=200)
+        for i in range(4) for turn in (1, 2)
+    ]
+    config = ReplayConfig(target="http://127.0.0.1:8000", qps=qps, duration_s=4.0)
+    result = ReplayResult(records=records, wall_time_s=4.0, config=config, n_conversations=4)
+    out = root / name
+    write_run(out, result, summarize(records, 4.0), label=f"{route}@{qps:g}", dataset="syn")
+    return out
+
+
+def test_compare_table_csv_and_plots(tmp_path: Path) -> None:
+    runs = [
+        _run_dir(tmp_path, "pd-1", 1.0, 0.20, "pd"),
+        _run_dir(tmp_path, "pd-2", 2.0, 0.40, "pd"),
+        _run_dir(tmp_path, "local-1", 1.0, 0.10, "local"),
+    ]
+    out = tmp_path / "cmp"
+    table, written = report.compare(runs, out)
+    lines = table.splitlines()
+    assert lines[0].split() == ["pd@1", "pd@2", "local@1"]
+    row = next(line for line in lines if line.startswith("turn-2+ TTFT mean ms"))
+    assert row.split()[-3:] == ["400.0", "800.0", "200.0"]
+    share = next(line for line in lines if line.startswith("local share"))
+    assert share.split()[-3:] == ["0.000", "0.000", "1.000"]
+    frame = pd.read_csv(out / "compare.csv")
+    assert list(frame["series"]) == ["pd", "pd", "local"]
+    assert list(frame["qps"]) == [1.0, 2.0, 1.0]
+    for name in ("latency_vs_qps.png", "p99_ttft_vs_throughput.png"):
+        assert (out / name) in written
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_single_run_has_no_load_plots_and_labels_are_made_unique(tmp_path: Path) -> None:
+    one = _run_dir(tmp_path, "a", 1.0, 0.2, "pd")
+    _, written = report.compare([one], tmp_path / "cmp1")
+    assert [path.name for path in written] == ["compare.csv"]
+    twin = _run_dir(tmp_path, "b", 1.0, 0.2, "pd")
+    runs = [report.load_run(one), report.load_run(twin)]
+    assert report.column_names(runs) == ["pd@1 (a)", "pd@1 (b)"]
+
+
+def test_cli_errors_on_a_directory_without_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert ppd(["report", "compare", str(tmp_path), "--out", str(tmp_path / "o")]) == 1
+    assert "has no summary.json" in capsys.readouterr().err
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "summary.json").write_text('{"label": "x"}')
+    assert ppd(["report", "compare", str(broken), "--out", str(tmp_path / "o")]) == 1
+    assert "not a ppd replay summary" in capsys.readouterr().err
+
+
+def test_cli_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = [_run_dir(tmp_path, f"r{q}", q, 0.1 * q, "local") for q in (1.0, 3.0)]
+    assert ppd(["report", "compare", *map(str, runs), "--out", str(tmp_path / "o")]) == 0
+    printed = capsys.readouterr().out
+    assert "local@1" in printed and "local@3" in printed and "latency_vs_qps.png" in printed
