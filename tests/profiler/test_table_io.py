@@ -9,7 +9,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from profiler.table_io import EXTRA_COLUMNS, build_meta, meta_path, normalize, read_table, write_table
+from profiler.table_io import (
+    EXTRA_COLUMNS,
+    build_meta,
+    meta_path,
+    normalize,
+    read_table,
+    write_table,
+)
 from proxy.discretize import Cell, ContextClass
 from proxy.route import RouteKind
 from proxy.table import TABLE_COLUMNS, DecisionTable

@@ -1,0 +1,1 @@
+"""ppd's benchmarks (`make bench`): speed and overhead, printed as tables, never asserted."""

@@ -1,0 +1,52 @@
+"""`python -m benchmarks`: run every benchmark and print one table.
+
+Percentiles are measured in one run, side by side, so ratios between rows are meaningful on
+this machine even though absolute numbers are not portable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+
+import numpy as np
+
+from benchmarks import bench_decision
+
+
+def render(rows: list[tuple[str, np.ndarray]], baseline: str) -> str:
+    """A plain-text table: p50/p99/mean per row and each row's p50 relative to the baseline."""
+    base = float(np.percentile(dict(rows)[baseline], 50))
+    width = max(len(label) for label, _ in rows)
+    lines = [f"{'what':<{width}}  {'n':>6}  {'p50 us':>10}  {'p99 us':>10}  {'mean us':>10}"
+             f"  {'p50 / decision':>14}"]
+    lines.append("-" * len(lines[0]))
+    for label, samples in rows:
+        p50, p99 = np.percentile(samples, [50, 99])
+        lines.append(f"{label:<{width}}  {len(samples):>6}  {p50:>10.1f}  {p99:>10.1f}"
+                     f"  {samples.mean():>10.1f}  {p50 / base:>13.1f}x")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--decisions", type=int, default=20_000, help="policy calls timed")
+    parser.add_argument("--requests", type=int, default=200, help="HTTP requests timed per row")
+    args = parser.parse_args(argv)
+    print(f"ppd decision overhead benchmark - {platform.processor() or platform.machine()}, "
+          f"Python {platform.python_version()}")
+    rows = bench_decision.run(n_decide=args.decisions, n_requests=args.requests)
+    print(render(rows, baseline=rows[0][0]))
+    direct = dict(rows).get("direct to a vLLM node (fake)")
+    decision = float(np.percentile(rows[0][1], 50))
+    for label, samples in rows:
+        if label.startswith("through proxy") and direct is not None:
+            overhead = float(np.percentile(samples, 50) - np.percentile(direct, 50))
+            print(f"{label}: proxy overhead p50 {overhead:.0f} us; the decision is "
+                  f"{100 * decision / overhead:.2f}% of it")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
