@@ -1,0 +1,53 @@
+"""`ppd table show|plot` print and draw what the proxy's own decision code decides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from profiler.cli import main as ppd
+from profiler.table_io import write_table
+
+
+def _row(workload: str, qps: float, pd_ttft: float, local_ttft: float,
+         local_tpot: float) -> dict:
+    return {"context_class": "small", "workload": workload, "qps": qps,
+            "pd_ttft_ms": pd_ttft, "pd_tpot_ms": 50.0, "pd_success": 1.0,
+            "local_ttft_ms": local_ttft, "local_tpot_ms": local_tpot, "local_success": 1.0,
+            "n_requests": 10}
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Path:
+    # tiny: TTFT -50%, TPOT +20%: local at equal weights, pd when TPOT weighs 3x.
+    rows = [_row("tiny", 1.0, 200.0, 100.0, 60.0), _row("big_paste", 1.0, 100.0, 300.0, 50.0)]
+    path, _, _ = write_table(rows, tmp_path / "t.csv", {"model": "tiny"})
+    return path
+
+
+def test_show_prints_the_decision_for_the_weights(table: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert ppd(["table", "show", str(table)]) == 0
+    equal = capsys.readouterr().out
+    assert "local (+0.30)" in equal  # 1*0.5 - 1*0.2
+    assert "pd (-2.00)" in equal
+    assert "local in 1/2 cells" in equal
+
+    assert ppd(["table", "show", str(table), "--w-tpot", "3"]) == 0
+    tpot_heavy = capsys.readouterr().out
+    assert "pd (-0.10)" in tpot_heavy  # 0.5 - 3*0.2
+    assert "local in 0/2 cells" in tpot_heavy
+
+
+def test_plot_writes_one_png_per_context_class(table: Path, tmp_path: Path) -> None:
+    out = tmp_path / "plots"
+    assert ppd(["table", "plot", str(table), "--out", str(out)]) == 0
+    png = out / "t.small.png"
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_show_reports_a_missing_table_clearly(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert ppd(["table", "show", str(tmp_path / "none.csv")]) == 1
+    assert "not found" in capsys.readouterr().err
