@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from profiler.profile import Profiler, ProfileGrid
+from profiler.profile import ProfileGrid, Profiler
 from profiler.table_io import read_table
 from proxy import ProxyConfig, create_app
 from proxy.config import NodeSpec
