@@ -198,3 +198,10 @@ def test_config_validation() -> None:
         ReplayConfig(target="http://x", qps=0, duration_s=1)
     with pytest.raises(ValueError):
         ReplayConfig(target="http://x", qps=1, duration_s=1, api="grpc")  # type: ignore[arg-type]
+
+
+def test_public_exports_are_sorted_and_resolve() -> None:
+    import profiler.replay as package
+
+    assert package.__all__ == sorted(package.__all__)
+    assert all(hasattr(package, name) for name in package.__all__)

@@ -238,3 +238,10 @@ def test_sharegpt_package_lookup_finds_the_shipped_file(
 
     monkeypatch.setattr(load_module.importlib.metadata, "files", lambda name: [FakeEntry()])
     assert load_module.sharegpt_package_file() == data
+
+
+def test_public_exports_are_sorted_and_resolve() -> None:
+    import profiler.traces as traces
+
+    assert traces.__all__ == sorted(traces.__all__)
+    assert all(hasattr(traces, name) for name in traces.__all__)
