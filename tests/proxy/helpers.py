@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -50,3 +51,15 @@ def chat_body(*contents: str, **extra: Any) -> dict[str, Any]:
     roles = ("user", "assistant")
     messages = [{"role": roles[i % 2], "content": c} for i, c in enumerate(contents)]
     return {"model": "fake-model", "messages": messages, "max_tokens": 16, **extra}
+
+
+def reply_text(response: httpx.Response) -> str:
+    """The assistant text of a chat response, streamed (SSE) or not."""
+    if not response.headers.get("content-type", "").startswith("text/event-stream"):
+        return str(response.json()["choices"][0]["message"]["content"])
+    parts = []
+    for event in response.text.split("\n\n"):
+        if event.startswith("data: {"):
+            for choice in json.loads(event[6:]).get("choices", []):
+                parts.append(choice.get("delta", {}).get("content") or "")
+    return "".join(parts)
