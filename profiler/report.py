@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from profiler.replay.output import SUMMARY_FILE
+from profiler.replay.output import SUMMARY_FILE, format_value
 
 # (row label, summary key) of the side-by-side table.
 COMPARE_ROWS: tuple[tuple[str, str], ...] = (
@@ -77,14 +77,6 @@ def _value(run: Run, key: str) -> Any:
     return run.summary.get(key)
 
 
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
-    return str(value)
-
-
 def column_names(runs: Sequence[Run]) -> list[str]:
     """Run labels, made unique with the directory name where two runs share a label."""
     labels = [run.label for run in runs]
@@ -95,7 +87,8 @@ def column_names(runs: Sequence[Run]) -> list[str]:
 def compare_table(runs: Sequence[Run]) -> str:
     """The runs' key metrics side by side, one column per run."""
     names = column_names(runs)
-    rows = [(label, [_fmt(_value(run, key)) for run in runs]) for label, key in COMPARE_ROWS]
+    rows = [(label, [format_value(_value(run, key)) for run in runs])
+            for label, key in COMPARE_ROWS]
     first = max(len(label) for label, _ in COMPARE_ROWS)
     widths = [max(len(name), *(len(row[1][i]) for row in rows)) for i, name in enumerate(names)]
     header = " " * first + "  " + "  ".join(f"{n:>{w}}" for n, w in zip(names, widths,

@@ -128,7 +128,8 @@ def plot_ttft_cdf(records: Sequence[RequestRecord], path: Path, *, title: str) -
         plt.close(figure)
 
 
-def _fmt(value: Any) -> str:
+def format_value(value: Any) -> str:
+    """A summary value for a text table: '-' for missing, 3 decimals below 10, else 1."""
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -161,10 +162,10 @@ def summary_table(summary: Mapping[str, Any], *, title: str) -> str:
         if key == "_requests":
             value = f"{summary['n_success']}/{summary['n_requests']}"
         elif f"{key}_mean" in summary:
-            value = " / ".join(_fmt(summary.get(f"{key}_{stat}"))
+            value = " / ".join(format_value(summary.get(f"{key}_{stat}"))
                                for stat in ("mean", "p50", "p90", "p99"))
         else:
-            value = _fmt(summary.get(key))
+            value = format_value(summary.get(key))
         lines.append((label, value))
     if summary.get("routes"):
         lines.append(("routes", ", ".join(f"{k}={v}" for k, v in summary["routes"].items())))

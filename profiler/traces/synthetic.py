@@ -156,10 +156,10 @@ def named_workload(
                 raise ValueError(f"bad synthetic workload {name!r}: use multi-N, N >= 1") from None
         # Profiles alternate deterministically so both context classes are always present.
         out: list[Conversation] = []
-        for position, profile in enumerate(profiles):
+        for position, context in enumerate(profiles):
             share = count // len(profiles) + (1 if position < count % len(profiles) else 0)
             out.extend(multi_turn_conversations(
-                TURN1_PROFILES[profile], shapes, n_turns=n_turns, count=share,
+                TURN1_PROFILES[context], shapes, n_turns=n_turns, count=share,
                 seed=seed, tokenizer=tokenizer,
             ))
         random.Random(f"ppd-synthetic-order:{seed}").shuffle(out)
