@@ -63,3 +63,13 @@ def reply_text(response: httpx.Response) -> str:
             for choice in json.loads(event[6:]).get("choices", []):
                 parts.append(choice.get("delta", {}).get("content") or "")
     return "".join(parts)
+
+
+class FakeClock:
+    """A clock tests move by hand (`clock.now += 5`)."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now

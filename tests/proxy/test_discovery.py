@@ -16,15 +16,7 @@ from proxy.config import ProxyConfig
 from proxy.discovery import Discovery, HeartbeatError, parse_heartbeat
 from proxy.route import Role
 from tests.fakes.fake_vllm import FakeVLLM
-from tests.proxy.helpers import chat_body, serve_proxy
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.proxy.helpers import FakeClock, chat_body, serve_proxy
 
 
 def test_parse_both_formats() -> None:

@@ -10,14 +10,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.policies import Decision, Reason
 from proxy.route import RouteKind
 from proxy.validate import Endpoint
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.proxy.helpers import FakeClock
 
 
 def test_rate_meter_counts_over_a_sliding_window() -> None:

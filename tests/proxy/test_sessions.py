@@ -5,16 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.sessions import SessionLedger, Transcript
-
-
-class FakeClock:
-    """A clock tests move by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.proxy.helpers import FakeClock
 
 
 def msgs(*contents: str, system: str | None = None) -> list[dict[str, Any]]:
@@ -34,7 +25,7 @@ def serve(ledger: SessionLedger, messages: list[dict[str, Any]], reply: str,
 
 
 def test_chat_continuation_by_content_hash() -> None:
-    ledger = SessionLedger(3600, 100, FakeClock())
+    ledger = SessionLedger(3600, 100, FakeClock(1000.0))
     sid, turn = serve(ledger, msgs("Hi", system="sys"), "Hello!")
     assert turn == 1
     sid2, turn2 = serve(ledger, msgs("Hi", "Hello!", "How are you?", system="sys"), "Fine.")
@@ -46,7 +37,7 @@ def test_chat_continuation_by_content_hash() -> None:
 
 
 def test_echoed_assistant_message_with_extra_fields_still_continues() -> None:
-    ledger = SessionLedger(3600, 100, FakeClock())
+    ledger = SessionLedger(3600, 100, FakeClock(1000.0))
     serve(ledger, msgs("Hi"), "Hello!")
     history = msgs("Hi") + [{"role": "assistant", "content": "Hello!", "refusal": None,
                              "tool_calls": None}, {"role": "user", "content": "More"}]
@@ -54,7 +45,7 @@ def test_echoed_assistant_message_with_extra_fields_still_continues() -> None:
 
 
 def test_edited_history_is_a_new_branch_at_turn_1() -> None:
-    ledger = SessionLedger(3600, 100, FakeClock())
+    ledger = SessionLedger(3600, 100, FakeClock(1000.0))
     serve(ledger, msgs("Hi"), "Hello!")
     sid, turn = serve(ledger, msgs("Hi", "Something else", "Next"), "ok")
     assert turn == 1
@@ -63,7 +54,7 @@ def test_edited_history_is_a_new_branch_at_turn_1() -> None:
 
 
 def test_two_users_with_the_same_first_message_keep_their_own_conversations() -> None:
-    ledger = SessionLedger(3600, 100, FakeClock())
+    ledger = SessionLedger(3600, 100, FakeClock(1000.0))
     a, _ = serve(ledger, msgs("Hi"), "Hello A")
     b, turn_b = serve(ledger, msgs("Hi"), "Hello B")
     assert turn_b == 1 and a != b
@@ -77,7 +68,7 @@ def test_two_users_with_the_same_first_message_keep_their_own_conversations() ->
 
 
 def test_new_branch_starts_on_its_siblings_nodes() -> None:
-    ledger = SessionLedger(3600, 100, FakeClock())
+    ledger = SessionLedger(3600, 100, FakeClock(1000.0))
     transcript = Transcript.from_chat(msgs("Hi"))
     lookup = ledger.resolve(transcript)
     lookup.session.decode, lookup.session.prefill = "http://d", "http://p"
@@ -88,7 +79,7 @@ def test_new_branch_starts_on_its_siblings_nodes() -> None:
 
 
 def test_explicit_id_needs_matching_content_to_continue() -> None:
-    ledger = SessionLedger(3600, 100, FakeClock())
+    ledger = SessionLedger(3600, 100, FakeClock(1000.0))
     serve(ledger, msgs("Hi"), "Hello", explicit="conv-1")
     sid, turn = serve(ledger, msgs("Hi", "Hello", "next"), "r", explicit="conv-1")
     assert (sid, turn) == ("conv-1", 2)
@@ -100,13 +91,13 @@ def test_explicit_id_needs_matching_content_to_continue() -> None:
 
 
 def test_repeating_the_same_prompt_is_not_a_continuation() -> None:
-    ledger = SessionLedger(3600, 100, FakeClock())
+    ledger = SessionLedger(3600, 100, FakeClock(1000.0))
     serve(ledger, msgs("Hi", "Hello", "q"), "a", explicit="c")
     assert not ledger.resolve(Transcript.from_chat(msgs("Hi", "Hello", "q", "a")), "c").continuation
 
 
 def test_completions_continue_when_the_prompt_extends_prompt_plus_reply() -> None:
-    ledger = SessionLedger(3600, 100, FakeClock())
+    ledger = SessionLedger(3600, 100, FakeClock(1000.0))
     t1 = Transcript.from_prompt("User: hi\nAssistant:")
     lookup = ledger.resolve(t1)
     ledger.record_turn(lookup, t1.held_after(" Hello!", 7))
@@ -119,7 +110,7 @@ def test_completions_continue_when_the_prompt_extends_prompt_plus_reply() -> Non
 
 
 def test_list_prompts_never_continue() -> None:
-    ledger = SessionLedger(3600, 100, FakeClock())
+    ledger = SessionLedger(3600, 100, FakeClock(1000.0))
     t1 = Transcript.from_prompt([1, 2, 3])
     lookup = ledger.resolve(t1)
     ledger.record_turn(lookup, t1.held_after("x", 3))
@@ -127,7 +118,7 @@ def test_list_prompts_never_continue() -> None:
 
 
 def test_idle_sessions_expire_after_the_ttl() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     ledger = SessionLedger(ttl=60, max_sessions=100, clock=clock)
     serve(ledger, msgs("Hi"), "Hello", explicit="c")
     clock.now += 59
@@ -138,7 +129,7 @@ def test_idle_sessions_expire_after_the_ttl() -> None:
 
 
 def test_lru_eviction_drops_the_least_recently_used() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     ledger = SessionLedger(ttl=3600, max_sessions=2, clock=clock)
     for name in ("a", "b"):
         serve(ledger, msgs(name), "r", explicit=name)
@@ -152,7 +143,7 @@ def test_lru_eviction_drops_the_least_recently_used() -> None:
 
 
 def test_hash_index_forgets_evicted_branches() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     ledger = SessionLedger(ttl=3600, max_sessions=1, clock=clock)
     serve(ledger, msgs("Hi"), "A")
     serve(ledger, msgs("Hi"), "B")  # evicts the first
