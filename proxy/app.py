@@ -143,7 +143,7 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
                 raise BadRequest(f"x-ppd-route must be one of {sorted(_FORCIBLE)}, got {forced!r}")
             if config.admin_key and not _bearer_matches(auth, config.admin_key):
                 raise Unauthorized("x-ppd-route needs authorization: Bearer ADMIN_KEY")
-        body = parse_json_object(await request.get_data(cache=False))
+        body = parse_json_object(await request.get_data(cache=False, as_text=False))  # type: ignore[arg-type]
         validate_body(endpoint, body)
         reply = await state.router.handle(Incoming(
             endpoint, body, request.headers.get("x-session-id"),

@@ -59,14 +59,14 @@ def parse_heartbeat(payload: bytes) -> Heartbeat:
         return Heartbeat(url, _LEGACY_ROLES[kind],
                          zmq_address if isinstance(zmq_address, str) else None)
     try:
-        role = Role(kind)
+        role = Role(str(kind))
     except ValueError:
         raise HeartbeatError(f"unknown node type {kind!r}") from None
-    url = data.get("url")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+    node_url = data.get("url")
+    if not isinstance(node_url, str) or not node_url.startswith(("http://", "https://")):
         raise HeartbeatError("heartbeat without an http(s) url")
     models = data.get("models")
-    return Heartbeat(url, role, None,
+    return Heartbeat(node_url, role, None,
                      tuple(str(m) for m in models) if isinstance(models, list) else None)
 
 
@@ -127,7 +127,7 @@ class Discovery:
         poll_ms = int(min(self._timeout / 4, 1.0) * 1000)
         try:
             while True:
-                if await self._socket.poll(poll_ms, zmq.POLLIN):
+                if await self._socket.poll(poll_ms):  # POLLIN by default
                     frames = await self._socket.recv_multipart()
                     # ROUTER prepends the sender identity: [identity, payload].
                     if len(frames) >= 2:

@@ -12,7 +12,7 @@ Upstream 4xx answers are returned to the client as they are (UpstreamRejected).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,7 +78,7 @@ class UpstreamStream:
         """The upstream content type."""
         return self.response.headers.get("content-type", "application/json")
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         """The body, first chunk included; mid-stream failures raise UpstreamError."""
         if self.first:
             yield self.first

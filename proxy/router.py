@@ -9,7 +9,7 @@ another healthy D. Once bytes flow, nothing is retried and no error is sent insi
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,7 +85,7 @@ class Relay:
     def __init__(self, stream: UpstreamStream, capture: ReplyCapture,
                  on_end: Callable[[bool], None], on_error: Callable[[ProxyError], None]) -> None:
         self._stream = stream
-        self._chunks = stream.chunks()
+        self._chunks: AsyncGenerator[bytes, None] = stream.chunks()
         self._capture = capture
         self._on_end = on_end
         self._on_error = on_error
