@@ -34,8 +34,9 @@ class ProxyMetrics:
                               ["route"], buckets=_TTFT_BUCKETS, registry=self.registry)
         self.upstream_errors = Counter("ppd_upstream_errors", "Upstream failures by role and kind",
                                        ["role", "kind"], registry=self.registry)
-        self.failovers = Counter("ppd_failovers", "Turns retried on another node",
-                                 ["role"], registry=self.registry)
+        self.failovers = Counter(
+            "ppd_failovers", "Failed legs after which another node was tried (if one was left)",
+            ["role"], registry=self.registry)
         sessions = Gauge("ppd_sessions_live", "Live sessions", registry=self.registry)
         sessions.set_function(lambda: float(sessions_live()))
         self._routes: TallyCounter[str] = TallyCounter()

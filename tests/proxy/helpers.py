@@ -6,9 +6,11 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import httpx
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role, create_app, running
 from proxy.app import ProxyState
@@ -73,3 +75,25 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>"
+            "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def make_tokenizer(directory: Path, template: str | None = TEMPLATE,
+                   as_jinja_file: bool = False) -> Path:
+    """A word-level tokenizer trained on a few words, saved like a HF model directory."""
+    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.WordLevelTrainer(special_tokens=["[UNK]", "<s>"])
+    tokenizer.train_from_iterator(["hello world how are you today friend"], trainer)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config: dict[str, object] = {"bos_token": {"content": "<s>"}, "eos_token": "</s>"}
+    if template and as_jinja_file:
+        (directory / "chat_template.jinja").write_text(template)
+    elif template:
+        config["chat_template"] = template
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory

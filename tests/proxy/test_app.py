@@ -12,7 +12,7 @@ import proxy
 from proxy.config import Policy
 from proxy.table import TABLE_COLUMNS
 from tests.fakes.fake_vllm import FakeVLLM
-from tests.proxy.helpers import chat_body, config_for, reply_text, serve_proxy
+from tests.proxy.helpers import chat_body, config_for, make_tokenizer, reply_text, serve_proxy
 
 
 async def two_turns(client: httpx.AsyncClient, headers: dict[str, str] | None = None,
@@ -153,3 +153,21 @@ def test_public_api_is_small_and_sorted() -> None:
         assert getattr(proxy, name) is not None
     assert {"create_app", "ProxyConfig", "DecisionTable", "TABLE_COLUMNS", "serve",
             "ServerThread", "config_from_args"} <= set(proxy.__all__)
+
+
+async def test_tokenizer_dir_counts_the_new_messages_exactly(
+        cluster: dict[str, FakeVLLM], tmp_path: Path) -> None:
+    from proxy.tokens import EstimateTokenCounter, HFTokenCounter
+
+    directory = make_tokenizer(tmp_path / "tok")
+    new = [{"role": "user", "content": "next"}]
+    exact = HFTokenCounter(directory).count_chat(new)
+    assert exact != EstimateTokenCounter().count_chat(new)  # the test can tell them apart
+    routes = []
+    for limit in (exact, exact - 1):
+        config = replace(config_for(cluster, Policy.THRESHOLD, non_cached_tokens=limit),
+                         tokenizer=directory)
+        async with serve_proxy(config) as proxy:
+            _, second = await two_turns(proxy.client)
+        routes.append(second.headers["x-ppd-route"])
+    assert routes == ["local", "pd"]

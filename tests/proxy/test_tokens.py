@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from proxy.tokens import (
     MESSAGE_OVERHEAD_TOKENS,
@@ -15,27 +13,7 @@ from proxy.tokens import (
     TokenizerError,
     token_counter,
 )
-
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>"
-            "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
-
-
-def make_tokenizer(directory: Path, template: str | None = TEMPLATE,
-                   as_jinja_file: bool = False) -> Path:
-    """A word-level tokenizer trained on a few words, saved like a HF model directory."""
-    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    trainer = trainers.WordLevelTrainer(special_tokens=["[UNK]", "<s>"])
-    tokenizer.train_from_iterator(["hello world how are you today friend"], trainer)
-    directory.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    config: dict[str, object] = {"bos_token": {"content": "<s>"}, "eos_token": "</s>"}
-    if template and as_jinja_file:
-        (directory / "chat_template.jinja").write_text(template)
-    elif template:
-        config["chat_template"] = template
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    return directory
+from tests.proxy.helpers import make_tokenizer
 
 
 def test_hf_counts_text_exactly(tmp_path: Path) -> None:
