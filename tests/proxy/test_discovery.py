@@ -132,3 +132,28 @@ async def test_legacy_registered_nodes_get_the_legacy_request_id() -> None:
     p_id = p1.completions[0].headers["x-request-id"]
     assert p_id.startswith("___prefill_addr_127.0.0.1:21001___decode_addr_127.0.0.1:22001_")
     assert d1.completions[0].headers["x-request-id"] == p_id
+
+
+async def test_ppd_register_main_sends_count_heartbeats(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from profiler.register import main as register_main
+
+    pool = BackendPool()
+    discovery = Discovery(pool, "tcp://127.0.0.1:0", heartbeat_timeout=60, clock=FakeClock())
+    address = discovery.bind()
+    task = asyncio.create_task(discovery.run())
+    try:
+        code = await asyncio.to_thread(register_main, [
+            "--proxy", address, "--role", "decode", "--url", "http://127.0.0.1:8200",
+            "--model", "m", "--interval", "0.01", "--count", "2"])
+        for _ in range(200):
+            if pool.get("http://127.0.0.1:8200"):
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert code == 0 and "sent 2 heartbeat(s)" in capsys.readouterr().out
+    node = pool.get("http://127.0.0.1:8200")
+    assert node is not None and node.models == ("m",)
