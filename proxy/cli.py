@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import logging
 
+from proxy.app import create_app
 from proxy.config import config_from_args
-from proxy.server import serve
+from proxy.server import serve_app
 
 
 def main(argv: list[str]) -> int:
     """Run the proxy until SIGINT/SIGTERM; configuration errors raise with a clear message."""
     config = config_from_args(argv)
+    app = create_app(config)  # loads the table and tokenizer: their errors surface here
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    nodes = ", ".join(f"{n.role}={n.url}" for n in config.nodes) or "none (discovery)"
+    nodes = ", ".join(f"{n.role}={n.url}" for n in config.nodes) or "none yet (discovery)"
     logging.getLogger("ppd.proxy").info(
         "ppd proxy on http://%s:%d, policy %s, nodes: %s",
         config.host, config.port, config.policy.kind, nodes)
-    serve(config)
+    serve_app(app, config.host, config.port)
     return 0

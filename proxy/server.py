@@ -164,8 +164,12 @@ def serve(config: ProxyConfig) -> None:
     """Run the proxy on config.host:config.port until SIGINT or SIGTERM (blocking)."""
     from proxy.app import create_app  # here, so fakes can use this module without the app
 
-    app = create_app(config)
-    asyncio.run(_serve_until_signal(app, config.host, config.port))
+    serve_app(create_app(config), config.host, config.port)
+
+
+def serve_app(app: Any, host: str, port: int) -> None:
+    """Run an ASGI app on host:port until SIGINT or SIGTERM (blocking)."""
+    asyncio.run(_serve_until_signal(app, host, port))
 
 
 async def _serve_until_signal(app: Any, host: str, port: int) -> None:
