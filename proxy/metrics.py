@@ -23,7 +23,7 @@ class ProxyMetrics:
         self.policy = policy
         self.requests = Counter(
             "ppd_requests", "Completion requests by route and policy decision",
-            ["endpoint", "route", "reason", "context_class", "workload"],
+            ["endpoint", "route", "reason", "context_class", "workload", "qps"],
             registry=self.registry)
         self.responses = Counter("ppd_responses", "Completion responses by HTTP status",
                                  ["status"], registry=self.registry)
@@ -50,7 +50,8 @@ class ProxyMetrics:
         cell = decision.cell
         self.requests.labels(endpoint, route.value, decision.reason.value,
                              cell.context_class.value if cell else "",
-                             cell.workload if cell else "").inc()
+                             cell.workload if cell else "",
+                             f"{cell.qps:g}" if cell else "").inc()
         self.turns.observe(turn)
         self._routes[route.value] += 1
         self._reasons[decision.reason.value] += 1

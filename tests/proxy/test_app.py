@@ -120,7 +120,7 @@ async def test_ppd_policy_routes_by_table_and_labels_metrics(
         stats = (await proxy.client.get("/stats")).json()
     assert second.headers["x-ppd-route"] == "local"
     assert ('ppd_requests_total{context_class="small",endpoint="/v1/chat/completions",'
-            'reason="table",route="local",workload="tiny"} 1.0') in metrics
+            'qps="1",reason="table",route="local",workload="tiny"} 1.0') in metrics
     assert stats["routes"] == {"pd": 1, "local": 1}
     assert stats["local_share"] == 0.5
     losing = write_table(tmp_path / "t2.csv", local_wins=False)
