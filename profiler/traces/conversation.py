@@ -8,7 +8,7 @@ the reference text.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from profiler.traces.tokenizer import TextTokenizer
@@ -137,19 +137,3 @@ def from_messages(
     system = "\n\n".join(system_parts) if system_parts else None
     return Conversation(id=conversation_id, turns=tuple(turns), system=system, language=language)
 
-
-def role_messages(
-    raw: Sequence[object], *, role_key: str, text_key: str
-) -> list[tuple[str, str]]:
-    """(canonical role, text) pairs from a list of dicts; entries of another shape are skipped."""
-    pairs: list[tuple[str, str]] = []
-    for item in raw:
-        if not isinstance(item, Mapping):
-            continue
-        role, text = item.get(role_key), item.get(text_key)
-        if not isinstance(role, str) or not isinstance(text, str):
-            continue
-        canonical = canonical_role(role)
-        if canonical is not None:
-            pairs.append((canonical, text))
-    return pairs
