@@ -34,6 +34,7 @@ from profiler.cluster_plan import (
     Connector,
     Device,
     Layout,
+    ServedModel,
     cluster_document,
     node_command,
     node_env,
@@ -42,10 +43,17 @@ from profiler.cluster_plan import (
     plan_nodes,
 )
 from profiler.cluster_procs import ManagedProcess, StartupError
-from profiler.models import ModelName, default_model_dir, is_ready, prepare_model
+from profiler.models import (
+    ModelName,
+    default_model_dir,
+    is_ready,
+    prepare_model,
+    serving_dtype,
+)
 from proxy.route import Role
 
 PROXY_FILE = "proxy.json"
+PROXY_LOG = "proxy.log"
 
 Progress = Callable[[str], None]
 
@@ -112,7 +120,7 @@ class Cluster:
             argv += ["--tokenizer", str(self.model_path)]
         argv += list(extra_args)
         url = f"http://{host}:{port}"
-        log = self.state_dir / "proxy.log"
+        log = self.state_dir / PROXY_LOG
         proxy = procs.spawn("proxy", url, argv, os.environ, log)
         self.progress(f"starting proxy on {url} (policy {policy or 'default'}, log {log})")
         try:
@@ -144,16 +152,20 @@ class Cluster:
         self.stop()
 
 
-def resolve_model(spec: str) -> tuple[str, Path]:
-    """(served model name, directory) for `tiny`, `smollm2` (prepared if needed) or a DIR."""
+def resolve_model(spec: str, dtype: str | None = None) -> ServedModel:
+    """`tiny`, `smollm2` (prepared if needed) or a model DIR, served under its name.
+
+    dtype None takes the dtype a prepared model's marker asks for (else vLLM's default).
+    """
     if spec in {m.value for m in ModelName}:
-        return spec, prepare_model(spec)
-    path = Path(spec).expanduser().resolve()
-    if not (path / "config.json").is_file():
-        raise ClusterError(
-            f"model {spec!r} is neither tiny/smollm2 nor a directory with a config.json"
-        )
-    return path.name, path
+        name, path = spec, prepare_model(spec)
+    else:
+        name, path = Path(spec).expanduser().resolve().name, Path(spec).expanduser().resolve()
+        if not (path / "config.json").is_file():
+            raise ClusterError(
+                f"model {spec!r} is neither tiny/smollm2 nor a directory with a config.json"
+            )
+    return ServedModel(name, path, dtype if dtype is not None else serving_dtype(path))
 
 
 def default_cores() -> tuple[int, ...]:
@@ -173,11 +185,12 @@ def start_cluster(config: ClusterConfig, progress: Progress = _quiet) -> Cluster
     busy = [n.port for n in nodes if not procs.port_free(config.host, n.port)]
     if busy:
         raise ClusterError(f"port(s) {busy} in use; stop what holds them or choose --base-port")
-    served_name, model_path = resolve_model(config.model)
+    model = resolve_model(config.model, config.dtype)
     state_dir.mkdir(parents=True, exist_ok=True)
     # KV files are keyed by prompt tokens, not by model: stale ones from another run must go.
     shutil.rmtree(config.kv_dir, ignore_errors=True)
     config.kv_dir.mkdir(parents=True)
+    (state_dir / PROXY_LOG).unlink(missing_ok=True)  # logs describe this cluster only
     started: list[Node] = []
     try:
         for spec in nodes:
@@ -185,7 +198,7 @@ def start_cluster(config: ClusterConfig, progress: Progress = _quiet) -> Cluster
             log.unlink(missing_ok=True)
             proc = procs.spawn(
                 spec.name, node_url(config, spec),
-                node_command(config, model_path, served_name, spec),
+                node_command(config, model, spec),
                 node_env(config, spec, os.environ), log, cwd=state_dir,
             )  # fmt: skip
             started.append(Node(spec.role, proc))
@@ -200,10 +213,10 @@ def start_cluster(config: ClusterConfig, progress: Progress = _quiet) -> Cluster
     except BaseException:
         procs.stop([n.proc for n in started])
         raise
-    cluster = Cluster(served_name, config.layout, state_dir, started, model_path,
+    cluster = Cluster(model.name, config.layout, state_dir, started, model.path,
                       progress=progress)  # fmt: skip
     doc = cluster_document(
-        served_name, config.layout, [(n.role, n.url, n.proc.pid, n.proc.log) for n in started]
+        model.name, config.layout, [(n.role, n.url, n.proc.pid, n.proc.log) for n in started]
     )
     _write_json(cluster.cluster_file, doc)
     return cluster
@@ -298,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT)
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--max-model-len", type=int, default=4096)
+    up.add_argument("--dtype", default=None,
+                    help="vLLM --dtype (default: what the model asks for, else vLLM's auto)")
     up.add_argument("--kv-cache-gib", type=int, default=1, help="CPU KV cache per node")
     up.add_argument("--startup-timeout", type=float, default=300.0, metavar="S")
     up.add_argument("--vllm-args", default="", help="extra vLLM flags, one quoted string")
@@ -343,7 +358,7 @@ def _up(args: argparse.Namespace) -> int:
     config = ClusterConfig(
         model=args.model, layout=args.layout, state_dir=args.state, device=args.device,
         connector=args.connector, host=args.host, base_port=args.base_port,
-        max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
+        max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib, dtype=args.dtype,
         cores=default_cores() if args.device is Device.CPU else (),
         startup_timeout_s=args.startup_timeout, vllm_args=tuple(shlex.split(args.vllm_args)),
     )  # fmt: skip

