@@ -27,6 +27,7 @@ import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 READY_MARKER = ".ppd-model-ready"
 MARKER_VERSION = 2  # 2: the marker says which dtype vLLM should serve the model in
@@ -221,15 +222,22 @@ def _build_tiny(out: Path) -> None:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=4096,
-        bos_token_id=fast.convert_tokens_to_ids(bos),
-        eos_token_id=fast.convert_tokens_to_ids(eos),
-        pad_token_id=fast.convert_tokens_to_ids(bos),
+        bos_token_id=_token_id(tokenizer, bos),
+        eos_token_id=_token_id(tokenizer, eos),
+        pad_token_id=_token_id(tokenizer, bos),
         tie_word_embeddings=False,
     )
     torch.manual_seed(TINY_SEED)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = LlamaForCausalLM(config).bfloat16()
     model.generation_config.eos_token_id = config.eos_token_id
     model.save_pretrained(out, safe_serialization=True)
+
+
+def _token_id(tokenizer: Any, token: str) -> int:
+    token_id = tokenizer.token_to_id(token)
+    if not isinstance(token_id, int):
+        raise ModelError(f"the trained tokenizer lacks {token!r}")
+    return token_id
 
 
 # ------------------------------------------------------------------------------------- smollm2
@@ -260,7 +268,6 @@ def smollm2_gguf_path() -> Path:
 
 
 def _build_smollm2(out: Path) -> None:
-    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     gguf = smollm2_gguf_path()
@@ -274,7 +281,7 @@ def _build_smollm2(out: Path) -> None:
         del config.quantization_config
     model = AutoModelForCausalLM.from_config(config)
     model.load_state_dict(quantized.state_dict())
-    model = model.to(torch.bfloat16)
+    model = model.bfloat16()
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
 

@@ -27,7 +27,8 @@ def test_run_tags_keep_runs_from_sharing_cached_kv() -> None:
     a = demo.demo_conversations(config, run_tag="run-pd-0")
     b = demo.demo_conversations(config, run_tag="run-local-0")
     # The system prompt opens every prompt, so a different tag changes the first KV block.
-    assert a[0].system != b[0].system and a[0].system.startswith("[run-pd-0]")
+    assert a[0].system is not None and a[0].system.startswith("[run-pd-0]")
+    assert a[0].system != b[0].system
     assert [t.user for t in a[0].turns] == [t.user for t in b[0].turns]
 
 
