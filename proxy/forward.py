@@ -194,6 +194,11 @@ class ReplyCapture:
             if not delta and choice.get("finish_reason") is not None:
                 self._done = True
 
+    @property
+    def stream_done(self) -> bool:
+        """A streamed reply has sent `[DONE]`: everything the session needs has arrived."""
+        return self._stream and self._done
+
     def finish(self) -> Captured:
         """The reply once the body ended (complete=False when it was cut or malformed)."""
         if not self._stream:

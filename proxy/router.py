@@ -83,13 +83,16 @@ class Relay:
     """
 
     def __init__(self, stream: UpstreamStream, capture: ReplyCapture,
-                 on_end: Callable[[bool], None], on_error: Callable[[ProxyError], None]) -> None:
+                 on_reply: Callable[[forward.Captured], None], on_release: Callable[[], None],
+                 on_error: Callable[[ProxyError], None]) -> None:
         self._stream = stream
         self._chunks: AsyncGenerator[bytes, None] = stream.chunks()
         self._capture = capture
-        self._on_end = on_end
+        self._on_reply = on_reply
+        self._on_release = on_release
         self._on_error = on_error
         self._closed = False
+        self._replied = False
 
     def __aiter__(self) -> Relay:
         return self
@@ -107,7 +110,16 @@ class Relay:
             await self._close(finished=False)
             raise StopAsyncIteration from exc
         self._capture.feed(chunk)
+        if self._capture.stream_done:
+            # Record the turn before the client can read `[DONE]`: a client that sends its next
+            # turn at once must find the session already holding this reply.
+            self._reply_once()
         return chunk
+
+    def _reply_once(self) -> None:
+        if not self._replied:
+            self._replied = True
+            self._on_reply(self._capture.finish())
 
     async def aclose(self) -> None:
         """Stop early: close upstream and release the node."""
@@ -121,7 +133,9 @@ class Relay:
             await self._chunks.aclose()
             await self._stream.aclose()
         finally:
-            self._on_end(finished)
+            self._on_release()
+            if finished:
+                self._reply_once()
 
 
 class Router:
@@ -302,10 +316,8 @@ class Router:
         stream_mode = bool(turn.incoming.body.get("stream", False))
         capture = ReplyCapture(turn.incoming.endpoint, stream_mode)
 
-        def on_end(finished: bool) -> None:
+        def on_release() -> None:
             served.decode.in_flight -= 1
-            if finished:
-                self._record(turn, capture.finish())
 
         def on_error(exc: ProxyError) -> None:
             log.warning("upstream %s failed mid-stream: %s", served.decode.url, exc.message)
@@ -322,7 +334,8 @@ class Router:
         if stream_mode:
             headers["cache-control"] = "no-cache"
         return Reply(served.stream.status, headers,
-                     Relay(served.stream, capture, on_end, on_error), served.stream.content_type)
+                     Relay(served.stream, capture, lambda captured: self._record(turn, captured),
+                           on_release, on_error), served.stream.content_type)
 
     def _record(self, turn: _Turn, captured: forward.Captured) -> None:
         if not captured.complete:

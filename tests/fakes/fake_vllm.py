@@ -40,6 +40,7 @@ class Faults:
     hang: bool = False  # never answer
     delay_s: float = 0.0  # wait before answering
     die_after_chunks: int | None = None  # break the connection mid-stream
+    linger_after_done_s: float = 0.0  # keep the stream open after `[DONE]` (slow close)
 
 
 class FakeVLLM:
@@ -174,6 +175,8 @@ class FakeVLLM:
             if usage is not None:
                 yield f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n".encode()
             yield b"data: [DONE]\n\n"
+            if self.faults.linger_after_done_s:
+                await asyncio.sleep(self.faults.linger_after_done_s)
             self.streams_finished += 1
         except (asyncio.CancelledError, GeneratorExit):
             self.streams_cancelled += 1
