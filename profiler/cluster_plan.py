@@ -212,6 +212,14 @@ def node_command(config: ClusterConfig, model: ServedModel, node: NodeSpec) -> l
     transfer = kv_transfer_config(config, node.role)
     if transfer is not None:
         argv += ["--kv-transfer-config", json.dumps(transfer, separators=(",", ":"))]
+    if transfer is not None and config.effective_connector is Connector.SHARED_STORAGE:
+        # ExampleConnector saves a prompt's KV under the hash of the whole (block-aligned)
+        # prompt but only from the blocks allocated so far: a prefill split by chunked prefill
+        # (concurrent long prompts share a step's token budget) stores a short tensor, and
+        # the D that loads it dies with "shape mismatch" (EngineDeadError). Whole-prompt
+        # prefills avoid that; the budget must then hold the longest prompt.
+        argv += ["--no-enable-chunked-prefill",
+                 "--max-num-batched-tokens", str(config.max_model_len)]
     return argv + list(config.vllm_args)
 
 

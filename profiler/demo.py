@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib
 import json
-import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ import httpx
 
 from profiler.cluster import Cluster, default_cores, start_cluster
 from profiler.cluster_plan import ClusterConfig, parse_layout
+from profiler.cluster_procs import sigterm_as_interrupt
 from profiler.models import ModelName, prepare_model
 from profiler.replay import ReplayConfig, replay
 from profiler.replay.metrics import summarize
@@ -181,20 +180,6 @@ def ask(proxy_url: str, model: str, questions: Sequence[str]) -> list[tuple[str,
         messages.append({"role": "assistant", "content": answer})
         answers.append((question, answer.strip(), response.headers.get("x-ppd-route", "?")))
     return answers
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so the cleanup in `finally` blocks runs either way."""
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def run_demo(config: DemoConfig, say: Say) -> dict[str, dict[str, Any]]:

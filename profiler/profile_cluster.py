@@ -16,6 +16,7 @@ import pandas as pd
 
 from profiler.cluster import start_cluster
 from profiler.cluster_plan import ClusterConfig, parse_layout
+from profiler.cluster_procs import sigterm_as_interrupt
 from profiler.profile import ProfileGrid, Profiler
 from profiler.table_io import build_meta, local_vllm_backend
 
@@ -32,7 +33,8 @@ def profile_on_local_cluster(
     with tempfile.TemporaryDirectory(prefix="ppd-profile-") as state:
         config = ClusterConfig(model=model, layout=layout, state_dir=Path(state),
                                base_port=args.base_port)
-        with start_cluster(config, progress=print) as cluster:
+        # SIGTERM unwinds like Ctrl-C so the nodes and the proxy are stopped, not orphaned.
+        with sigterm_as_interrupt(), start_cluster(config, progress=print) as cluster:
             if tokenizer is None and cluster.model_path is not None:
                 # Exact token counts for the served model: cells mean what they say.
                 from profiler.traces.tokenizer import load_tokenizer

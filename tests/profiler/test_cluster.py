@@ -145,6 +145,10 @@ def test_cpu_commands_use_example_connector_with_one_shared_dir(tmp_path: Path) 
                                  "kv_connector_extra_config": shared}  # fmt: skip
     assert _transfer(argv_d) == {"kv_connector": "ExampleConnector", "kv_role": "kv_consumer",
                                  "kv_connector_extra_config": shared}  # fmt: skip
+    # ExampleConnector stores partial KV for a chunked prefill: whole-prompt prefills only.
+    for argv in (argv_p, argv_d):
+        assert "--no-enable-chunked-prefill" in argv
+        assert argv[argv.index("--max-num-batched-tokens") + 1] == "4096"
     env = node_env(config, d, {"PATH": "/bin"})
     assert env["PATH"] == "/bin" and env["HF_HUB_OFFLINE"] == "1"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
@@ -156,8 +160,9 @@ def test_cuda_uses_nixl_kv_both_one_gpu_and_side_channel_per_node(tmp_path: Path
                            base_port=9000)  # fmt: skip
     nodes = plan_nodes(config)
     for node in nodes:
-        assert _transfer(node_command(config, MODEL, node)) == {
-            "kv_connector": "NixlConnector", "kv_role": "kv_both"}  # fmt: skip
+        argv = node_command(config, MODEL, node)
+        assert _transfer(argv) == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+        assert "--no-enable-chunked-prefill" not in argv  # NIXL handles chunked prefill
     envs = [node_env(config, n, {}) for n in nodes]
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "2", "3"]
     assert [e["VLLM_NIXL_SIDE_CHANNEL_PORT"] for e in envs] == ["10000", "10001", "10002", "10003"]
