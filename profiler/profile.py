@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import math
 import random
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -265,7 +266,14 @@ class Profiler:
                          duration_s=self.grid.duration_s),
             transport=self.transport,
         )
-        return turn2_stats(result.records, route)
+        stats = turn2_stats(result.records, route)
+        failed = [r for r in result.records if not r.success]
+        if failed:
+            # The table records the success rate; the operator also needs to see why.
+            print(f"warning: {cell.context_class}/{cell.workload}@{cell.qps:g} {route}: "
+                  f"{len(failed)}/{len(result.records)} requests failed, first: "
+                  f"{failed[0].error}", file=sys.stderr)
+        return stats
 
     def _config(
         self, route: RouteKind, qps: float, *, max_conversations: int, duration_s: float
