@@ -80,7 +80,8 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
     ledger = SessionLedger(config.session_ttl, config.max_sessions, clock)
     metrics = ProxyMetrics(config.policy.kind.value, lambda: len(ledger))
     load = RateMeter(config.load_window, clock)
-    router = Router(pool, ledger, policy, token_counter(config.tokenizer), metrics, load, clock)
+    router = Router(pool, ledger, policy, token_counter(config.tokenizer), metrics, load, clock,
+                    config.max_in_flight)
     discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock)
                  if config.discovery else None)
     return ProxyState(config, pool, ledger, router, metrics, load, discovery, transport)

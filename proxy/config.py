@@ -101,6 +101,7 @@ class ProxyConfig:
     api_key: str | None = None
     admin_key: str | None = None
     max_body_bytes: int = 16 * 1024 * 1024
+    max_in_flight: int | None = None  # admission control: 429 beyond this many open requests
     request_timeout: float = 600.0
     connect_timeout: float = 5.0
     health_interval: float = 5.0
@@ -118,6 +119,8 @@ class ProxyConfig:
             raise ConfigError("--max-sessions must be >= 1")
         if self.max_body_bytes < 1:
             raise ConfigError("--max-body-bytes must be >= 1")
+        if self.max_in_flight is not None and self.max_in_flight < 1:
+            raise ConfigError("--max-in-flight must be >= 1")
         roles: dict[str, Role] = {}
         for node in self.nodes:
             if roles.setdefault(node.url, node.role) is not node.role:
@@ -143,7 +146,7 @@ _SCALARS: dict[str, Any] = {
     "host": str, "port": int, "policy": Policy, "x": float, "table": Path, "w_ttft": float,
     "w_tpot": float, "non_cached_tokens": int, "tokenizer": Path, "discovery": str,
     "heartbeat_timeout": float, "session_ttl": float, "max_sessions": int, "api_key": str,
-    "admin_key": str, "max_body_bytes": int, "request_timeout": float,
+    "admin_key": str, "max_body_bytes": int, "max_in_flight": int, "request_timeout": float,
     "connect_timeout": float, "health_interval": float, "load_window": float,
     "success_margin": float, "cluster": Path,
 }
@@ -186,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--admin-key", metavar="K",
                    help="key needed for the x-ppd-route forcing header and /sessions")
     p.add_argument("--max-body-bytes", type=int, metavar="N", help="request body limit (16 MiB)")
+    p.add_argument("--max-in-flight", type=int, metavar="N",
+                   help="answer 429 while N completion requests are open (default: no limit)")
     p.add_argument("--request-timeout", type=float, metavar="S",
                    help="upstream read timeout in seconds (600)")
     p.add_argument("--connect-timeout", type=float, metavar="S", help="upstream connect (5)")

@@ -5,7 +5,7 @@
     ├── Unauthorized (401)        missing or wrong API / admin key
     ├── NotFound (404)            a model no backend serves
     ├── PayloadTooLarge (413)     body over --max-body-bytes
-    ├── Overloaded (429)          reserved for admission control
+    ├── Overloaded (429)          admission control (--max-in-flight)
     ├── UpstreamError (502)       backend connection error or 5xx, after failover
     │   └── UpstreamRejected      backend answered 4xx: its status and body go to the client as is
     ├── NoBackend (503)           no healthy node for the route

@@ -18,7 +18,7 @@ import httpx
 from proxy import forward, wire
 from proxy.backends import Backend, BackendPool
 from proxy.config import Policy
-from proxy.errors import NoBackend, NotFound, ProxyError, UpstreamRejected
+from proxy.errors import NoBackend, NotFound, Overloaded, ProxyError, UpstreamRejected
 from proxy.forward import ReplyCapture, UpstreamStream
 from proxy.load import RateMeter, RunningMean
 from proxy.metrics import ProxyMetrics
@@ -143,7 +143,7 @@ class Router:
 
     def __init__(self, pool: BackendPool, ledger: SessionLedger, policy: RoutingPolicy,
                  counter: TokenCounter, metrics: ProxyMetrics, load: RateMeter,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], max_in_flight: int | None = None) -> None:
         self.pool = pool
         self.ledger = ledger
         self.policy = policy
@@ -152,10 +152,27 @@ class Router:
         self.load = load
         self.clock = clock
         self.expected_output = RunningMean(DEFAULT_EXPECTED_OUTPUT)
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0  # completion requests from admission until their body is done
         self.client: httpx.AsyncClient | None = None
 
     async def handle(self, incoming: Incoming) -> Reply:
         """Serve one completion request (raises ProxyError before any byte is sent)."""
+        if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
+            self.metrics.responded(Overloaded.status)
+            raise Overloaded(f"the proxy is at its limit of {self.max_in_flight} open "
+                             "requests; retry later")
+        self.in_flight += 1
+        try:
+            reply = await self._handle(incoming)
+        except BaseException:
+            self.in_flight -= 1
+            raise
+        if not isinstance(reply.body, Relay):
+            self.in_flight -= 1
+        return reply
+
+    async def _handle(self, incoming: Incoming) -> Reply:
         started = self.clock()
         self._check_model(incoming.body.get("model"))
         transcript = self._transcript(incoming)
@@ -318,6 +335,7 @@ class Router:
 
         def on_release() -> None:
             served.decode.in_flight -= 1
+            self.in_flight -= 1
 
         def on_error(exc: ProxyError) -> None:
             log.warning("upstream %s failed mid-stream: %s", served.decode.url, exc.message)

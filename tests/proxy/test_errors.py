@@ -151,3 +151,20 @@ async def test_unknown_path_and_method_are_openai_shaped(cluster: dict[str, Fake
         wrong_method = await proxy.client.get("/v1/chat/completions")
     assert_openai_error(missing, 404)
     assert_openai_error(wrong_method, 405)
+
+
+async def test_requests_over_max_in_flight_answer_429(cluster: dict[str, FakeVLLM]) -> None:
+    cluster["d1"].chunk_delay_s = 0.05  # the first stream stays open for a while
+    cluster["d2"].chunk_delay_s = 0.05
+    config = replace(config_for(cluster), max_in_flight=1)
+    async with serve_proxy(config) as proxy:
+        async with proxy.client.stream("POST", "/v1/chat/completions",
+                                       json=chat_body("first", stream=True)) as open_stream:
+            assert open_stream.status_code == 200
+            refused = await proxy.client.post("/v1/chat/completions", json=chat_body("second"))
+            await open_stream.aread()
+        # The first request's body is done: its slot is free again.
+        after = await proxy.client.post("/v1/chat/completions", json=chat_body("third"))
+    error = assert_openai_error(refused, 429)
+    assert "limit of 1 open requests" in error["message"]
+    assert after.status_code == 200
