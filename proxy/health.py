@@ -1,4 +1,10 @@
-"""Periodic health checks: GET /health and /v1/models on every node, as a background task."""
+"""Periodic health checks: GET /health and /v1/models on every node, as a background task.
+
+A node that answers /health with an error, or refuses the connection, is down at once. A node
+that is merely slow to answer is busy, not dead: a vLLM server on one CPU core can take seconds
+to answer while it prefills a long batch, so a timeout marks it down only after
+TIMEOUTS_BEFORE_DOWN consecutive ones (requests that fail on it still mark it down at once).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from proxy.backends import Backend, BackendPool
 log = logging.getLogger("ppd.proxy.health")
 
 CHECK_TIMEOUT_S = 5.0
+TIMEOUTS_BEFORE_DOWN = 3
 
 
 class HealthMonitor:
@@ -21,6 +28,7 @@ class HealthMonitor:
         self._pool = pool
         self._client = client
         self._interval = interval
+        self._timeouts: dict[str, int] = {}  # url -> consecutive timed-out checks
 
     async def check(self, node: Backend) -> bool:
         """Check one node now; True iff it answered /health with 200."""
@@ -34,9 +42,15 @@ class HealthMonitor:
                     data = models.json().get("data", [])
                     node.models = tuple(str(m["id"]) for m in data
                                         if isinstance(m, dict) and "id" in m)
+        except httpx.TimeoutException as exc:
+            timeouts = self._timeouts[node.url] = self._timeouts.get(node.url, 0) + 1
+            log.debug("health check of %s timed out (%d in a row): %s", node.url, timeouts, exc)
+            healthy = node.healthy and timeouts < TIMEOUTS_BEFORE_DOWN
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
             log.debug("health check of %s failed: %s", node.url, exc)
             healthy = False
+        else:
+            self._timeouts.pop(node.url, None)
         if healthy != node.healthy:
             log.warning("node %s is now %s", node.url, "healthy" if healthy else "unhealthy")
         self._pool.mark(node.url, healthy)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from proxy.backends import BackendPool
-from proxy.health import HealthMonitor
+from proxy.health import TIMEOUTS_BEFORE_DOWN, HealthMonitor
 from proxy.route import Role
 
 
@@ -52,3 +52,35 @@ async def test_health_monitor_marks_down_and_up_and_reads_models() -> None:
         await monitor.check_all()
     assert node.healthy and pool.can_serve([Role.DECODE])
     assert pool.models() == {"m1", "m2"}
+
+
+async def test_a_slow_node_is_down_only_after_consecutive_timeouts() -> None:
+    state = {"slow": True}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if state["slow"]:
+            raise httpx.ReadTimeout("busy prefilling", request=request)
+        return httpx.Response(200, json={"data": []})
+
+    pool = BackendPool()
+    node = pool.add("http://p:1", Role.PREFILL)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        monitor = HealthMonitor(pool, client, interval=60)
+        assert [await monitor.check(node) for _ in range(TIMEOUTS_BEFORE_DOWN)] == [
+            True] * (TIMEOUTS_BEFORE_DOWN - 1) + [False]
+        assert not node.healthy
+        state["slow"] = False
+        assert await monitor.check(node) is True
+        state["slow"] = True  # the count starts again after an answer
+        assert await monitor.check(node) is True
+
+
+async def test_a_refused_connection_is_down_at_once() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    pool = BackendPool()
+    node = pool.add("http://p:1", Role.PREFILL)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        assert await HealthMonitor(pool, client, interval=60).check(node) is False
+    assert not node.healthy
