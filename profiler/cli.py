@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("profiler.models:main", "prepare a local model (tiny | smollm2) without a hub"),
     "cluster": ("profiler.cluster:main", "start, inspect or stop a local vLLM P/D cluster"),
     "replay": ("profiler.replay.cli:main", "replay multi-turn traces against a proxy"),
-    "profile": ("profiler.profile:main", "measure x=0 vs x=1 per workload cell into a table"),
+    "profile": ("profiler.profile_cli:main", "measure x=0 vs x=1 per workload cell into a table"),
     "table": ("profiler.table_cli:main", "show or plot a decision table"),
     "report": ("profiler.report:main", "compare replay runs (tables and plots)"),
     "register": ("profiler.register:main", "send node heartbeats to a proxy's discovery socket"),
