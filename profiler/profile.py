@@ -1,7 +1,7 @@
 """`ppd profile`: measure both routes of every grid cell and write the decision table.
 
 For each cell (context class, turn-2 workload shape, qps point) the profiler replays synthetic
-two-turn conversations through the proxy at that qps for a fixed duration, once with turn 2
+two-turn conversations through the proxy at that load for a fixed duration, once with turn 2
 forced to `pd` (x=0) and once forced to `local` (x=1) by the `x-ppd-route` request header,
 and records turn-2 TTFT/TPOT (mean and p99), success rate and request counts. Turn 1 always
 goes P->D: it only builds the context D holds.
@@ -11,6 +11,10 @@ order, so slow drift (thermal, page cache, a filling prefix cache) does not favo
 every (cell, route) replay uses its own conversations, so one route never reuses the other's
 cached turn 1. The output CSV is rewritten after every cell, and a re-run skips the cells it
 already holds (resumable).
+
+Units: a qps point is requests (conversation turns) per second, the unit of the proxy's load
+meter, so the proxy's measured load maps onto the table's points. Each conversation has
+TURNS_PER_CONVERSATION turns, so conversations arrive at qps / TURNS_PER_CONVERSATION per second.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES, Cell, ContextClass
 from proxy.route import RouteKind
 
 PROFILED_ROUTES: tuple[RouteKind, RouteKind] = (RouteKind.PD, RouteKind.LOCAL)
+TURNS_PER_CONVERSATION = 2
 GRID_KEYS = frozenset(
     {"contexts", "workloads", "qps", "duration_s", "warmup_conversations", "timeout_s",
      "max_conversations"}
@@ -242,7 +247,8 @@ class Profiler:
         turn1 = TURN1_PROFILES[cell.context_class]
         # Distinct seeds per (cell, route, phase): no conversation text is ever sent twice.
         base_seed = self.seed * 1_000_003 + cell_index * 16 + (1 if route is RouteKind.LOCAL else 0)
-        count = math.ceil(cell.qps * self.grid.duration_s * 1.5) + 5
+        conversation_rate = cell.qps / TURNS_PER_CONVERSATION
+        count = math.ceil(conversation_rate * self.grid.duration_s * 1.5) + 5
         if self.grid.max_conversations is not None:
             count = min(count, self.grid.max_conversations)
         if self.grid.warmup_conversations:
@@ -250,7 +256,7 @@ class Profiler:
                 turn1, cell.workload, self.grid.warmup_conversations,
                 seed=base_seed + 4, tokenizer=self.tokenizer,
             )
-            await replay(warm, self._config(route, cell.qps, max_conversations=len(warm),
+            await replay(warm, self._config(route, conversation_rate, max_conversations=len(warm),
                                             duration_s=self.grid.duration_s),
                          transport=self.transport)
         conversations = two_turn_conversations(
@@ -258,7 +264,7 @@ class Profiler:
         )
         result = await replay(
             conversations,
-            self._config(route, cell.qps, max_conversations=count,
+            self._config(route, conversation_rate, max_conversations=count,
                          duration_s=self.grid.duration_s),
             transport=self.transport,
         )
@@ -272,7 +278,8 @@ class Profiler:
         return stats
 
     def _config(
-        self, route: RouteKind, qps: float, *, max_conversations: int, duration_s: float
+        self, route: RouteKind, conversation_rate: float, *, max_conversations: int,
+        duration_s: float
     ) -> ReplayConfig:
         forced = {"x-ppd-route": route.value}
         if self.admin_key:
@@ -283,7 +290,7 @@ class Profiler:
 
         return ReplayConfig(
             target=self.target,
-            qps=qps,
+            qps=conversation_rate,
             duration_s=duration_s,
             model=self.model,
             max_turns=2,

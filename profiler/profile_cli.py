@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "qps, duration_s, warmup_conversations, timeout_s, max_conversations)")
     parser.add_argument("--contexts", help="comma list of context classes (small,large)")
     parser.add_argument("--workloads", help="comma list of turn-2 shapes (default: all nine)")
-    parser.add_argument("--qps", help="comma list of qps points (conversations per second)")
+    parser.add_argument("--qps", help="comma list of load points in requests (turns) per "
+                        "second, the unit of the proxy's load meter (default 0.5,1)")
     parser.add_argument("--duration", type=float, help="seconds per (cell, route)")
     parser.add_argument("--warmup", type=int, help="warm-up conversations per (cell, route)")
     parser.add_argument("--timeout", type=float, help="per-request timeout in seconds")

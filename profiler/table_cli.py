@@ -70,7 +70,7 @@ def plot_decisions(path: Path, out_dir: Path, *, w_ttft: float, w_tpot: float) -
                             aspect="auto")
         axes.set_xticks(range(grid.shape[1]), [f"{q:g}" for q in grid.columns])
         axes.set_yticks(range(grid.shape[0]), list(grid.index))
-        axes.set_xlabel("qps (conversations/s)")
+        axes.set_xlabel("qps (requests/s)")
         axes.set_title(f"{path.stem}: context {context}\nblue = local (x=1), red = pd (x=0)")
         for (i, j), score in pd.DataFrame(grid.to_numpy()).stack().items():
             axes.text(j, i, f"{score:+.2f}", ha="center", va="center", fontsize=8)

@@ -31,7 +31,7 @@ from proxy.route import Role, RouteKind
 from proxy.table import DecisionTable
 from tests.e2e.support import Conversation, filler, proxy_for
 
-GRID = ProfileGrid(contexts=(ContextClass.SMALL,), workloads=("tiny", "huge_paste"), qps=(0.5,),
+GRID = ProfileGrid(contexts=(ContextClass.SMALL,), workloads=("tiny", "huge_paste"), qps=(1.0,),
                    duration_s=5.0, warmup_conversations=1, timeout_s=120.0)
 
 
@@ -99,7 +99,7 @@ def _turn2_route(cluster: Cluster, table: Path, tiny_model: Path, seed: int) -> 
     assert len(decided) == 1, decided
     context, workload, route = decided[0]
     assert route == second.route
-    verdict = DecisionTable.load(table).decide(Cell(ContextClass(context), workload, 0.5),
+    verdict = DecisionTable.load(table).decide(Cell(ContextClass(context), workload, 1.0),
                                                w_ttft=1.0, w_tpot=1.0)
     assert verdict is not None, f"the table lacks cell {context}/{workload}"
     return second.route, verdict.value

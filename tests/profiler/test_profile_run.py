@@ -19,7 +19,7 @@ from proxy.table import DecisionTable
 from tests.fakes.fake_vllm import FakeVLLM
 
 P_DELAY_S = 0.15
-GRID = ProfileGrid(contexts=(ContextClass.SMALL,), workloads=("tiny", "big_paste"), qps=(8.0,),
+GRID = ProfileGrid(contexts=(ContextClass.SMALL,), workloads=("tiny", "big_paste"), qps=(16.0,),
                    duration_s=0.4, warmup_conversations=1, timeout_s=10)
 
 
