@@ -104,8 +104,12 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
 
     @app.before_serving
     async def start() -> None:
+        # The client's own Authorization is for the proxy; nodes get the backend key, if any.
+        upstream_headers = ({"authorization": f"Bearer {config.backend_api_key}"}
+                            if config.backend_api_key else None)
         state.client = httpx.AsyncClient(
             transport=transport,
+            headers=upstream_headers,
             timeout=httpx.Timeout(config.request_timeout, connect=config.connect_timeout),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
         )

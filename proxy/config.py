@@ -100,6 +100,7 @@ class ProxyConfig:
     max_sessions: int = 100_000
     api_key: str | None = None
     admin_key: str | None = None
+    backend_api_key: str | None = None  # sent to every vLLM node (servers run with --api-key)
     max_body_bytes: int = 16 * 1024 * 1024
     max_in_flight: int | None = None  # admission control: 429 beyond this many open requests
     request_timeout: float = 600.0
@@ -146,7 +147,8 @@ _SCALARS: dict[str, Any] = {
     "host": str, "port": int, "policy": Policy, "x": float, "table": Path, "w_ttft": float,
     "w_tpot": float, "non_cached_tokens": int, "tokenizer": Path, "discovery": str,
     "heartbeat_timeout": float, "session_ttl": float, "max_sessions": int, "api_key": str,
-    "admin_key": str, "max_body_bytes": int, "max_in_flight": int, "request_timeout": float,
+    "admin_key": str, "backend_api_key": str, "max_body_bytes": int, "max_in_flight": int,
+    "request_timeout": float,
     "connect_timeout": float, "health_interval": float, "load_window": float,
     "success_margin": float, "cluster": Path,
 }
@@ -188,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", metavar="K", help="require `Authorization: Bearer K`")
     p.add_argument("--admin-key", metavar="K",
                    help="key needed for the x-ppd-route forcing header and /sessions")
+    p.add_argument("--backend-api-key", metavar="K",
+                   help="send `Authorization: Bearer K` to the vLLM nodes (their --api-key)")
     p.add_argument("--max-body-bytes", type=int, metavar="N", help="request body limit (16 MiB)")
     p.add_argument("--max-in-flight", type=int, metavar="N",
                    help="answer 429 while N completion requests are open (default: no limit)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from proxy.config import Policy
 from proxy.wire import P_KV_TRANSFER_PARAMS
@@ -83,3 +84,15 @@ async def test_streamed_bytes_reach_the_client_unchanged(cluster: dict[str, Fake
         event.pop("created")
     assert strip == strip_direct
     assert via_proxy.text.endswith("data: [DONE]\n\n")
+
+
+async def test_nodes_get_the_backend_key_not_the_clients(cluster: dict[str, FakeVLLM]) -> None:
+    nodes = {"p1": cluster["p1"], "d1": cluster["d1"]}
+    config = replace(config_for(nodes, Policy.PD), api_key="client-key",
+                     backend_api_key="node-key")
+    async with serve_proxy(config) as proxy:
+        response = await proxy.client.post("/v1/chat/completions", json=chat_body("Hi"),
+                                           headers={"authorization": "Bearer client-key"})
+    assert response.status_code == 200
+    [p_req], [d_req] = cluster["p1"].completions, cluster["d1"].completions
+    assert p_req.headers["authorization"] == d_req.headers["authorization"] == "Bearer node-key"
