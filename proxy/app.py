@@ -46,6 +46,7 @@ from proxy.validate import Endpoint, parse_json_object, validate_body
 
 log = logging.getLogger("ppd.proxy")
 
+KEEPALIVE_EXPIRY_S = 2.0
 _FORCIBLE = {RouteKind.PD.value: RouteKind.PD, RouteKind.LOCAL.value: RouteKind.LOCAL}
 
 
@@ -111,7 +112,9 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
             transport=transport,
             headers=upstream_headers,
             timeout=httpx.Timeout(config.request_timeout, connect=config.connect_timeout),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+            # Idle connections are dropped before vLLM's 5 s keep-alive timeout closes them.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256,
+                                keepalive_expiry=KEEPALIVE_EXPIRY_S),
         )
         state.router.client = state.client
         monitor = HealthMonitor(state.pool, state.client, config.health_interval)

@@ -23,6 +23,18 @@ from proxy.validate import Endpoint
 
 # How much of a failing upstream's body to quote in the error message.
 _ERROR_SNIPPET = 200
+# Errors of a request that got no response at all: most often a pooled keep-alive connection
+# the server closed just as it was reused (vLLM closes idle ones after 5 s). Sent once more,
+# on a fresh connection, before the node is blamed.
+_STALE_CONNECTION_ERRORS = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+
+
+async def _send(client: httpx.AsyncClient, request: httpx.Request, *,
+                stream: bool) -> httpx.Response:
+    try:
+        return await client.send(request, stream=stream)
+    except _STALE_CONNECTION_ERRORS:
+        return await client.send(request, stream=stream)
 
 
 def _translate(exc: httpx.HTTPError, url: str) -> UpstreamError | UpstreamTimeout:
@@ -44,8 +56,9 @@ async def prefill(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
                   body: dict[str, Any], request_id: str) -> Any:
     """Run the P leg; P's kv_transfer_params (None when P returned none)."""
     url = base_url + endpoint.value
+    request = client.build_request("POST", url, json=body, headers={"X-Request-Id": request_id})
     try:
-        response = await client.post(url, json=body, headers={"X-Request-Id": request_id})
+        response = await _send(client, request, stream=False)
     except httpx.HTTPError as exc:
         raise _translate(exc, url) from exc
     if response.status_code >= 400:
@@ -99,7 +112,7 @@ async def open_stream(client: httpx.AsyncClient, base_url: str, endpoint: Endpoi
     url = base_url + endpoint.value
     request = client.build_request("POST", url, json=body, headers={"X-Request-Id": request_id})
     try:
-        response = await client.send(request, stream=True)
+        response = await _send(client, request, stream=True)
     except httpx.HTTPError as exc:
         raise _translate(exc, url) from exc
     try:
