@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="arrivals and sampling seed")
     parser.add_argument("--out", type=Path,
                         help="output directory (default: runs/replay-UTCTIME)")
-    parser.add_argument("--label", help="name of this run in reports (default: dataset@qps)")
+    parser.add_argument("--label", help="name of this run in reports (default: the --out "
+                        "directory's name when it looks like NAME@X, else DATASET@QPS)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -115,6 +116,14 @@ def load_dataset(args: argparse.Namespace, tokenizer: TextTokenizer,
     return trace.conversations
 
 
+def default_label(out: Path | None, dataset: str, qps: float) -> str:
+    """An --out directory named like `pd@1` names the run (series `pd` in reports), so runs
+    of one policy at several loads line up; otherwise `DATASET@QPS`."""
+    if out is not None and "@" in out.name:
+        return out.name
+    return f"{Path(dataset).name}@{qps:g}"
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     slo = parse_slo(args.slo)
@@ -139,7 +148,7 @@ def main(argv: list[str]) -> int:
     conversations = load_dataset(args, tokenizer, count)
     result = asyncio.run(replay(conversations, config))
     summary = summarize(result.records, result.wall_time_s, slo=slo)
-    label = args.label or f"{Path(args.dataset).name}@{args.qps:g}"
+    label = args.label or default_label(args.out, args.dataset, args.qps)
     out = args.out or Path("runs") / f"replay-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     write_run(out, result, summary, label=label, dataset=args.dataset)
     print(summary_table(summary, title=f"ppd replay: {label} -> {args.target}"))

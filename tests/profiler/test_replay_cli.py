@@ -88,3 +88,11 @@ def test_summary_table_shows_missing_values_as_dashes() -> None:
     table = summary_table(summary, title="empty")
     assert table.splitlines()[0] == "empty"
     assert "0/0" in table and " - / - / - / -" in table
+
+
+def test_default_label_follows_a_name_at_load_out_directory() -> None:
+    from profiler.replay.cli import default_label
+
+    assert default_label(Path("runs/pd@0.5"), "synthetic:mixed", 0.5) == "pd@0.5"
+    assert default_label(Path("runs/first"), "data/sharegpt.json", 2.0) == "sharegpt.json@2"
+    assert default_label(None, "synthetic:mixed", 1.0) == "synthetic:mixed@1"
