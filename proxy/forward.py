@@ -29,12 +29,17 @@ _ERROR_SNIPPET = 200
 _STALE_CONNECTION_ERRORS = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 
-async def _send(client: httpx.AsyncClient, request: httpx.Request, *,
+async def _post(client: httpx.AsyncClient, url: str, body: dict[str, Any], request_id: str, *,
                 stream: bool) -> httpx.Response:
+    """POST one leg; transport errors come back translated into the proxy's hierarchy."""
+    request = client.build_request("POST", url, json=body, headers={"X-Request-Id": request_id})
     try:
-        return await client.send(request, stream=stream)
-    except _STALE_CONNECTION_ERRORS:
-        return await client.send(request, stream=stream)
+        try:
+            return await client.send(request, stream=stream)
+        except _STALE_CONNECTION_ERRORS:
+            return await client.send(request, stream=stream)
+    except httpx.HTTPError as exc:
+        raise _translate(exc, url) from exc
 
 
 def _translate(exc: httpx.HTTPError, url: str) -> UpstreamError | UpstreamTimeout:
@@ -56,11 +61,7 @@ async def prefill(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
                   body: dict[str, Any], request_id: str) -> Any:
     """Run the P leg; P's kv_transfer_params (None when P returned none)."""
     url = base_url + endpoint.value
-    request = client.build_request("POST", url, json=body, headers={"X-Request-Id": request_id})
-    try:
-        response = await _send(client, request, stream=False)
-    except httpx.HTTPError as exc:
-        raise _translate(exc, url) from exc
+    response = await _post(client, url, body, request_id, stream=False)
     if response.status_code >= 400:
         raise _status_error(response.status_code, response.content, url,
                             response.headers.get("content-type", "application/json"))
@@ -110,11 +111,7 @@ async def open_stream(client: httpx.AsyncClient, base_url: str, endpoint: Endpoi
                       body: dict[str, Any], request_id: str) -> UpstreamStream:
     """POST body and wait for the first chunk; errors before it raise, nothing is sent yet."""
     url = base_url + endpoint.value
-    request = client.build_request("POST", url, json=body, headers={"X-Request-Id": request_id})
-    try:
-        response = await _send(client, request, stream=True)
-    except httpx.HTTPError as exc:
-        raise _translate(exc, url) from exc
+    response = await _post(client, url, body, request_id, stream=True)
     try:
         if response.status_code >= 400:
             content = await response.aread()

