@@ -150,7 +150,7 @@ def run(n_decide: int = 20_000, n_requests: int = 200) -> list[tuple[str, np.nda
 def _tiny_tokenizer() -> Path | None:
     """The tiny model's tokenizer (built locally in seconds) for the token-counting row."""
     try:
-        from profiler.models import prepare_model
+        from profiler.models.prepare import prepare_model
 
         return prepare_model("tiny")
     except Exception as exc:  # the row is optional; say why it is missing

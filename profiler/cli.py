@@ -14,13 +14,15 @@ import sys
 # name -> ("module:function", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "proxy": ("proxy.cli:main", "run the PPD routing proxy in front of vLLM P/D servers"),
-    "model": ("profiler.models:main", "prepare a local model (tiny | smollm2) without a hub"),
-    "cluster": ("profiler.cluster:main", "start, inspect or stop a local vLLM P/D cluster"),
+    "model": ("profiler.models.prepare:main",
+              "prepare a local model (tiny | smollm2) without a hub"),
+    "cluster": ("profiler.cluster.launcher:main",
+                "start, inspect or stop a local vLLM P/D cluster"),
     "replay": ("profiler.replay.cli:main", "replay multi-turn traces against a proxy"),
-    "profile": ("profiler.profile_cli:main", "measure x=0 vs x=1 per workload cell into a table"),
-    "table": ("profiler.table_cli:main", "show or plot a decision table"),
+    "profile": ("profiler.profile.cli:main", "measure x=0 vs x=1 per workload cell into a table"),
+    "table": ("profiler.tables.cli:main", "show or plot a decision table"),
     "report": ("profiler.report:main", "compare replay runs (tables and plots)"),
-    "register": ("profiler.register:main", "send node heartbeats to a proxy's discovery socket"),
+    "register": ("proxy.register:main", "send node heartbeats to a proxy's discovery socket"),
     "demo": ("profiler.demo:main", "end-to-end demo on a local CPU cluster"),
 }
 

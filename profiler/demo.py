@@ -26,10 +26,10 @@ from typing import Any
 
 import httpx
 
-from profiler.cluster import Cluster, default_cores, start_cluster
-from profiler.cluster_plan import ClusterConfig, parse_layout
-from profiler.cluster_procs import sigterm_as_interrupt
-from profiler.models import ModelName, prepare_model
+from profiler.cluster.launcher import Cluster, default_cores, start_cluster
+from profiler.cluster.plan import ClusterConfig, parse_layout
+from profiler.cluster.procs import sigterm_as_interrupt
+from profiler.models.prepare import ModelName, prepare_model
 from profiler.replay import ReplayConfig, replay
 from profiler.replay.metrics import summarize
 from profiler.traces.conversation import Conversation, Turn

@@ -30,6 +30,7 @@ from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from proxy.backends import BackendPool
+from proxy.breaker import Breaker
 from proxy.config import Policy, ProxyConfig
 from proxy.discovery import Discovery
 from proxy.errors import BadRequest, PayloadTooLarge, ProxyError, Unauthorized
@@ -77,12 +78,14 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
     """Assemble the ledgers, policy and router from the config (loads table and tokenizer)."""
     table = DecisionTable.load(config.policy.table) if config.policy.table else None
     policy = RoutingPolicy(config.policy, table)
-    pool = BackendPool(config.nodes)
+    pool = BackendPool(config.nodes, breaker=Breaker(config.breaker_failures,
+                                                     config.breaker_cooldown), clock=clock)
     ledger = SessionLedger(config.session_ttl, config.max_sessions, clock)
     metrics = ProxyMetrics(config.policy.kind.value, lambda: len(ledger))
     load = RateMeter(config.load_window, clock)
     router = Router(pool, ledger, policy, token_counter(config.tokenizer), metrics, load, clock,
                     config.max_in_flight)
+    metrics.watch(pool.snapshot, lambda: router.admission.open)
     discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock)
                  if config.discovery else None)
     return ProxyState(config, pool, ledger, router, metrics, load, discovery, transport)
@@ -211,7 +214,8 @@ def _response(reply: Reply) -> Response:
 
 
 def _error(exc: ProxyError) -> Response:
-    return Response(exc.body_bytes(), status=exc.status, content_type="application/json")
+    return Response(exc.body_bytes(), status=exc.status, headers=exc.headers,
+                    content_type="application/json")
 
 
 def _register_error_handlers(app: Quart) -> None:

@@ -1,19 +1,22 @@
-"""The backend pool: a ledger of nodes, their health and in-flight counts. No policy here.
+"""The backend pool: a ledger of nodes, their health, circuits and in-flight counts.
 
 Nodes come from the configuration (static) or from heartbeats (discovered; they leave the pool
-when heartbeats stop). A new session gets the healthy node of the needed role with the fewest
+when heartbeats stop). A new session gets the usable node of the needed role with the fewest
 requests in flight (ties: the node picked least often); afterwards it keeps its nodes while
-they are healthy, so their prefix caches stay warm.
+they are usable, so their prefix caches stay warm. Usable: healthy (its /health answers) and
+admitted by its circuit breaker (its completions do not keep failing); the breaker's rule lives
+in `proxy.breaker`, the pool only keeps each node's `Circuit` and applies the rule.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.breaker import CLOSED, Breaker, Circuit, CircuitState
 from proxy.config import NodeSpec
 from proxy.route import Role
 
@@ -38,6 +41,7 @@ class Backend:
     zmq_address: str | None = None  # legacy P2pNccl registration
     last_seen: float = 0.0
     picks: int = 0
+    circuit: Circuit = CLOSED
 
     @property
     def base(self) -> str:
@@ -46,9 +50,12 @@ class Backend:
 
 
 class BackendPool:
-    """All known nodes by URL."""
+    """All known nodes by URL, with the breaker rule their circuits follow on `clock`."""
 
-    def __init__(self, nodes: Iterable[NodeSpec] = ()) -> None:
+    def __init__(self, nodes: Iterable[NodeSpec] = (), breaker: Breaker | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.breaker = breaker or Breaker()
+        self._clock = clock
         self._nodes: dict[str, Backend] = {}
         for node in nodes:
             self.add(node.url, node.role)
@@ -82,41 +89,66 @@ class BackendPool:
         return [n for n in self._nodes.values() if role is None or n.role is role]
 
     def healthy(self, role: Role) -> list[Backend]:
-        """Healthy nodes of a role."""
+        """Healthy nodes of a role (whatever their circuits say)."""
         return [n for n in self._nodes.values() if n.role is role and n.healthy]
 
     def is_usable(self, url: str | None, role: Role) -> bool:
-        """Whether url is a healthy node of that role."""
+        """Whether url is a healthy node of that role whose circuit admits a request now."""
         node = self.get(url)
-        return node is not None and node.healthy and node.role is role
+        return (node is not None and node.healthy and node.role is role
+                and self.breaker.admits(node.circuit, self._clock()))
 
     def pick(self, role: Role, prefer: str | None = None,
              exclude: frozenset[str] = frozenset()) -> Backend | None:
-        """The preferred node if usable, else the least-loaded healthy one (None: none left)."""
-        if prefer is not None and prefer not in exclude and self.is_usable(prefer, role):
-            node = self._nodes[prefer]
-        else:
-            candidates = [n for n in self.healthy(role) if n.url not in exclude]
-            if not candidates:
-                return None
-            node = min(candidates, key=lambda n: (n.in_flight, n.picks))
+        """The preferred node if usable, else the least-loaded usable one (None: none left)."""
+        if prefer is not None and prefer not in exclude and (node := self.take(prefer, role)):
+            return node
+        now = self._clock()
+        candidates = [n for n in self.healthy(role)
+                      if n.url not in exclude and self.breaker.admits(n.circuit, now)]
+        if not candidates:
+            return None
+        return self._picked(min(candidates, key=lambda n: (n.in_flight, n.picks)))
+
+    def take(self, url: str, role: Role) -> Backend | None:
+        """The node at url if it is usable for role now (then counted as picked), else None."""
+        return self._picked(self._nodes[url]) if self.is_usable(url, role) else None
+
+    def _picked(self, node: Backend) -> Backend:
         node.picks += 1
+        # In half-open, the request this node was picked for is its circuit's probe.
+        node.circuit = self.breaker.picked(node.circuit, self._clock())
         return node
 
     def mark(self, url: str, healthy: bool) -> None:
-        """Record a node's health (from a health check or a failed request)."""
+        """Record a node's health (from a health check or a refused connection)."""
         node = self._nodes.get(url)
         if node is not None:
             node.healthy = healthy
 
-    @contextmanager
-    def busy(self, node: Backend) -> Iterator[Backend]:
-        """Count a request in flight on node for the duration of the block."""
+    def occupy(self, node: Backend) -> None:
+        """One more request in flight on node (`proxy.lease` pairs it with `vacate`)."""
         node.in_flight += 1
-        try:
-            yield node
-        finally:
-            node.in_flight -= 1
+
+    def vacate(self, node: Backend) -> None:
+        """One request fewer in flight on node."""
+        node.in_flight -= 1
+
+    def succeeded(self, node: Backend) -> None:
+        """A completion on node succeeded (its circuit closes)."""
+        node.circuit = self.breaker.succeeded(node.circuit)
+
+    def failed(self, node: Backend) -> None:
+        """A completion on node failed (counted by its circuit breaker)."""
+        node.circuit = self.breaker.failed(node.circuit, self._clock())
+
+    def circuit_state(self, node: Backend) -> CircuitState:
+        """Where node's circuit stands now."""
+        return self.breaker.state(node.circuit, self._clock())
+
+    def abandoned(self, node: Backend) -> None:
+        """A request on node ended without a verdict (the client left)."""
+        node.circuit = self.breaker.abandoned(node.circuit)
 
     def expire(self, now: float, timeout: float) -> list[str]:
         """Remove discovered nodes whose last heartbeat is older than timeout; their URLs."""
@@ -135,7 +167,9 @@ class BackendPool:
         return all(self.healthy(role) for role in roles)
 
     def snapshot(self) -> list[dict[str, Any]]:
-        """Every node as plain data (for /stats)."""
+        """Every node as plain data (for /stats, /health and the metrics)."""
         return [{"url": n.url, "role": n.role.value, "source": n.source.value,
-                 "healthy": n.healthy, "in_flight": n.in_flight, "models": list(n.models)}
+                 "healthy": n.healthy, "in_flight": n.in_flight, "models": list(n.models),
+                 "circuit": self.circuit_state(n).value,
+                 "failures": n.circuit.failures}
                 for n in self._nodes.values()]

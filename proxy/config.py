@@ -14,13 +14,15 @@ import enum
 import json
 import math
 import tomllib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from proxy.breaker import DEFAULT_COOLDOWN_S, DEFAULT_FAILURES
+from proxy.options import add_flags, option, option_fields
 from proxy.route import Role
 from proxy.table import DEFAULT_SUCCESS_MARGIN
 
@@ -39,9 +41,6 @@ class Policy(enum.StrEnum):
     THRESHOLD = "threshold"
     REPLICA = "replica"
 
-
-
-
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
     """One backend as configured: its URL exactly as written and its role."""
@@ -58,13 +57,18 @@ class NodeSpec:
 class PolicyConfig:
     """Which policy decides routes, with its parameters."""
 
-    kind: Policy = Policy.PD
-    x: float | None = None
-    table: Path | None = None
-    w_ttft: float = 1.0
-    w_tpot: float = 1.0
-    non_cached_tokens: int | None = None
-    success_margin: float = DEFAULT_SUCCESS_MARGIN
+    kind: Policy = option(Policy.PD, "routing policy", flag="policy")
+    x: float | None = option(None, "policy fixed: share of turn 2+ run locally, in [0, 1]",
+                             metavar="F")
+    table: Path | None = option(None, "policy ppd: decision table (CSV or Parquet)",
+                                metavar="PATH")
+    w_ttft: float = option(1.0, "policy ppd: weight of the turn's TTFT change", metavar="W")
+    w_tpot: float = option(1.0, "policy ppd: weight of the TPOT change", metavar="W")
+    non_cached_tokens: int | None = option(
+        None, "policy threshold: local iff the uncached suffix has <= N tokens", metavar="N")
+    success_margin: float = option(
+        DEFAULT_SUCCESS_MARGIN, "policy ppd: a route whose success rate trails the other's by "
+        "more than M loses", metavar="M")
 
     def __post_init__(self) -> None:
         if self.kind is Policy.FIXED and self.x is None:
@@ -91,22 +95,37 @@ class ProxyConfig:
 
     nodes: tuple[NodeSpec, ...] = ()
     policy: PolicyConfig = field(default_factory=PolicyConfig)
-    host: str = "127.0.0.1"
-    port: int = 8000
-    tokenizer: Path | None = None
-    discovery: str | None = None
-    heartbeat_timeout: float = 10.0
-    session_ttl: float = 3600.0
-    max_sessions: int = 100_000
-    api_key: str | None = None
-    admin_key: str | None = None
-    backend_api_key: str | None = None  # sent to every vLLM node (servers run with --api-key)
-    max_body_bytes: int = 16 * 1024 * 1024
-    max_in_flight: int | None = None  # admission control: 429 beyond this many open requests
-    request_timeout: float = 600.0
-    connect_timeout: float = 5.0
-    health_interval: float = 5.0
-    load_window: float = 30.0
+    host: str = option("127.0.0.1", "address to listen on")
+    port: int = option(8000, "port to listen on")
+    tokenizer: Path | None = option(
+        None, "local HF tokenizer dir (tokenizer.json + chat template) for exact token "
+        "counts; without it ~4 characters per token", metavar="DIR")
+    discovery: str | None = option(None, "bind a ZMQ ROUTER here for node heartbeats",
+                                   metavar="tcp://HOST:PORT")
+    heartbeat_timeout: float = option(
+        10.0, "drop a registered node after S seconds without a heartbeat", metavar="S")
+    session_ttl: float = option(3600.0, "forget a session idle for S seconds", metavar="S")
+    max_sessions: int = option(100_000, "LRU bound on the sessions kept", metavar="N")
+    api_key: str | None = option(None, "require `Authorization: Bearer K` on completions",
+                                 metavar="K")
+    admin_key: str | None = option(
+        None, "key needed for the x-ppd-route forcing header and /sessions", metavar="K")
+    backend_api_key: str | None = option(
+        None, "send `Authorization: Bearer K` to the vLLM nodes (their --api-key)", metavar="K")
+    max_body_bytes: int = option(16 * 1024 * 1024, "request body limit in bytes", metavar="N")
+    max_in_flight: int | None = option(
+        None, "answer 429 while N completion requests are open", metavar="N")
+    request_timeout: float = option(600.0, "upstream read timeout in seconds", metavar="S")
+    connect_timeout: float = option(5.0, "upstream connect timeout in seconds", metavar="S")
+    health_interval: float = option(5.0, "seconds between health checks", metavar="S")
+    load_window: float = option(
+        30.0, "sliding window of the turns-per-second load meter, seconds", metavar="S")
+    breaker_failures: int = option(
+        DEFAULT_FAILURES, "open a node's circuit after N completion failures in a row",
+        metavar="N")
+    breaker_cooldown: float = option(
+        DEFAULT_COOLDOWN_S, "seconds an open circuit waits before one probe request",
+        metavar="S")
 
     def __post_init__(self) -> None:
         if not (0 <= self.port <= 65535):
@@ -116,6 +135,10 @@ class ProxyConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
+        if self.breaker_failures < 1:
+            raise ConfigError("--breaker-failures must be >= 1")
+        if not self.breaker_cooldown >= 0:
+            raise ConfigError("--breaker-cooldown must be >= 0")
         if self.max_sessions < 1:
             raise ConfigError("--max-sessions must be >= 1")
         if self.max_body_bytes < 1:
@@ -142,18 +165,15 @@ class ProxyConfig:
         return Role.PREFILL in roles and Role.DECODE in roles
 
 
-# Flag name (underscored) -> converter, for keys a config file may carry.
-_SCALARS: dict[str, Any] = {
-    "host": str, "port": int, "policy": Policy, "x": float, "table": Path, "w_ttft": float,
-    "w_tpot": float, "non_cached_tokens": int, "tokenizer": Path, "discovery": str,
-    "heartbeat_timeout": float, "session_ttl": float, "max_sessions": int, "api_key": str,
-    "admin_key": str, "backend_api_key": str, "max_body_bytes": int, "max_in_flight": int,
-    "request_timeout": float,
-    "connect_timeout": float, "health_interval": float, "load_window": float,
-    "success_margin": float, "cluster": Path,
-}
 _NODE_KEYS = {"prefill": Role.PREFILL, "decode": Role.DECODE, "replica": Role.REPLICA}
+# Relative paths in a config file are relative to the file.
 _PATH_KEYS = {"table", "tokenizer", "cluster"}
+
+
+def _scalar_options() -> dict[str, Callable[[Any], Any]]:
+    """Config-file key -> converter: every option of both dataclasses, plus `cluster`."""
+    opts = [*option_fields(PolicyConfig), *option_fields(ProxyConfig)]
+    return {**{o.key: o.convert for o in opts}, "cluster": Path}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,45 +182,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ppd proxy",
         description="Route multi-turn LLM traffic across vLLM prefill (P) and decode (D) nodes.",
     )
-    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port to listen on (default 8000)")
     for role in _NODE_KEYS:
         p.add_argument(f"--{role}", action="append", default=[], metavar="URL",
-                       help=f"a {role} node's base URL (repeatable)")
+                       help=f"a {role} node's base URL, without /v1 (repeatable)")
     p.add_argument("--cluster", type=Path, metavar="FILE",
                    help="cluster.json written by `ppd cluster up` (nodes with role and url)")
-    p.add_argument("--config", type=Path, metavar="FILE", help="YAML or TOML config file")
-    p.add_argument("--policy", choices=[x.value for x in Policy], help="routing policy (pd)")
-    p.add_argument("--x", type=float, help="policy fixed: share of turn 2+ run locally, in [0,1]")
-    p.add_argument("--table", type=Path, metavar="PATH", help="policy ppd: decision table")
-    p.add_argument("--w-ttft", type=float, metavar="W", help="policy ppd: TTFT weight (1.0)")
-    p.add_argument("--w-tpot", type=float, metavar="W", help="policy ppd: TPOT weight (1.0)")
-    p.add_argument("--success-margin", type=float, metavar="M",
-                   help=f"policy ppd: success-rate margin (default {DEFAULT_SUCCESS_MARGIN})")
-    p.add_argument("--non-cached-tokens", type=int, metavar="N",
-                   help="policy threshold: local iff the uncached suffix has <= N tokens")
-    p.add_argument("--tokenizer", type=Path, metavar="DIR",
-                   help="local HF tokenizer dir (tokenizer.json + chat template)")
-    p.add_argument("--discovery", metavar="tcp://HOST:PORT",
-                   help="bind a ZMQ ROUTER here for node heartbeats")
-    p.add_argument("--heartbeat-timeout", type=float, metavar="S",
-                   help="drop a registered node after S seconds without heartbeat (10)")
-    p.add_argument("--session-ttl", type=float, metavar="S", help="session idle TTL (3600)")
-    p.add_argument("--max-sessions", type=int, metavar="N", help="LRU bound on sessions")
-    p.add_argument("--api-key", metavar="K", help="require `Authorization: Bearer K`")
-    p.add_argument("--admin-key", metavar="K",
-                   help="key needed for the x-ppd-route forcing header and /sessions")
-    p.add_argument("--backend-api-key", metavar="K",
-                   help="send `Authorization: Bearer K` to the vLLM nodes (their --api-key)")
-    p.add_argument("--max-body-bytes", type=int, metavar="N", help="request body limit (16 MiB)")
-    p.add_argument("--max-in-flight", type=int, metavar="N",
-                   help="answer 429 while N completion requests are open (default: no limit)")
-    p.add_argument("--request-timeout", type=float, metavar="S",
-                   help="upstream read timeout in seconds (600)")
-    p.add_argument("--connect-timeout", type=float, metavar="S", help="upstream connect (5)")
-    p.add_argument("--health-interval", type=float, metavar="S", help="health check period (5)")
-    p.add_argument("--load-window", type=float, metavar="S",
-                   help="sliding window of the turns-per-second load meter (30)")
+    p.add_argument("--config", type=Path, metavar="FILE",
+                   help="YAML or TOML file whose keys are these flags' names; flags win")
+    add_flags(p, PolicyConfig)
+    add_flags(p, ProxyConfig)
     return p
 
 
@@ -219,6 +209,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config file {path} must hold a mapping of settings")
+    scalars = _scalar_options()
     out: dict[str, Any] = {}
     for key, value in raw.items():
         name = str(key).replace("-", "_")
@@ -227,15 +218,15 @@ def load_config_file(path: Path) -> dict[str, Any]:
             if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
                 raise ConfigError(f"config key {key!r} must be a URL or a list of URLs")
             out[name] = urls
-        elif name in _SCALARS:
+        elif name in scalars:
             try:
-                out[name] = _SCALARS[name](value)
+                out[name] = scalars[name](value)
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"config key {key!r}: bad value {value!r}") from exc
             if name in _PATH_KEYS and not out[name].is_absolute():
                 out[name] = path.parent / out[name]
         else:
-            known = ", ".join(sorted([*_SCALARS, *_NODE_KEYS]))
+            known = ", ".join(sorted([*scalars, *_NODE_KEYS]))
             raise ConfigError(f"unknown key {key!r} in config file {path} (known: {known})")
     return out
 
@@ -270,10 +261,10 @@ def config_from_args(argv: Sequence[str]) -> ProxyConfig:
 def config_from_namespace(args: argparse.Namespace) -> ProxyConfig:
     """Merge defaults, the config file and flags (in that order) into a ProxyConfig."""
     settings: dict[str, Any] = load_config_file(args.config) if args.config else {}
-    for name in _SCALARS:
+    for name in _scalar_options():
         value = getattr(args, name, None)
         if value is not None:
-            settings[name] = Policy(value) if name == "policy" else value
+            settings[name] = value
     nodes: list[NodeSpec] = []
     for name, role in _NODE_KEYS.items():
         nodes += [NodeSpec(url, role) for url in settings.pop(name, [])]
@@ -283,7 +274,6 @@ def config_from_namespace(args: argparse.Namespace) -> ProxyConfig:
     for name, role in _NODE_KEYS.items():
         nodes += [NodeSpec(url, role) for url in getattr(args, name)]
     unique = tuple(dict.fromkeys(nodes))  # keep order, drop repeats
-    policy_keys = {f.name for f in fields(PolicyConfig)} - {"kind"}
-    policy = PolicyConfig(kind=settings.pop("policy", Policy.PD),
-                          **{k: settings.pop(k) for k in list(settings) if k in policy_keys})
+    policy = PolicyConfig(**{o.name: settings.pop(o.key) for o in option_fields(PolicyConfig)
+                             if o.key in settings})
     return ProxyConfig(nodes=unique, policy=policy, **settings)

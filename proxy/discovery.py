@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgpack
 import zmq
@@ -26,6 +28,7 @@ from proxy.route import Role
 log = logging.getLogger("ppd.proxy.discovery")
 
 _LEGACY_ROLES = {"P": Role.PREFILL, "D": Role.DECODE}
+_LEGACY_TYPES = {role: kind for kind, role in _LEGACY_ROLES.items()}
 
 
 class HeartbeatError(ValueError):
@@ -68,6 +71,45 @@ def parse_heartbeat(payload: bytes) -> Heartbeat:
     models = data.get("models")
     return Heartbeat(node_url, role, None,
                      tuple(str(m) for m in models) if isinstance(models, list) else None)
+
+
+def heartbeat(role: Role, url: str, models: list[str], legacy: bool = False,
+              zmq_address: str | None = None) -> dict[str, Any]:
+    """The heartbeat map for a node."""
+    if not legacy:
+        return {"type": role.value, "url": url, "models": models}
+    if role not in _LEGACY_TYPES:
+        raise ValueError("the legacy format knows only prefill and decode nodes")
+    parts = urlsplit(url)
+    if not parts.hostname or not parts.port:
+        raise ValueError(f"--url must carry host and port for the legacy format: {url!r}")
+    http_address = f"{parts.hostname}:{parts.port}"
+    return {"type": _LEGACY_TYPES[role], "http_address": http_address,
+            "zmq_address": zmq_address or http_address}
+
+
+def send_heartbeats(proxy: str, payload: dict[str, Any], interval: float, count: int = 0,
+                    stop: threading.Event | None = None) -> int:
+    """Send payload every interval seconds (count times, or until stop is set); the number sent."""
+    if not proxy.startswith("tcp://"):
+        raise ValueError(f"--proxy must look like tcp://HOST:PORT, got {proxy!r}")
+    stop = stop or threading.Event()
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 1000)  # let the last heartbeat leave before closing
+    sent = 0
+    try:
+        socket.connect(proxy)
+        message = msgpack.packb(payload)
+        while not stop.is_set() and (count <= 0 or sent < count):
+            socket.send(message)
+            sent += 1
+            if count <= 0 or sent < count:
+                stop.wait(interval)
+    finally:
+        socket.close()
+        context.term()
+    return sent
 
 
 class Discovery:

@@ -7,12 +7,14 @@
     ├── PayloadTooLarge (413)     body over --max-body-bytes
     ├── Overloaded (429)          admission control (--max-in-flight)
     ├── UpstreamError (502)       backend connection error or 5xx, after failover
-    │   └── UpstreamRejected      backend answered 4xx: its status and body go to the client as is
     ├── NoBackend (503)           no healthy node for the route
     └── UpstreamTimeout (504)     backend did not answer in time
 
+A backend's 4xx answer is not an error of the proxy: it is the client's request that is at
+fault, so `proxy.forward` returns it as a value (`forward.Answer`) and the client gets it as is.
 httpx errors never leave `proxy.forward`: they are translated there, at the boundary.
-`to_openai_body()` gives the OpenAI error shape `{"error": {"message", "type", "code"}}`.
+`to_openai_body()` gives the OpenAI error shape `{"error": {"message", "type", "code"}}`;
+`headers` carries the `x-ppd-*` headers known when the error was raised (the router adds them).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class ProxyError(Exception):
         self.message = message
         # A finer label for metrics (e.g. "connect", "status", "timeout"); defaults to code.
         self.kind = kind or self.code
+        # Response headers the client gets with the error (session, turn, route tried).
+        self.headers: dict[str, str] = {}
 
     def to_openai_body(self) -> dict[str, Any]:
         """The OpenAI-shaped error body."""
@@ -77,16 +81,6 @@ class UpstreamError(ProxyError):
     status = 502
     type = "upstream_error"
     code = "bad_gateway"
-
-
-class UpstreamRejected(UpstreamError):
-    """A backend refused the request with a 4xx; the client gets that answer unchanged."""
-
-    def __init__(self, status: int, body: bytes, content_type: str) -> None:
-        super().__init__(f"backend answered {status}", kind="rejected")
-        self.upstream_status = status
-        self.upstream_body = body
-        self.content_type = content_type
 
 
 class NoBackend(ProxyError):

@@ -1,12 +1,25 @@
 """The HTTP legs to vLLM, and the only place httpx errors are translated.
 
-- `prefill`: the P leg, a non-streamed POST; returns P's kv_transfer_params (or None).
-- `open_stream`: a D, local or replica leg. It returns once the first body chunk has arrived,
-  so every failure that can still be hidden from the client (refused, reset, 5xx, a read
-  error before any byte) surfaces as an exception the router can fail over on.
+- `fetch`: a non-streamed leg. The whole body is read before anything reaches the client, so
+  an upstream that dies mid-body is an UpstreamError (a 502 or a failover), never a 200 with
+  half a JSON document. vLLM's non-streamed replies are small; buffering them costs nothing.
+- `prefill`: the P leg (a fetch); returns P's kv_transfer_params (or None).
+- `open_stream`: a streamed D, local or replica leg. It returns once the first body chunk has
+  arrived, so every failure that can still be hidden from the client (refused, reset, 5xx, a
+  read error before any byte) surfaces as an exception the router can fail over on.
 - `UpstreamStream.chunks()` then passes the bytes through unchanged while `ReplyCapture`
   parses them on the side for the reply text and usage the session ledger needs.
-Upstream 4xx answers are returned to the client as they are (UpstreamRejected).
+An upstream 4xx is the client's request at fault, not a failure: it comes back as an `Answer`
+that goes to the client as is.
+
+Nothing here sends a request twice. A request may only be sent again when it provably never
+reached the server, and no httpx error after the connection was established proves that:
+httpcore already resends by itself on a pooled connection it finds closed before writing
+(ConnectionNotAvailable), swallows a WriteError to read the server's answer, and a ReadError or
+RemoteProtocolError ("Server disconnected without sending a response") may follow a request the
+server received in full and started to run. Stale keep-alive connections are avoided instead
+(the app's client drops idle connections before vLLM's keep-alive timeout closes them), and a
+failure is handled by the router, which moves on to another node.
 """
 
 from __future__ import annotations
@@ -18,59 +31,85 @@ from typing import Any
 
 import httpx
 
-from proxy.errors import UpstreamError, UpstreamRejected, UpstreamTimeout
+from proxy.errors import UpstreamError, UpstreamTimeout
 from proxy.validate import Endpoint
 
 # How much of a failing upstream's body to quote in the error message.
 _ERROR_SNIPPET = 200
-# Errors of a request that got no response at all: most often a pooled keep-alive connection
-# the server closed just as it was reused (vLLM closes idle ones after 5 s). Sent once more,
-# on a fresh connection, before the node is blamed.
-_STALE_CONNECTION_ERRORS = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A complete upstream response: a non-streamed 2xx, or any 4xx (the client's fault)."""
+
+    status: int
+    body: bytes
+    content_type: str
+
+    @property
+    def rejected(self) -> bool:
+        """The node refused the request (4xx): the client gets this answer unchanged."""
+        return 400 <= self.status < 500
+
+
+@dataclass(frozen=True, slots=True)
+class Prefilled:
+    """P's answer to the P leg: the kv_transfer_params D needs (None when P returned none)."""
+
+    kv_transfer_params: Any
 
 
 async def _post(client: httpx.AsyncClient, url: str, body: dict[str, Any], request_id: str, *,
                 stream: bool) -> httpx.Response:
-    """POST one leg; transport errors come back translated into the proxy's hierarchy."""
+    """POST one leg, once; transport errors come back translated into the proxy's hierarchy."""
     request = client.build_request("POST", url, json=body, headers={"X-Request-Id": request_id})
     try:
-        try:
-            return await client.send(request, stream=stream)
-        except _STALE_CONNECTION_ERRORS:
-            return await client.send(request, stream=stream)
+        return await client.send(request, stream=stream)
     except httpx.HTTPError as exc:
         raise _translate(exc, url) from exc
 
 
 def _translate(exc: httpx.HTTPError, url: str) -> UpstreamError | UpstreamTimeout:
     if isinstance(exc, httpx.TimeoutException):
-        return UpstreamTimeout(f"backend {url} timed out", kind="timeout")
+        return UpstreamTimeout(f"backend {url} timed out ({type(exc).__name__})", kind="timeout")
     if isinstance(exc, httpx.ConnectError):
         return UpstreamError(f"cannot connect to backend {url}: {exc}", kind="connect")
     return UpstreamError(f"backend {url} failed: {type(exc).__name__}: {exc}", kind="transport")
 
 
-def _status_error(status: int, body: bytes, url: str, content_type: str) -> UpstreamError:
-    if status >= 500:
+def _content_type(response: httpx.Response) -> str:
+    return response.headers.get("content-type", "application/json")
+
+
+def _answer(response: httpx.Response, body: bytes, url: str) -> Answer:
+    """The answer of a finished response; a 5xx raises (the node failed, not the request)."""
+    if response.status_code >= 500:
         snippet = body[:_ERROR_SNIPPET].decode(errors="replace")
-        return UpstreamError(f"backend {url} answered {status}: {snippet}", kind="status")
-    return UpstreamRejected(status, body, content_type)
+        raise UpstreamError(f"backend {url} answered {response.status_code}: {snippet}",
+                            kind="status")
+    return Answer(response.status_code, body, _content_type(response))
+
+
+async def fetch(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
+                body: dict[str, Any], request_id: str) -> Answer:
+    """POST body and read the whole answer (2xx or 4xx); a 5xx or a broken body raises."""
+    url = base_url + endpoint.value
+    response = await _post(client, url, body, request_id, stream=False)
+    return _answer(response, response.content, url)
 
 
 async def prefill(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
-                  body: dict[str, Any], request_id: str) -> Any:
-    """Run the P leg; P's kv_transfer_params (None when P returned none)."""
-    url = base_url + endpoint.value
-    response = await _post(client, url, body, request_id, stream=False)
-    if response.status_code >= 400:
-        raise _status_error(response.status_code, response.content, url,
-                            response.headers.get("content-type", "application/json"))
+                  body: dict[str, Any], request_id: str) -> Prefilled | Answer:
+    """Run the P leg: P's kv_transfer_params, or P's 4xx answer for the client."""
+    answer = await fetch(client, base_url, endpoint, body, request_id)
+    if answer.rejected:
+        return answer
     try:
-        data = response.json()
+        data = json.loads(answer.body)
     except ValueError as exc:
-        raise UpstreamError(f"backend {url} answered non-JSON to the prefill",
-                            kind="protocol") from exc
-    return data.get("kv_transfer_params") if isinstance(data, dict) else None
+        raise UpstreamError(f"backend {base_url + endpoint.value} answered non-JSON to the "
+                            "prefill", kind="protocol") from exc
+    return Prefilled(data.get("kv_transfer_params") if isinstance(data, dict) else None)
 
 
 @dataclass(slots=True)
@@ -90,7 +129,7 @@ class UpstreamStream:
     @property
     def content_type(self) -> str:
         """The upstream content type."""
-        return self.response.headers.get("content-type", "application/json")
+        return _content_type(self.response)
 
     async def chunks(self) -> AsyncGenerator[bytes, None]:
         """The body, first chunk included; mid-stream failures raise UpstreamError."""
@@ -108,15 +147,15 @@ class UpstreamStream:
 
 
 async def open_stream(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
-                      body: dict[str, Any], request_id: str) -> UpstreamStream:
-    """POST body and wait for the first chunk; errors before it raise, nothing is sent yet."""
+                      body: dict[str, Any], request_id: str) -> UpstreamStream | Answer:
+    """POST body and wait for the first chunk (a 4xx: its whole answer); errors raise."""
     url = base_url + endpoint.value
     response = await _post(client, url, body, request_id, stream=True)
     try:
         if response.status_code >= 400:
-            content = await response.aread()
-            raise _status_error(response.status_code, content, url,
-                                response.headers.get("content-type", "application/json"))
+            answer = _answer(response, await response.aread(), url)
+            await response.aclose()
+            return answer
         rest = response.aiter_bytes()
         try:
             first = await anext(rest)

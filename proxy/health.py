@@ -3,7 +3,9 @@
 A node that answers /health with an error, or refuses the connection, is down at once. A node
 that is merely slow to answer is busy, not dead: a vLLM server on one CPU core can take seconds
 to answer while it prefills a long batch, so a timeout marks it down only after
-TIMEOUTS_BEFORE_DOWN consecutive ones (requests that fail on it still mark it down at once).
+TIMEOUTS_BEFORE_DOWN consecutive ones (a request it refuses still marks it down at once).
+Health is not the whole story: a node that answers /health but fails its completions is taken
+out by its circuit breaker (`proxy.breaker`), which a passing health check does not close.
 """
 
 from __future__ import annotations

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter as TallyCounter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from proxy.policies import Decision
 from proxy.route import RouteKind
@@ -75,6 +77,12 @@ class ProxyMetrics:
         self.failovers.labels(role).inc()
         self._failovers += 1
 
+    def watch(self, nodes: Callable[[], list[dict[str, Any]]],
+              requests_in_flight: Callable[[], int]) -> None:
+        """Gauges read at scrape time: open requests, and per node its requests in flight,
+        health and circuit (`nodes` gives the pool's snapshot)."""
+        self.registry.register(_LiveGauges(nodes, requests_in_flight))
+
     def exposition(self) -> bytes:
         """The Prometheus text format."""
         return generate_latest(self.registry)
@@ -92,3 +100,33 @@ class ProxyMetrics:
             "upstream_errors": dict(self._errors),
             "failovers": self._failovers,
         }
+
+
+class _LiveGauges(Collector):
+    """Gauges computed from the ledgers when scraped (nodes come and go with discovery)."""
+
+    def __init__(self, nodes: Callable[[], list[dict[str, Any]]],
+                 requests_in_flight: Callable[[], int]) -> None:
+        self._nodes = nodes
+        self._requests = requests_in_flight
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("ppd_requests_in_flight",
+                                "Completion requests admitted and not yet finished",
+                                value=self._requests())
+        in_flight = GaugeMetricFamily("ppd_node_in_flight", "Legs in flight on each node",
+                                      labels=["node", "role"])
+        healthy = GaugeMetricFamily("ppd_node_healthy", "1 while a node passes health checks",
+                                    labels=["node", "role"])
+        circuit = GaugeMetricFamily(
+            "ppd_node_circuit_open",
+            "1 while a node's circuit is not closed (open, or half-open awaiting its probe)",
+            labels=["node", "role"])
+        for node in self._nodes():
+            labels = [node["url"], node["role"]]
+            in_flight.add_metric(labels, node["in_flight"])
+            healthy.add_metric(labels, 1.0 if node["healthy"] else 0.0)
+            circuit.add_metric(labels, 0.0 if node["circuit"] == "closed" else 1.0)
+        yield in_flight
+        yield healthy
+        yield circuit

@@ -1,16 +1,20 @@
 """One request, start to finish: session -> tokens -> workload -> policy -> nodes -> legs.
 
 No HTTP framework types here: the app hands in an `Incoming` and sends back the `Reply`.
-Failover follows DESIGN "Backends": a failing P is skipped for another P; a D (or local D)
-that fails before its first byte is marked unhealthy and the turn is redone as P->D on
-another healthy D. Once bytes flow, nothing is retried and no error is sent inside the stream.
+Each request holds a `Lease` (admission + node slots) from admission until its body is done.
+Failover (`proxy.failover`) follows DESIGN "Backends": a failing P is skipped for another P; a
+D (or local D, or replica) that fails before the client got anything is skipped, and the turn
+is redone as P->D on another usable D - P included, so a D never gets kv_transfer_params that
+another D may already have consumed. Non-streamed replies are read whole before the status is
+sent; a streamed reply that breaks after its first byte ends with an in-band error event
+(`proxy.relay`). Either way an unfinished turn is not recorded as held by the session.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -18,11 +22,14 @@ import httpx
 from proxy import forward, wire
 from proxy.backends import Backend, BackendPool
 from proxy.config import Policy
-from proxy.errors import NoBackend, NotFound, Overloaded, ProxyError, UpstreamRejected
-from proxy.forward import ReplyCapture, UpstreamStream
+from proxy.errors import NotFound, Overloaded, ProxyError
+from proxy.failover import Failover, charge
+from proxy.forward import Answer, ReplyCapture, UpstreamStream
+from proxy.lease import Admission, Lease
 from proxy.load import RateMeter, RunningMean
 from proxy.metrics import ProxyMetrics
 from proxy.policies import Decision, Reason, RoutingPolicy
+from proxy.relay import Relay
 from proxy.route import Role, RouteKind, Workload
 from proxy.sessions import Lookup, SessionLedger, Transcript
 from proxy.tokens import TokenCounter
@@ -43,6 +50,11 @@ class Incoming:
     session_id: str | None = None  # the x-session-id header
     forced: RouteKind | None = None  # the x-ppd-route header, already authorized
 
+    @property
+    def stream(self) -> bool:
+        """Whether the client asked for a streamed (SSE) reply."""
+        return bool(self.body.get("stream", False))
+
 
 @dataclass(slots=True)
 class Reply:
@@ -56,10 +68,17 @@ class Reply:
 
 @dataclass(slots=True)
 class _Served:
+    """A leg that answered: a stream under way, or a whole answer (2xx, or a 4xx to pass on)."""
+
     route: RouteKind
-    stream: UpstreamStream
-    decode: Backend
+    result: UpstreamStream | Answer
+    decode: Backend | None  # None when P rejected the request before D was asked
     prefill: Backend | None
+
+    @property
+    def rejected(self) -> bool:
+        """A node answered 4xx: the client's request is at fault and gets that answer."""
+        return isinstance(self.result, Answer) and self.result.rejected
 
 
 @dataclass(slots=True)
@@ -71,71 +90,15 @@ class _Turn:
     lookup: Lookup
     workload: Workload
     started: float
-    excluded: set[str] = field(default_factory=set)
+    failover: Failover
+    route: RouteKind | None = None  # the route being tried
 
-
-class Relay:
-    """The response body: upstream bytes unchanged, parsed on the side, cleaned up once.
-
-    An upstream failure mid-stream ends the body quietly (the client already has a 200 and a
-    partial answer; the error is counted). Closing the relay early, as Quart does when the
-    client disconnects, closes the upstream response so vLLM aborts the request.
-    """
-
-    def __init__(self, stream: UpstreamStream, capture: ReplyCapture,
-                 on_reply: Callable[[forward.Captured], None], on_release: Callable[[], None],
-                 on_error: Callable[[ProxyError], None]) -> None:
-        self._stream = stream
-        self._chunks: AsyncGenerator[bytes, None] = stream.chunks()
-        self._capture = capture
-        self._on_reply = on_reply
-        self._on_release = on_release
-        self._on_error = on_error
-        self._closed = False
-        self._replied = False
-
-    def __aiter__(self) -> Relay:
-        return self
-
-    async def __anext__(self) -> bytes:
-        if self._closed:
-            raise StopAsyncIteration
-        try:
-            chunk = await anext(self._chunks)
-        except StopAsyncIteration:
-            await self._close(finished=True)
-            raise
-        except ProxyError as exc:
-            self._on_error(exc)
-            await self._close(finished=False)
-            raise StopAsyncIteration from exc
-        self._capture.feed(chunk)
-        if self._capture.stream_done:
-            # Record the turn before the client can read `[DONE]`: a client that sends its next
-            # turn at once must find the session already holding this reply.
-            self._reply_once()
-        return chunk
-
-    def _reply_once(self) -> None:
-        if not self._replied:
-            self._replied = True
-            self._on_reply(self._capture.finish())
-
-    async def aclose(self) -> None:
-        """Stop early: close upstream and release the node."""
-        await self._close(finished=False)
-
-    async def _close(self, finished: bool) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            await self._chunks.aclose()
-            await self._stream.aclose()
-        finally:
-            self._on_release()
-            if finished:
-                self._reply_once()
+    def headers(self) -> dict[str, str]:
+        """The x-ppd-* headers known so far (an error response carries them too)."""
+        headers = {"x-ppd-session": self.lookup.session.id, "x-ppd-turn": str(self.lookup.turn)}
+        if self.route is not None:
+            headers["x-ppd-route"] = self.route.value
+        return headers
 
 
 class Router:
@@ -152,27 +115,22 @@ class Router:
         self.load = load
         self.clock = clock
         self.expected_output = RunningMean(DEFAULT_EXPECTED_OUTPUT)
-        self.max_in_flight = max_in_flight
-        self.in_flight = 0  # completion requests from admission until their body is done
+        self.admission = Admission(pool, max_in_flight)
         self.client: httpx.AsyncClient | None = None
 
     async def handle(self, incoming: Incoming) -> Reply:
         """Serve one completion request (raises ProxyError before any byte is sent)."""
-        if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
-            self.metrics.responded(Overloaded.status)
-            raise Overloaded(f"the proxy is at its limit of {self.max_in_flight} open "
-                             "requests; retry later")
-        self.in_flight += 1
         try:
-            reply = await self._handle(incoming)
-        except BaseException:
-            self.in_flight -= 1
+            lease = self.admission.admit()
+        except Overloaded as exc:
+            self.metrics.responded(exc.status)
             raise
-        if not isinstance(reply.body, Relay):
-            self.in_flight -= 1
-        return reply
+        try:
+            return await self._handle(incoming, lease)
+        finally:
+            lease.release()  # nothing left to release once a relay took the lease over
 
-    async def _handle(self, incoming: Incoming) -> Reply:
+    async def _handle(self, incoming: Incoming, lease: Lease) -> Reply:
         started = self.clock()
         self._check_model(incoming.body.get("model"))
         transcript = self._transcript(incoming)
@@ -180,20 +138,19 @@ class Router:
         lookup = self.ledger.resolve(transcript, None if explicit is None else str(explicit))
         self.load.record()
         turn = _Turn(incoming, transcript, lookup, self._workload(incoming, transcript, lookup),
-                     started)
+                     started, Failover(self.pool, lease, self.metrics))
         decision = self._decide(turn)
         try:
             served = await self._serve(turn, decision)
-        except UpstreamRejected as exc:
-            self.metrics.responded(exc.upstream_status)
-            return Reply(exc.upstream_status, {}, exc.upstream_body, exc.content_type)
         except ProxyError as exc:
+            exc.headers.update(turn.headers())
             self.metrics.responded(exc.status)
             raise
-        self.metrics.routed(incoming.endpoint.value, served.route, decision, lookup.turn)
-        self.metrics.first_byte(served.route, self.clock() - started)
-        self.metrics.responded(served.stream.status)
-        return self._reply(turn, served)
+        if not served.rejected:
+            self.metrics.routed(incoming.endpoint.value, served.route, decision, lookup.turn)
+            self.metrics.first_byte(served.route, self.clock() - started)
+        self.metrics.responded(served.result.status)
+        return self._reply(turn, served, lease)
 
     def _check_model(self, model: Any) -> None:
         known = self.pool.models()
@@ -234,126 +191,93 @@ class Router:
         return Decision(forced, Reason.FORCED)
 
     async def _serve(self, turn: _Turn, decision: Decision) -> _Served:
+        session, body = turn.lookup.session, turn.incoming.body
         if decision.kind is RouteKind.REPLICA:
-            return await self._serve_replica(turn)
-        if decision.kind is RouteKind.LOCAL:
-            node = self.pool.get(turn.lookup.session.decode)
-            if node is not None:
-                try:
-                    stream = await self._open(node, wire.local_body(turn.incoming.body), turn,
-                                              wire.request_id())
-                    return _Served(RouteKind.LOCAL, stream, node, None)
-                except UpstreamRejected:
-                    raise
-                except ProxyError as exc:
-                    self._failed(node, exc, mark_unhealthy=True, excluded=turn.excluded)
-        return await self._serve_pd(turn)
+            turn.route = RouteKind.REPLICA
+            served = await turn.failover.run(Role.REPLICA, session.decode, lambda node: self._leg(
+                turn, RouteKind.REPLICA, node, wire.local_body(body), wire.request_id()))
+            if not served.rejected and served.decode is not None:
+                session.decode = served.decode.url
+            return served
+        if decision.kind is RouteKind.LOCAL and session.decode is not None:
+            home = self.pool.take(session.decode, Role.DECODE)
+            if home is not None:
+                turn.route = RouteKind.LOCAL
+                local = await turn.failover.attempt(home, lambda node: self._leg(
+                    turn, RouteKind.LOCAL, node, wire.local_body(body), wire.request_id()))
+                if local is not None:
+                    return local
+        turn.route = RouteKind.PD
+        return await turn.failover.run(Role.DECODE, session.decode,
+                                       lambda decode: self._pd(turn, decode))
 
-    async def _serve_pd(self, turn: _Turn) -> _Served:
-        session = turn.lookup.session
-        p_excluded: set[str] = set()
-        last: ProxyError | None = None
-        while True:
-            prefill = self.pool.pick(Role.PREFILL, session.prefill, frozenset(p_excluded))
-            decode = self.pool.pick(Role.DECODE, session.decode, frozenset(turn.excluded))
-            if prefill is None or decode is None:
-                missing = "prefill" if prefill is None else "decode"
-                raise last or NoBackend(f"no healthy {missing} node")
+    async def _pd(self, turn: _Turn, decode: Backend) -> _Served:
+        """One P->D try on decode: the P leg (failing over among Ps), then D's leg."""
+        body, lease = turn.incoming.body, turn.failover.lease
+
+        async def prefill_on(prefill: Backend) -> tuple[Backend, str, forward.Prefilled | Answer]:
+            # A fresh id per try: no node ever sees one X-Request-Id twice.
             request_id = wire.request_id(prefill.zmq_address, decode.zmq_address)
-            try:
-                with self.pool.busy(prefill):
-                    kv = await forward.prefill(self._client(), prefill.base,
-                                               turn.incoming.endpoint,
-                                               wire.prefill_body(turn.incoming.body), request_id)
-            except UpstreamRejected:
-                raise
-            except ProxyError as exc:
-                last = exc
-                # A refused connection means P is down; a 5xx may be this request's alone.
-                self._failed(prefill, exc, mark_unhealthy=exc.kind == "connect",
-                             excluded=p_excluded)
-                continue
-            try:
-                stream = await self._open(decode, wire.decode_body(turn.incoming.body, kv),
-                                          turn, request_id)
-            except UpstreamRejected:
-                raise
-            except ProxyError as exc:
-                last = exc
-                self._failed(decode, exc, mark_unhealthy=True, excluded=turn.excluded)
-                continue
-            session.prefill, session.decode = prefill.url, decode.url
-            return _Served(RouteKind.PD, stream, decode, prefill)
+            result = await forward.prefill(self._client(), prefill.base, turn.incoming.endpoint,
+                                           wire.prefill_body(body), request_id)
+            lease.settle(prefill, ok=True)
+            return prefill, request_id, result
 
-    async def _serve_replica(self, turn: _Turn) -> _Served:
-        session = turn.lookup.session
-        last: ProxyError | None = None
-        while True:
-            node = self.pool.pick(Role.REPLICA, session.decode, frozenset(turn.excluded))
-            if node is None:
-                raise last or NoBackend("no healthy replica node")
-            try:
-                stream = await self._open(node, wire.local_body(turn.incoming.body), turn,
-                                          wire.request_id())
-            except UpstreamRejected:
-                raise
-            except ProxyError as exc:
-                last = exc
-                self._failed(node, exc, mark_unhealthy=True, excluded=turn.excluded)
-                continue
-            session.decode = node.url
-            return _Served(RouteKind.REPLICA, stream, node, None)
+        prefill, request_id, result = await turn.failover.run(
+            Role.PREFILL, turn.lookup.session.prefill, prefill_on)
+        if isinstance(result, Answer):  # P rejected the request: D is not asked
+            return _Served(RouteKind.PD, result, None, prefill)
+        served = await self._leg(turn, RouteKind.PD, decode,
+                                 wire.decode_body(body, result.kv_transfer_params), request_id,
+                                 prefill)
+        if not served.rejected:
+            turn.lookup.session.prefill, turn.lookup.session.decode = prefill.url, decode.url
+        return served
 
-    async def _open(self, node: Backend, body: dict[str, Any], turn: _Turn,
-                    request_id: str) -> UpstreamStream:
-        # Counted in flight from the request until the relay releases it.
-        node.in_flight += 1
-        try:
-            return await forward.open_stream(self._client(), node.base, turn.incoming.endpoint,
-                                             body, request_id)
-        except BaseException:
-            node.in_flight -= 1
-            raise
-
-    def _failed(self, node: Backend, exc: ProxyError, *, mark_unhealthy: bool,
-                excluded: set[str]) -> None:
-        log.warning("%s %s failed (%s); failing over", node.role, node.url, exc.message)
-        self.metrics.upstream_error(node.role.value, exc.kind)
-        self.metrics.failover(node.role.value)
-        excluded.add(node.url)
-        if mark_unhealthy:
-            self.pool.mark(node.url, healthy=False)
+    async def _leg(self, turn: _Turn, route: RouteKind, node: Backend, body: dict[str, Any],
+                   request_id: str, prefill: Backend | None = None) -> _Served:
+        """The leg that answers the client, on node: a stream under way, or a whole answer."""
+        lease, endpoint = turn.failover.lease, turn.incoming.endpoint
+        result: UpstreamStream | Answer
+        if turn.incoming.stream:
+            result = await forward.open_stream(self._client(), node.base, endpoint, body,
+                                               request_id)
+        else:
+            result = await forward.fetch(self._client(), node.base, endpoint, body, request_id)
+        if isinstance(result, Answer):
+            lease.settle(node, ok=True)
+        return _Served(route, result, node, prefill)
 
     def _client(self) -> httpx.AsyncClient:
         if self.client is None:
             raise RuntimeError("the router has no HTTP client (is the app serving?)")
         return self.client
 
-    def _reply(self, turn: _Turn, served: _Served) -> Reply:
-        stream_mode = bool(turn.incoming.body.get("stream", False))
-        capture = ReplyCapture(turn.incoming.endpoint, stream_mode)
-
-        def on_release() -> None:
-            served.decode.in_flight -= 1
-            self.in_flight -= 1
-
-        def on_error(exc: ProxyError) -> None:
-            log.warning("upstream %s failed mid-stream: %s", served.decode.url, exc.message)
-            self.metrics.upstream_error(served.decode.role.value, "midstream")
-
-        headers = {
-            "x-ppd-route": served.route.value,
-            "x-ppd-turn": str(turn.lookup.turn),
-            "x-ppd-session": turn.lookup.session.id,
-            "x-ppd-decode": served.decode.url,
-        }
+    def _reply(self, turn: _Turn, served: _Served, lease: Lease) -> Reply:
+        headers = turn.headers()
+        if served.decode is not None:
+            headers["x-ppd-decode"] = served.decode.url
         if served.prefill is not None:
             headers["x-ppd-prefill"] = served.prefill.url
-        if stream_mode:
-            headers["cache-control"] = "no-cache"
-        return Reply(served.stream.status, headers,
-                     Relay(served.stream, capture, lambda captured: self._record(turn, captured),
-                           on_release, on_error), served.stream.content_type)
+        result = served.result
+        capture = ReplyCapture(turn.incoming.endpoint, turn.incoming.stream)
+        if isinstance(result, Answer):
+            if not result.rejected:
+                capture.feed(result.body)
+                self._record(turn, capture.finish())
+            return Reply(result.status, headers, result.body, result.content_type)
+        assert served.decode is not None  # a stream always comes from the node that answers
+        node, relay_lease = served.decode, lease.hand_over()
+
+        def on_failure(exc: ProxyError) -> None:
+            log.warning("upstream %s failed mid-stream: %s", node.url, exc.message)
+            self.metrics.upstream_error(node.role.value, "midstream")
+            charge(self.pool, relay_lease, node, exc)
+
+        headers["cache-control"] = "no-cache"
+        relay = Relay(result, node, relay_lease, capture,
+                      lambda captured: self._record(turn, captured), on_failure)
+        return Reply(result.status, headers, relay, result.content_type)
 
     def _record(self, turn: _Turn, captured: forward.Captured) -> None:
         if not captured.complete:

@@ -1,7 +1,9 @@
 """vLLM's P/D wire protocol as pure functions (DESIGN "vLLM wire protocol").
 
 Bodies are built from the client's body and never mutate it, so every leg of a failover
-retry starts from the original request.
+retry starts from the original request. Only the proxy sets `kv_transfer_params`: a client's
+own is dropped from every leg, since it would tell a node where to pull KV from (another
+host, other blocks). D gets exactly what P returned, and nothing when P returned nothing.
 """
 
 from __future__ import annotations
@@ -20,11 +22,17 @@ P_KV_TRANSFER_PARAMS: dict[str, Any] = {
 }
 # Fields that would make P generate more than the one token a prefill needs.
 _P_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
+# Fields only the proxy may set on a leg.
+_PROXY_ONLY = ("kv_transfer_params",)
+
+
+def _client_fields(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k not in _PROXY_ONLY}
 
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     """The P leg: one token, not streamed, asking P to keep the KV for a remote decode."""
-    out = {k: v for k, v in body.items() if k not in _P_DROPPED}
+    out = {k: v for k, v in _client_fields(body).items() if k not in _P_DROPPED}
     out["max_tokens"] = 1
     if "max_completion_tokens" in body:
         out["max_completion_tokens"] = 1
@@ -35,15 +43,15 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
 
 def decode_body(body: dict[str, Any], kv_transfer_params: Any) -> dict[str, Any]:
     """The D leg: the client's body plus P's kv_transfer_params when P returned some."""
-    out = dict(body)
+    out = _client_fields(body)
     if kv_transfer_params is not None:
         out["kv_transfer_params"] = kv_transfer_params
     return out
 
 
 def local_body(body: dict[str, Any]) -> dict[str, Any]:
-    """The local (append-prefill) leg: the client's body, untouched."""
-    return body
+    """The local (append-prefill) and replica leg: the client's body, minus proxy-only fields."""
+    return _client_fields(body)
 
 
 def request_id(prefill_zmq: str | None = None, decode_zmq: str | None = None) -> str:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from profiler.cluster import Cluster, default_cores, start_cluster
-from profiler.cluster_plan import ClusterConfig, parse_layout
-from profiler.models import prepare_model
+from profiler.cluster.launcher import Cluster, default_cores, start_cluster
+from profiler.cluster.plan import ClusterConfig, parse_layout
+from profiler.models.prepare import prepare_model
 
 E2E_DIR = Path(__file__).parent
 BASE_PORTS = {"1P1D": 18100, "1P2D": 18110}

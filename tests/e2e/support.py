@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from profiler.cluster import Cluster
+from profiler.cluster.launcher import Cluster
 from proxy import ServerThread, config_from_args, create_app
 
 # The vLLM counters the tests read (sample names, summed over engines and label sets).

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from profiler.cluster import Cluster, cluster_status
+from profiler.cluster.launcher import Cluster, cluster_status
 from proxy.route import Role
 from tests.e2e.support import (
     EXTERNAL_HITS,

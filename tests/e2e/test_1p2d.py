@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.cluster import Cluster
+from profiler.cluster.launcher import Cluster
 from proxy.route import Role
 from tests.e2e.support import (
     PREFIX_HITS,

@@ -2,7 +2,7 @@
 
 - `ppd profile` measures a 2-cell grid and writes a valid table;
 - a proxy running policy ppd on that table routes a turn 2 the way the table says, counted in
-  /metrics under the cell it used; with the table's routes swapped, the same turn flips;
+  /metrics under the cell it used; with the table rewritten so the other route wins, the turn flips;
 - replay through the proxy reports routes that match the policy.
 """
 
@@ -19,10 +19,10 @@ import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from profiler.cluster import Cluster
-from profiler.profile import ProfileGrid, Profiler
+from profiler.cluster.launcher import Cluster
+from profiler.profile.runner import ProfileGrid, Profiler
 from profiler.replay.client import ReplayConfig, replay
-from profiler.table_io import read_table, write_table
+from profiler.tables.io import read_table, write_table
 from profiler.traces.synthetic import multi_turn_conversations
 from profiler.traces.tokenizer import load_tokenizer
 from proxy import ServerThread, config_from_args, create_app
@@ -71,15 +71,17 @@ def _table_decisions(proxy_url: str) -> list[tuple[str, str, str]]:
     return seen
 
 
-def _swapped(table: Path, out: Path) -> Path:
-    """The same measurements with pd and local exchanged: every verdict must flip."""
+def _forced(table: Path, out: Path, winner: RouteKind) -> Path:
+    """The same table with every cell rewritten so that `winner` wins it by a wide margin.
+
+    (Swapping the pd_ and local_ columns does not flip a near-tie: the score normalises by the
+    pd side, so a cell can favour the same route both ways round.)
+    """
     frame = read_table(table)
-    renamed = {c: c.replace("pd_", "tmp_") for c in frame.columns if c.startswith("pd_")}
-    frame = frame.rename(columns=renamed)
-    frame = frame.rename(columns={c: c.replace("local_", "pd_") for c in frame.columns
-                                  if c.startswith("local_")})
-    frame = frame.rename(columns={c: c.replace("tmp_", "local_") for c in frame.columns
-                                  if c.startswith("tmp_")})
+    win, lose = ("local_", "pd_") if winner is RouteKind.LOCAL else ("pd_", "local_")
+    frame[f"{win}ttft_ms"] = frame[f"{lose}ttft_ms"] / 10
+    frame[f"{win}tpot_ms"] = frame[f"{lose}tpot_ms"]
+    frame[f"{win}success"] = frame[f"{lose}success"]
     path, _, _ = write_table(frame, out, {"model": "tiny"})
     return path
 
@@ -110,10 +112,11 @@ def test_ppd_policy_follows_the_table_and_flips_with_it(
     # A short question after a short context: the turn-2 cell is (small, tiny), profiled.
     taken, said = _turn2_route(cluster_1p1d, profiled_table, tiny_model, seed=101)
     assert taken == said
-    swapped = _swapped(profiled_table, tmp_path / "swapped.csv")
-    taken_swapped, said_swapped = _turn2_route(cluster_1p1d, swapped, tiny_model, seed=202)
-    assert taken_swapped == said_swapped
-    assert {taken, taken_swapped} == {RouteKind.PD.value, RouteKind.LOCAL.value}
+    other = RouteKind.PD if taken == RouteKind.LOCAL.value else RouteKind.LOCAL
+    forced = _forced(profiled_table, tmp_path / "forced.csv", other)
+    taken_forced, said_forced = _turn2_route(cluster_1p1d, forced, tiny_model, seed=202)
+    assert said_forced == other.value
+    assert taken_forced == other.value
 
 
 @pytest.fixture(scope="module")

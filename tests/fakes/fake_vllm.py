@@ -1,7 +1,7 @@
 """A fake vLLM OpenAI server for tests: records what it receives, answers like vLLM, fails on cue.
 
     async with FakeVLLM("d1") as d1:
-        ... d1.url, d1.requests[-1].body, d1.fail_with(503), d1.hang = True ...
+        ... d1.url, d1.requests[-1].body, d1.fail_with(503), d1.faults.hang = True ...
 
 Answers /v1/chat/completions and /v1/completions (streamed as SSE, or one JSON), /v1/models
 and /health. A P-leg request (kv_transfer_params.do_remote_decode) gets kv_transfer_params
@@ -64,6 +64,7 @@ class FakeVLLM:
         self.streams_started = 0
         self.streams_cancelled = 0
         self.streams_finished = 0
+        self.requests_cancelled = 0
         self.url = ""
         self.app = self._build_app()
         self._running: Any = None
@@ -113,10 +114,14 @@ class FakeVLLM:
         body = await request.get_json()
         self.requests.append(Recorded(request.path, body,
                                       {k.lower(): v for k, v in request.headers.items()}))
-        if self.faults.hang:
-            await asyncio.sleep(3600)
-        if self.faults.delay_s:
-            await asyncio.sleep(self.faults.delay_s)
+        try:
+            if self.faults.hang:
+                await asyncio.sleep(3600)
+            if self.faults.delay_s:
+                await asyncio.sleep(self.faults.delay_s)
+        except asyncio.CancelledError:
+            self.requests_cancelled += 1  # the caller hung up before the answer
+            raise
         if self.faults.statuses:
             status = self.faults.statuses.pop(0)
             error = {"error": {"message": f"{self.name} fails on cue", "type": "fake",

@@ -11,6 +11,7 @@ import httpx
 import proxy
 from proxy.config import Policy
 from proxy.table import TABLE_COLUMNS
+from tests.exports import assert_exports
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import chat_body, config_for, make_tokenizer, reply_text, serve_proxy
 
@@ -148,11 +149,10 @@ async def test_metrics_stats_and_health(cluster: dict[str, FakeVLLM]) -> None:
 
 
 def test_public_api_is_small_and_sorted() -> None:
-    assert proxy.__all__ == sorted(proxy.__all__)
-    for name in proxy.__all__:
-        assert getattr(proxy, name) is not None
-    assert {"create_app", "ProxyConfig", "DecisionTable", "TABLE_COLUMNS", "serve",
-            "ServerThread", "config_from_args"} <= set(proxy.__all__)
+    assert_exports(proxy, {
+        "ConfigError", "DecisionTable", "NodeSpec", "Policy", "PolicyConfig", "ProxyConfig",
+        "ProxyError", "Role", "RouteKind", "Server", "ServerThread", "TABLE_COLUMNS",
+        "TableError", "Workload", "config_from_args", "create_app", "running", "serve"})
 
 
 async def test_tokenizer_dir_counts_the_new_messages_exactly(

@@ -5,8 +5,10 @@ from __future__ import annotations
 import httpx
 
 from proxy.backends import BackendPool
+from proxy.breaker import Breaker
 from proxy.health import TIMEOUTS_BEFORE_DOWN, HealthMonitor
 from proxy.route import Role
+from tests.proxy.helpers import FakeClock
 
 
 def test_least_in_flight_then_least_picked() -> None:
@@ -14,8 +16,9 @@ def test_least_in_flight_then_least_picked() -> None:
     a, b = pool.add("http://a", Role.DECODE), pool.add("http://b", Role.DECODE)
     assert [pool.pick(Role.DECODE).url for _ in range(4)] == [  # type: ignore[union-attr]
         "http://a", "http://b", "http://a", "http://b"]
-    with pool.busy(a):
-        assert pool.pick(Role.DECODE) is b
+    pool.occupy(a)
+    assert pool.pick(Role.DECODE) is b
+    pool.vacate(a)
     assert a.in_flight == 0
 
 
@@ -84,3 +87,22 @@ async def test_a_refused_connection_is_down_at_once() -> None:
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
         assert await HealthMonitor(pool, client, interval=60).check(node) is False
     assert not node.healthy
+
+
+def test_an_open_circuit_keeps_a_healthy_node_out_until_its_probe() -> None:
+    clock = FakeClock()
+    pool = BackendPool(breaker=Breaker(failures=2, cooldown_s=5), clock=clock)
+    a, b = pool.add("http://a", Role.DECODE), pool.add("http://b", Role.DECODE)
+    pool.failed(a)
+    assert pool.is_usable("http://a", Role.DECODE)
+    pool.failed(a)
+    assert a.healthy and not pool.is_usable("http://a", Role.DECODE)
+    assert [pool.pick(Role.DECODE, prefer="http://a") for _ in range(2)] == [b, b]
+    assert pool.take("http://a", Role.DECODE) is None
+    assert {n["url"]: n["circuit"] for n in pool.snapshot()} == {"http://a": "open",
+                                                                 "http://b": "closed"}
+    clock.now = 5
+    assert pool.take("http://a", Role.DECODE) is a  # the probe
+    assert pool.pick(Role.DECODE, prefer="http://a") is b  # one probe at a time
+    pool.succeeded(a)
+    assert pool.pick(Role.DECODE, prefer="http://a") is a

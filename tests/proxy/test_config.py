@@ -103,3 +103,15 @@ def test_missing_files_are_clear(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text('{"nodes": [{"role": "boss", "url": "http://x"}]}')
     with pytest.raises(ConfigError, match="bad node"):
         config_from_args(["--cluster", str(tmp_path / "bad.json")])
+
+
+def test_breaker_flags_reach_the_pool() -> None:
+    from proxy import create_app
+
+    config = config_from_args(["--prefill", "http://p:1", "--decode", "http://d:1",
+                               "--breaker-failures", "5", "--breaker-cooldown", "2.5"])
+    pool = create_app(config).extensions["ppd"].pool
+    assert (pool.breaker.failures, pool.breaker.cooldown_s) == (5, 2.5)
+    with pytest.raises(ConfigError, match="breaker-failures"):
+        config_from_args(["--prefill", "http://p:1", "--decode", "http://d:1",
+                          "--breaker-failures", "0"])

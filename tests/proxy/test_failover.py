@@ -1,14 +1,20 @@
-"""Failover, mid-stream failures and client disconnects (DESIGN "Backends")."""
+"""Failover, mid-stream failures and client disconnects (DESIGN "Backends"), on loopback."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+from dataclasses import replace
 
 import httpx
+import openai
+import pytest
 
+from proxy import NodeSpec, Role
 from proxy.config import Policy
 from tests.fakes.fake_vllm import FakeVLLM
-from tests.proxy.helpers import chat_body, config_for, serve_proxy
+from tests.proxy.helpers import ProxyUnderTest, chat_body, config_for, serve_proxy
 
 
 async def test_decode_5xx_before_first_byte_fails_over_to_another_d(
@@ -21,13 +27,15 @@ async def test_decode_5xx_before_first_byte_fails_over_to_another_d(
         reply = first.json()["choices"][0]["message"]["content"]
         second = await proxy.client.post("/v1/chat/completions",
                                          json=chat_body("Hello", reply, "again", stream=True))
-        healthy = {n["url"]: n["healthy"] for n in proxy.state.pool.snapshot()}
+        nodes = {n["url"]: n for n in proxy.state.pool.snapshot()}
         stats = (await proxy.client.get("/stats")).json()
     assert second.status_code == 200
     assert second.headers["x-ppd-decode"] == other.url
     assert second.headers["x-ppd-route"] == "pd"
     assert f'"id": "cmpl-{other.name}"' in second.text
-    assert healthy[home.url] is False
+    # One 5xx may be this request's alone: D stays in the pool, one strike on its breaker.
+    assert nodes[home.url]["healthy"] is True
+    assert (nodes[home.url]["circuit"], nodes[home.url]["failures"]) == ("closed", 1)
     assert stats["failovers"] == 1
     # The retry carried P's fresh kv_transfer_params to the new D.
     assert other.completions[-1].body["kv_transfer_params"]["remote_engine_id"].startswith(
@@ -60,7 +68,7 @@ async def test_prefill_failure_is_retried_on_another_p(cluster: dict[str, FakeVL
     assert second.headers["x-ppd-prefill"] == cluster["p2"].url
 
 
-async def test_upstream_dying_mid_stream_ends_the_stream_without_an_error_event(
+async def test_upstream_dying_mid_stream_ends_the_stream_with_an_error_event(
         cluster: dict[str, FakeVLLM]) -> None:
     d1 = cluster["d1"]
     d1.faults.die_after_chunks = 2
@@ -71,8 +79,10 @@ async def test_upstream_dying_mid_stream_ends_the_stream_without_an_error_event(
         stats = (await proxy.client.get("/stats")).json()
         sessions = proxy.state.ledger.snapshot()
     assert response.status_code == 200
-    assert response.text.count("data: ") == 2
-    assert "error" not in response.text and "[DONE]" not in response.text
+    assert response.text.count("data: ") == 3
+    last = json.loads(response.text.split("\n\n")[-2][6:])
+    assert last["error"]["code"] == "bad_gateway"
+    assert "[DONE]" not in response.text
     assert stats["upstream_errors"] == {"decode:midstream": 1}
     assert sessions[0]["turns"] == 0  # an unfinished turn teaches the ledger nothing
 
@@ -96,3 +106,107 @@ async def test_client_disconnect_closes_the_upstream_stream(
     assert d1.streams_cancelled == 1
     assert d1.streams_finished == 0
     assert in_flight[d1.url] == 0
+
+
+def _gauges(exposition: str) -> dict[str, float]:
+    """The in-flight gauges of a /metrics page, by series."""
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in exposition.splitlines()
+            if line.startswith(("ppd_requests_in_flight", "ppd_node_in_flight"))}
+
+
+async def _settled(proxy: ProxyUnderTest) -> dict[str, float]:
+    """The gauges once every count is back to zero (or after 2 s)."""
+    for _ in range(100):
+        gauges = _gauges((await proxy.client.get("/metrics")).text)
+        if not any(gauges.values()):
+            break
+        await asyncio.sleep(0.02)
+    return gauges
+
+
+async def test_the_openai_client_raises_on_a_reply_cut_mid_stream(
+        cluster: dict[str, FakeVLLM]) -> None:
+    cluster["d1"].faults.die_after_chunks = 3
+    nodes = {"p1": cluster["p1"], "d1": cluster["d1"]}
+    async with serve_proxy(config_for(nodes)) as proxy:
+        client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+        parts = []
+        with pytest.raises(openai.APIError, match="failed") as raised:
+            stream = await client.chat.completions.create(
+                model="fake-model", messages=[{"role": "user", "content": "Hi"}],
+                max_tokens=8, stream=True)
+            async for chunk in stream:
+                parts.append(chunk.choices[0].delta.content or "")
+        await client.close()
+        sessions = proxy.state.ledger.snapshot()
+        gauges = await _settled(proxy)
+    assert "".join(parts) == "Hello from"  # what arrived before the cut
+    assert raised.value.body == {"message": raised.value.message, "type": "upstream_error",
+                                 "code": "bad_gateway"}
+    assert sessions[0]["turns"] == 0
+    assert not any(gauges.values())
+
+
+async def test_a_client_leaving_during_the_p_leg_cancels_it(
+        cluster: dict[str, FakeVLLM]) -> None:
+    p1 = cluster["p1"]
+    p1.faults.delay_s = 30
+    nodes = {"p1": p1, "d1": cluster["d1"]}
+    async with serve_proxy(config_for(nodes)) as proxy:
+        with pytest.raises(httpx.ReadTimeout):
+            await proxy.client.post("/v1/chat/completions", json=chat_body("Hi"), timeout=0.3)
+        gauges = await _settled(proxy)
+        for _ in range(100):
+            if p1.requests_cancelled:
+                break
+            await asyncio.sleep(0.02)
+    assert p1.requests_cancelled == 1
+    assert not cluster["d1"].completions
+    assert gauges and not any(gauges.values())
+    assert gauges[f'ppd_node_in_flight{{node="{p1.url}",role="prefill"}}'] == 0
+
+
+async def test_an_error_response_carries_the_headers_known(
+        cluster: dict[str, FakeVLLM]) -> None:
+    cluster["p1"].fail_with(500)
+    nodes = {"p1": cluster["p1"], "d1": cluster["d1"]}
+    async with serve_proxy(config_for(nodes)) as proxy:
+        response = await proxy.client.post("/v1/chat/completions",
+                                           json=chat_body("x", conversation_id="c-1"))
+    assert response.status_code == 502
+    assert (response.headers["x-ppd-session"], response.headers["x-ppd-turn"],
+            response.headers["x-ppd-route"]) == ("c-1", "1", "pd")
+
+
+async def test_a_refused_d_is_down_at_once_and_the_turn_served_by_another(
+        cluster: dict[str, FakeVLLM]) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    config = replace(config_for({"p1": cluster["p1"], "d2": cluster["d2"]}),
+                     nodes=(NodeSpec(cluster["p1"].url, Role.PREFILL), NodeSpec(dead, Role.DECODE),
+                            NodeSpec(cluster["d2"].url, Role.DECODE)))
+    async with serve_proxy(config) as proxy:
+        proxy.state.pool.mark(dead, healthy=True)  # as a stale health view would have it
+        # Both Ds idle and never picked: the first listed, the dead one, is tried first.
+        response = await proxy.client.post("/v1/chat/completions", json=chat_body("x"))
+        healthy = {n["url"]: n["healthy"] for n in proxy.state.pool.snapshot()}
+    assert response.status_code == 200
+    assert response.headers["x-ppd-decode"] == cluster["d2"].url
+    assert healthy[dead] is False
+    assert len(cluster["p1"].completions) == 2  # P redone for the new D
+
+
+async def test_a_hanging_p_times_out_and_the_turn_goes_to_another_p(
+        cluster: dict[str, FakeVLLM]) -> None:
+    cluster["p1"].faults.hang = True
+    config = replace(config_for(cluster, Policy.PD), request_timeout=0.3)
+    async with serve_proxy(config) as proxy:
+        response = await proxy.client.post("/v1/chat/completions", json=chat_body("x"))
+        nodes = {n["url"]: n for n in proxy.state.pool.snapshot()}
+        stats = (await proxy.client.get("/stats")).json()
+    assert response.status_code == 200
+    assert response.headers["x-ppd-prefill"] == cluster["p2"].url
+    assert nodes[cluster["p1"].url]["healthy"] and nodes[cluster["p1"].url]["failures"] == 1
+    assert stats["upstream_errors"] == {"prefill:timeout": 1}

@@ -1,5 +1,5 @@
-"""The HTTP legs: a request that got no response on a (stale) pooled connection is sent once
-more before the node is blamed; a second failure is an UpstreamError."""
+"""The HTTP legs: each request is sent once (no error proves a node never received it), 4xx
+come back as answers, 5xx and broken bodies as errors, non-streamed bodies read whole."""
 
 from __future__ import annotations
 
@@ -7,55 +7,94 @@ import httpx
 import pytest
 
 from proxy import forward
-from proxy.errors import UpstreamError
+from proxy.errors import UpstreamError, UpstreamTimeout
 from proxy.validate import Endpoint
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def _flaky(failures: int) -> tuple[httpx.MockTransport, list[int]]:
-    calls: list[int] = []
+def _failing(error: type[httpx.TransportError]) -> tuple[httpx.MockTransport, list[str]]:
+    """A node that fails every request with error, recording the X-Request-Id it was sent."""
+    received: list[str] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
-        calls.append(1)
-        if len(calls) <= failures:
-            raise httpx.ReadError("connection reset by peer", request=request)
-        return httpx.Response(200, json={"kv_transfer_params": {"remote_block_ids": [7]}},
+        received.append(request.headers["x-request-id"])
+        raise error("fails on cue", request=request)
+
+    return httpx.MockTransport(handler), received
+
+
+# A reset or a read error may come after the server read the whole request and started the
+# completion; resending it would run it twice. A refused connection is the node being down.
+@pytest.mark.parametrize(("error", "kind"), [
+    (httpx.ReadError, "transport"),
+    (httpx.RemoteProtocolError, "transport"),
+    (httpx.WriteError, "transport"),
+    (httpx.ReadTimeout, "timeout"),
+    (httpx.ConnectError, "connect"),
+])
+@pytest.mark.parametrize("leg", ["prefill", "open_stream", "fetch"])
+async def test_a_failed_request_is_not_resent(leg: str, error: type[httpx.TransportError],
+                                              kind: str) -> None:
+    transport, received = _failing(error)
+    async with httpx.AsyncClient(transport=transport) as client:
+        call = getattr(forward, leg)
+        with pytest.raises((UpstreamError, UpstreamTimeout)) as raised:
+            await call(client, "http://n", Endpoint.CHAT, BODY, "id-1")
+    assert raised.value.kind == kind
+    assert received == ["id-1"]
+
+
+def _answering(status: int, content: bytes | httpx.AsyncByteStream) -> httpx.MockTransport:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if isinstance(content, bytes):
+            return httpx.Response(status, content=content,
+                                  headers={"content-type": "application/json"})
+        return httpx.Response(status, stream=content,
                               headers={"content-type": "application/json"})
 
-    return httpx.MockTransport(handler), calls
+    return httpx.MockTransport(handler)
 
 
-@pytest.mark.parametrize("leg", ["prefill", "open_stream"])
-async def test_one_stale_connection_error_is_retried(leg: str) -> None:
-    transport, calls = _flaky(failures=1)
-    async with httpx.AsyncClient(transport=transport) as client:
-        if leg == "prefill":
-            kv = await forward.prefill(client, "http://p", Endpoint.CHAT, BODY, "id-1")
-            assert kv == {"remote_block_ids": [7]}
-        else:
-            stream = await forward.open_stream(client, "http://d", Endpoint.CHAT, BODY, "id-1")
-            assert b"remote_block_ids" in stream.first
-            await stream.aclose()
-    assert len(calls) == 2
+class _CutBody(httpx.AsyncByteStream):
+    """Half a JSON document, then the connection dies."""
+
+    async def __aiter__(self):  # type: ignore[override]
+        yield b'{"choices": [{"index": 0, "message": {"content": "Hal'
+        raise httpx.ReadError("connection reset by peer")
 
 
-async def test_a_second_failure_is_an_upstream_error() -> None:
-    transport, calls = _flaky(failures=2)
-    async with httpx.AsyncClient(transport=transport) as client:
-        with pytest.raises(UpstreamError, match="ReadError") as raised:
-            await forward.open_stream(client, "http://d", Endpoint.CHAT, BODY, "id-1")
-    assert raised.value.kind == "transport" and len(calls) == 2
+async def test_fetch_reads_the_whole_body_or_fails() -> None:
+    async with httpx.AsyncClient(transport=_answering(200, b'{"ok": true}')) as client:
+        answer = await forward.fetch(client, "http://d", Endpoint.CHAT, BODY, "id-1")
+    assert (answer.status, answer.body, answer.rejected) == (200, b'{"ok": true}', False)
+    async with httpx.AsyncClient(transport=_answering(200, _CutBody())) as client:
+        with pytest.raises(UpstreamError, match="ReadError"):
+            await forward.fetch(client, "http://d", Endpoint.CHAT, BODY, "id-1")
 
 
-async def test_a_refused_connection_is_not_retried() -> None:
-    calls: list[int] = []
+@pytest.mark.parametrize("leg", ["prefill", "open_stream", "fetch"])
+async def test_4xx_is_an_answer_and_5xx_an_error(leg: str) -> None:
+    call = getattr(forward, leg)
+    async with httpx.AsyncClient(transport=_answering(422, b'{"error": "bad"}')) as client:
+        answer = await call(client, "http://n", Endpoint.CHAT, BODY, "id-1")
+    assert isinstance(answer, forward.Answer)
+    assert (answer.status, answer.body, answer.rejected) == (422, b'{"error": "bad"}', True)
+    async with httpx.AsyncClient(transport=_answering(503, b"overloaded")) as client:
+        with pytest.raises(UpstreamError, match="answered 503: overloaded") as raised:
+            await call(client, "http://n", Endpoint.CHAT, BODY, "id-1")
+    assert raised.value.kind == "status"
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        calls.append(1)
-        raise httpx.ConnectError("connection refused", request=request)
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-        with pytest.raises(UpstreamError) as raised:
+async def test_prefill_returns_ps_params_or_none() -> None:
+    with_params = _answering(200, b'{"kv_transfer_params": {"remote_block_ids": [7]}}')
+    async with httpx.AsyncClient(transport=with_params) as client:
+        result = await forward.prefill(client, "http://p", Endpoint.CHAT, BODY, "id-1")
+    assert result == forward.Prefilled({"remote_block_ids": [7]})
+    async with httpx.AsyncClient(transport=_answering(200, b'{"choices": []}')) as client:
+        result = await forward.prefill(client, "http://p", Endpoint.CHAT, BODY, "id-1")
+    assert result == forward.Prefilled(None)
+    async with httpx.AsyncClient(transport=_answering(200, b"<html>")) as client:
+        with pytest.raises(UpstreamError, match="non-JSON") as raised:
             await forward.prefill(client, "http://p", Endpoint.CHAT, BODY, "id-1")
-    assert raised.value.kind == "connect" and len(calls) == 1
+    assert raised.value.kind == "protocol"

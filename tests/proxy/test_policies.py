@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from proxy.config import Policy, PolicyConfig
@@ -61,9 +65,12 @@ def test_fixed_is_deterministic_and_close_to_x() -> None:
                is RouteKind.LOCAL for i in range(50))
 
 
-def test_stable_fraction_is_a_fixed_function() -> None:
-    # blake2b, not hash(): the same value in every process.
-    assert stable_fraction("abc", 2) == stable_fraction("abc", 2)
+def test_stable_fraction_is_the_same_in_another_process() -> None:
+    # A process with another hash seed must draw the same value: hash() would not.
+    code = "from proxy.policies import stable_fraction; print(repr(stable_fraction('abc', 2)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONHASHSEED": "12345"})
+    assert float(out.stdout) == stable_fraction("abc", 2)
     assert stable_fraction("abc", 2) != stable_fraction("abc", 3)
     assert 0.0 <= stable_fraction("x", 1) < 1.0
 

@@ -38,6 +38,17 @@ def test_local_body_is_the_client_body() -> None:
     assert local_body(body) == {"prompt": "x", "max_tokens": 7}
 
 
+def test_a_client_written_kv_transfer_params_reaches_no_leg() -> None:
+    rogue = {"remote_host": "evil.example", "remote_port": 1, "remote_block_ids": [9]}
+    body = {"prompt": "x", "kv_transfer_params": rogue}
+    assert "kv_transfer_params" not in local_body(body)
+    assert "kv_transfer_params" not in decode_body(body, None)
+    assert decode_body(body, {"remote_engine_id": "p"})["kv_transfer_params"] == {
+        "remote_engine_id": "p"}
+    assert prefill_body(body)["kv_transfer_params"]["remote_host"] is None
+    assert body["kv_transfer_params"] is rogue  # the client's body is left alone
+
+
 def test_request_ids() -> None:
     legacy = request_id("10.0.0.1:21001", "10.0.0.2:22001")
     assert re.fullmatch(r"___prefill_addr_10\.0\.0\.1:21001___decode_addr_10\.0\.0\.2:22001_"

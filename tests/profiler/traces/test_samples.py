@@ -9,7 +9,7 @@ import pytest
 from profiler.traces import TraceFormat, load_trace
 from profiler.traces.samples import SAMPLE_FILES, write_samples
 
-SAMPLES = Path(__file__).resolve().parents[2] / "datasets" / "samples"
+SAMPLES = Path(__file__).resolve().parents[3] / "datasets" / "samples"
 
 
 def test_committed_samples_are_what_the_generator_writes(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from profiler.cli import main as ppd
-from profiler.table_io import write_table
+from profiler.tables.io import write_table
 
 
 def _row(workload: str, qps: float, pd_ttft: float, local_ttft: float,

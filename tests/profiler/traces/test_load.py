@@ -17,6 +17,7 @@ from profiler.traces import (
     load_trace,
 )
 from profiler.traces import load as load_module
+from tests.exports import assert_exports
 
 
 def _write_json(path: Path, data: object) -> Path:
@@ -243,5 +244,8 @@ def test_sharegpt_package_lookup_finds_the_shipped_file(
 def test_public_exports_are_sorted_and_resolve() -> None:
     import profiler.traces as traces
 
-    assert traces.__all__ == sorted(traces.__all__)
-    assert all(hasattr(traces, name) for name in traces.__all__)
+    assert_exports(traces, {
+        "ApproxTokenizer", "Conversation", "HFTokenizer", "LoadedTrace", "TextTokenizer",
+        "TraceFileError", "TraceFilter", "TraceFormat", "Turn", "load_conversations",
+        "load_tokenizer", "load_trace", "multi_turn_conversations", "named_workload",
+        "sharegpt_package_file", "two_turn_conversations"})

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.profile import (
+from profiler.profile.runner import (
     ProfileGrid,
     RouteStats,
     cell_row,
@@ -97,7 +97,7 @@ def test_cell_row_has_the_design_columns() -> None:
 
 
 def test_cli_rejects_a_non_csv_output(tmp_path: Path) -> None:
-    from profiler.profile_cli import main
+    from profiler.profile.cli import main
 
     with pytest.raises(ValueError, match="NAME.csv"):
         main(["--target", "http://127.0.0.1:9", "--out", str(tmp_path / "t.parquet"),

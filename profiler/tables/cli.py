@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from profiler.table_io import read_table
+from profiler.tables.io import read_table
 from proxy.discretize import WORKLOAD_SHAPES, Cell, ContextClass
 from proxy.table import DecisionTable
 

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from profiler.replay.client import ReplayConfig, RequestRecord, replay
-from profiler.table_io import KEY_COLUMNS, normalize, read_table, write_table
+from profiler.tables.io import KEY_COLUMNS, normalize, read_table, write_table
 from profiler.traces.synthetic import two_turn_conversations
 from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES, Cell, ContextClass
 from proxy.route import RouteKind

@@ -15,10 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from profiler import cluster as cluster_mod
-from profiler import models
-from profiler.cluster import Cluster, cluster_status, start_cluster, stop_cluster
-from profiler.cluster_plan import (
+from profiler.cluster import launcher as cluster_mod
+from profiler.cluster.launcher import Cluster, cluster_status, start_cluster, stop_cluster
+from profiler.cluster.plan import (
     ClusterConfig,
     ClusterError,
     Connector,
@@ -30,10 +29,11 @@ from profiler.cluster_plan import (
     parse_layout,
     plan_nodes,
 )
-from profiler.cluster_procs import group_alive
+from profiler.cluster.procs import group_alive
+from profiler.models import prepare as models
 from proxy.route import Role
 
-FAKE_NODE = Path(__file__).with_name("fake_vllm_node.py")
+FAKE_NODE = Path(__file__).resolve().parents[2] / "fakes" / "fake_vllm_node.py"
 MODEL = ServedModel("tiny", Path("/m"))
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import httpx
 
-from profiler import cluster_procs as procs
-from profiler.cluster_plan import (
+from profiler.cluster import procs
+from profiler.cluster.plan import (
     CLUSTER_FILE,
     DEFAULT_BASE_PORT,
     DEFAULT_PROXY_PORT,
@@ -42,8 +42,8 @@ from profiler.cluster_plan import (
     parse_layout,
     plan_nodes,
 )
-from profiler.cluster_procs import ManagedProcess, StartupError
-from profiler.models import (
+from profiler.cluster.procs import ManagedProcess, StartupError
+from profiler.models.prepare import (
     ModelName,
     default_model_dir,
     is_ready,

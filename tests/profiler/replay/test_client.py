@@ -13,6 +13,7 @@ from profiler.replay import ReplayConfig, ReplayError, arrival_times, replay
 from profiler.replay.wire import ASSISTANT_PREFIX, USER_PREFIX
 from profiler.traces import Conversation, Turn, two_turn_conversations
 from proxy.discretize import Shape
+from tests.exports import assert_exports
 from tests.fakes.fake_openai_timed import MODEL, FakeTimedServer, serve
 
 
@@ -203,5 +204,5 @@ def test_config_validation() -> None:
 def test_public_exports_are_sorted_and_resolve() -> None:
     import profiler.replay as package
 
-    assert package.__all__ == sorted(package.__all__)
-    assert all(hasattr(package, name) for name in package.__all__)
+    assert_exports(package, {"ReplayConfig", "ReplayError", "ReplayResult", "RequestRecord",
+                             "arrival_times", "replay"})

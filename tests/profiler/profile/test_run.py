@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from profiler.profile import ProfileGrid, Profiler
-from profiler.table_io import read_table
+from profiler.profile.runner import ProfileGrid, Profiler
+from profiler.tables.io import read_table
 from proxy import ProxyConfig, create_app
 from proxy.config import NodeSpec
 from proxy.discretize import Cell, ContextClass

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from profiler import models
-from profiler.models import ModelError, ModelName
+from profiler.models import prepare as models
+from profiler.models.prepare import ModelError, ModelName
 
 
 def _digest(path: Path) -> str:

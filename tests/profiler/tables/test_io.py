@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from profiler.table_io import (
+from profiler.tables.io import (
     EXTRA_COLUMNS,
     build_meta,
     meta_path,
@@ -79,7 +79,7 @@ def test_read_table_rejects_a_file_that_is_not_a_table(tmp_path: Path) -> None:
 
 
 def test_the_shipped_table_loads_in_the_proxy() -> None:
-    shipped = Path(__file__).resolve().parents[2] / "tables" / "tiny-cpu-1p1d.csv"
+    shipped = Path(__file__).resolve().parents[3] / "tables" / "tiny-cpu-1p1d.csv"
     table = DecisionTable.load(shipped)
     assert len(table) == 20 and table.qps_points == (1.0, 2.0)
     assert table.meta["model"] == "tiny" and table.meta["layout"] == "1P1D"

@@ -14,11 +14,11 @@ from typing import Any
 
 import pandas as pd
 
-from profiler.cluster import start_cluster
-from profiler.cluster_plan import ClusterConfig, parse_layout
-from profiler.cluster_procs import sigterm_as_interrupt
-from profiler.profile import ProfileGrid, Profiler
-from profiler.table_io import build_meta, local_vllm_backend
+from profiler.cluster.launcher import start_cluster
+from profiler.cluster.plan import ClusterConfig, parse_layout
+from profiler.cluster.procs import sigterm_as_interrupt
+from profiler.profile.runner import ProfileGrid, Profiler
+from profiler.tables.io import build_meta, local_vllm_backend
 
 # The proxy sits above the node ports; its policy is irrelevant (turn 2 is forced per request).
 PROXY_PORT_OFFSET = 90

@@ -1,0 +1,1 @@
+"""Local vLLM clusters: the plan (layout, ports, flags), the processes, and `ppd cluster`."""

@@ -1,0 +1,1 @@
+"""Local models without a hub (`ppd model prepare tiny|smollm2`)."""

@@ -1,0 +1,1 @@
+"""`ppd profile`: measure both turn-2 routes per workload cell and write a decision table."""

@@ -1,0 +1,98 @@
+"""One declaration per option: a dataclass field carries its default, help and flag.
+
+The config dataclasses (proxy/config.py) declare each setting once with `option(...)`. From
+those fields come the command-line flags (`add_flags`), the keys a config file may hold
+(`option_fields`) and the converters for both - the way vLLM builds its CLI from
+`EngineArgs`. A flag's help always shows the field's real default, so help and behaviour
+cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import types
+import typing
+from collections.abc import Callable, Iterator
+from dataclasses import MISSING, Field, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+# Field metadata keys.
+_HELP = "ppd_help"
+_FLAG = "ppd_flag"
+_METAVAR = "ppd_metavar"
+
+
+def option(default: Any, help: str, *, flag: str | None = None,  # noqa: A002 - argparse's name
+           metavar: str | None = None) -> Any:
+    """A config field that is also a flag (`--NAME`, or `--FLAG`) and a config-file key."""
+    return field(default=default, metadata={_HELP: help, _FLAG: flag, _METAVAR: metavar})
+
+
+@dataclass(frozen=True, slots=True)
+class OptionField:
+    """One option as the CLI and config file see it."""
+
+    name: str  # the dataclass field
+    key: str  # the flag / config key, underscored (`policy` for PolicyConfig.kind)
+    convert: Callable[[Any], Any]
+    help: str
+    metavar: str | None
+    default: Any
+    choices: tuple[str, ...] | None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+def option_fields(cls: type) -> Iterator[OptionField]:
+    """The options a config dataclass declares with `option(...)`."""
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        if _HELP not in f.metadata:
+            continue
+        convert = _converter(hints[f.name])
+        choices = (tuple(m.value for m in convert) if isinstance(convert, type)
+                   and issubclass(convert, enum.Enum) else None)
+        yield OptionField(f.name, f.metadata[_FLAG] or f.name, convert, f.metadata[_HELP],
+                          f.metadata[_METAVAR], _default(f), choices)
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add one flag per option of `cls`; flags default to None so a config file can fill in."""
+    for opt in option_fields(cls):
+        shown = "none" if opt.default is None else getattr(opt.default, "value", opt.default)
+        if opt.convert is bool:
+            parser.add_argument(opt.flag, dest=opt.key, action=argparse.BooleanOptionalAction,
+                                help=f"{opt.help} (default: {'on' if opt.default else 'off'})")
+            continue
+        parser.add_argument(opt.flag, dest=opt.key, type=opt.convert, choices=opt.choices,
+                            metavar=None if opt.choices else opt.metavar,
+                            help=f"{opt.help} (default: {shown})")
+
+
+def _default(f: Field[Any]) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return None
+
+
+def _converter(hint: Any) -> Callable[[Any], Any]:
+    """`float | None` -> float; enums and Path convert from their string form.
+
+    bool converts with `bool()`: config files hold real booleans (YAML/TOML), flags are
+    `--x/--no-x`.
+    """
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) != 1:
+            raise TypeError(f"an option must have one type besides None, not {hint}")
+        hint = args[0]
+    if hint in (str, int, float, bool, Path) or (
+            isinstance(hint, type) and issubclass(hint, enum.Enum)):
+        return typing.cast(Callable[[Any], Any], hint)
+    raise TypeError(f"no converter for option type {hint}")

@@ -1,0 +1,116 @@
+"""A streamed reply's body: upstream SSE events passed through, parsed on the side, ended once.
+
+Bytes go out unchanged, but only in whole SSE events (vLLM writes one event per chunk, so
+nothing waits in practice): if the upstream fails after the client got its 200, the relay can
+then end the stream with one well-formed in-band error event, `data: {"error": {...}}`, and no
+`[DONE]` - the `openai` client raises an APIError on it instead of returning a cut reply as
+if it were whole. A failure after `[DONE]` changes nothing: the reply is complete.
+
+The relay owns the request's lease from the moment the router hands it over: a clean end
+settles D's slot as a success, a failure as D's failure (the router's `on_failure`), and the
+close, early or not (Quart closes the body when the client disconnects, which closes the
+upstream response so vLLM aborts the request), releases whatever is still held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+
+from proxy.backends import Backend
+from proxy.errors import ProxyError
+from proxy.forward import Captured, ReplyCapture, UpstreamStream
+from proxy.lease import Lease
+
+_EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+
+
+def error_event(exc: ProxyError) -> bytes:
+    """The in-band SSE error event for a failure after the response started."""
+    return b"data: " + exc.body_bytes() + b"\n\n"
+
+
+class SseFramer:
+    """Cuts a byte stream after its last complete SSE event; the rest waits for more bytes."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The complete events the bytes so far end with (possibly none)."""
+        data = self._pending + chunk
+        end = max((data.rfind(sep) + len(sep) for sep in _EVENT_ENDS if sep in data), default=0)
+        self._pending = data[end:]
+        return data[:end]
+
+    def flush(self) -> bytes:
+        """What is left once the upstream ended cleanly (sent as is)."""
+        rest, self._pending = self._pending, b""
+        return rest
+
+
+class Relay:
+    """The body of a streamed reply; iterate it, and `aclose()` it if you stop early."""
+
+    def __init__(self, stream: UpstreamStream, node: Backend, lease: Lease,
+                 capture: ReplyCapture, on_reply: Callable[[Captured], None],
+                 on_failure: Callable[[ProxyError], None]) -> None:
+        self._stream = stream
+        self._node = node
+        self._lease = lease
+        self._capture = capture
+        self._on_reply = on_reply
+        self._on_failure = on_failure
+        self._events = self._relay()
+        self._closed = False
+        self._replied = False
+
+    def __aiter__(self) -> Relay:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            return await anext(self._events)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def _relay(self) -> AsyncGenerator[bytes, None]:
+        framer = SseFramer()
+        try:
+            async for chunk in self._stream.chunks():
+                self._capture.feed(chunk)
+                if self._capture.stream_done:
+                    # Record the turn before the client can read `[DONE]`: a client that sends
+                    # its next turn at once must find the session already holding this reply.
+                    self._reply_once()
+                if events := framer.feed(chunk):
+                    yield events
+        except ProxyError as exc:
+            if self._capture.stream_done:
+                self._lease.settle(self._node, ok=True)
+            else:
+                self._on_failure(exc)
+                yield error_event(exc)
+            return
+        if rest := framer.flush():
+            yield rest
+        self._lease.settle(self._node, ok=True)
+        self._reply_once()
+
+    def _reply_once(self) -> None:
+        if not self._replied:
+            self._replied = True
+            self._on_reply(self._capture.finish())
+
+    async def aclose(self) -> None:
+        """Stop: close the upstream response and release the lease (once)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._events.aclose()
+            await self._stream.aclose()
+        finally:
+            self._lease.release()

@@ -1,0 +1,243 @@
+"""Fake vLLM nodes behind an `httpx.MockTransport`: no sockets, faults scripted per request.
+
+    cluster = MockCluster("p1", "d1", "d2")            # http://p1, http://d1, http://d2
+    cluster["d1"].script(Fault.status(503), Fault.reset())  # its next two completions fail
+    client = httpx.AsyncClient(transport=cluster.transport)
+    cluster["d1"].received           # completion requests that reached d1 (body, headers)
+    cluster.request_ids()            # Counter of (node, X-Request-Id) over every reception
+
+Each node answers /health, /v1/models and both completion endpoints like `FakeVLLM` (a P leg,
+`kv_transfer_params.do_remote_decode`, gets kv_transfer_params back; SSE when streamed); its
+reply text names it; P's kv_transfer_params carry the X-Request-Id of the prefill that made
+them (`remote_request_id`). A refused connection never reaches the node, so it is not received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+MODEL = "fake-model"
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """What a node does with one completion request (`ok` answers normally)."""
+
+    kind: str = "ok"
+    status_code: int = 0
+    chunks: int = 0  # die_after: body chunks sent before the connection dies
+
+    @staticmethod
+    def status(code: int) -> Fault:
+        """Answer with this status and an OpenAI error body."""
+        return Fault("status", status_code=code)
+
+    @staticmethod
+    def refuse() -> Fault:
+        """Refuse the connection (the request never reaches the node)."""
+        return Fault("refuse")
+
+    @staticmethod
+    def reset() -> Fault:
+        """Receive the request, then drop the connection before any response byte."""
+        return Fault("reset")
+
+    @staticmethod
+    def timeout() -> Fault:
+        """Receive the request and never answer in time (httpx's read timeout fires)."""
+        return Fault("timeout")
+
+    @staticmethod
+    def die_after(chunks: int) -> Fault:
+        """Answer 200, send this many body chunks, then drop the connection."""
+        return Fault("die_after", chunks=chunks)
+
+    @staticmethod
+    def hang() -> Fault:
+        """Receive the request and never answer (until the caller gives up)."""
+        return Fault("hang")
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """One completion request as a node received it."""
+
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+@dataclass(eq=False)
+class MockNode:
+    """One fake node: its script of faults, what it received, what it served."""
+
+    name: str
+    kv_params: dict[str, Any] | None = None
+    health_status: int = 200
+    delay_s: float = 0.0  # every completion waits this long first (a slow node)
+    received: list[Received] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    cancelled: int = 0  # requests or streams the caller abandoned
+    finished: int = 0  # streams sent to the end
+    open: int = 0  # requests being served right now
+
+    def __post_init__(self) -> None:
+        if self.kv_params is None:
+            self.kv_params = {"do_remote_prefill": True, "do_remote_decode": False,
+                              "remote_engine_id": f"engine-{self.name}",
+                              "remote_block_ids": [1, 2, 3], "remote_host": "10.0.0.1",
+                              "remote_port": 5600}
+
+    @property
+    def url(self) -> str:
+        """The node's base URL."""
+        return f"http://{self.name}"
+
+    def script(self, *faults: Fault) -> None:
+        """The next completions do these, in order; later ones answer normally."""
+        self.faults.extend(faults)
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        """Answer one request."""
+        if request.url.path == "/health":
+            return httpx.Response(self.health_status)
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [{"id": MODEL}]})
+        fault = self.faults.pop(0) if self.faults else Fault()
+        if fault.kind == "refuse":
+            raise httpx.ConnectError("connection refused", request=request)
+        body = json.loads(request.content)
+        self.received.append(Received(request.url.path, body,
+                                      {k.lower(): v for k, v in request.headers.items()}))
+        self.open += 1
+        try:
+            return await self._answer(request, body, fault)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.open -= 1
+
+    async def _answer(self, request: httpx.Request, body: dict[str, Any],
+                      fault: Fault) -> httpx.Response:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if fault.kind == "hang":
+            await asyncio.Event().wait()
+        if fault.kind == "reset":
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.",
+                                            request=request)
+        if fault.kind == "timeout":
+            raise httpx.ReadTimeout("timed out", request=request)
+        if fault.kind == "status":
+            error = {"error": {"message": f"{self.name} fails on cue", "type": "fake",
+                               "code": fault.status_code}}
+            return httpx.Response(fault.status_code, content=json.dumps(error).encode(),
+                                  headers={"content-type": "application/json"})
+        chat = request.url.path.endswith("/chat/completions")
+        words = f"Hello from {self.name}, a fake node.".split(" ")
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        words = words[:limit] if limit else words
+        usage = {"prompt_tokens": 10, "completion_tokens": len(words), "total_tokens": 10 +
+                 len(words)}
+        if body.get("stream"):
+            chunks = _sse(self.name, chat, words)
+        else:
+            whole = json.dumps(self._whole(request, body, chat, words, usage)).encode()
+            chunks = [whole[:len(whole) // 2], whole[len(whole) // 2:]]
+        if fault.kind == "die_after":
+            chunks = chunks[:fault.chunks]
+        content_type = "text/event-stream" if body.get("stream") else "application/json"
+        return httpx.Response(200, headers={"content-type": content_type},
+                              stream=_Body(self, request, chunks, fault.kind == "die_after"))
+
+    def _whole(self, request: httpx.Request, body: dict[str, Any], chat: bool,
+               words: list[str], usage: dict[str, int]) -> dict[str, Any]:
+        text = " ".join(words)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        answer: dict[str, Any] = {"id": f"cmpl-{self.name}", "model": MODEL,
+                                  "choices": [choice], "usage": usage}
+        if (body.get("kv_transfer_params") or {}).get("do_remote_decode"):
+            # Each prefill's params name its request, so a test can tell whose params D got.
+            answer["kv_transfer_params"] = self.kv_params and {
+                **self.kv_params, "remote_request_id": request.headers["x-request-id"]}
+        return answer
+
+
+
+class _Body(httpx.AsyncByteStream):
+    """A response body sent chunk by chunk; closing it before its end counts as cancelled."""
+
+    def __init__(self, node: MockNode, request: httpx.Request, chunks: list[bytes],
+                 die: bool) -> None:
+        self._node = node
+        self._request = request
+        self._chunks = chunks
+        self._die = die
+        self._done = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        self._node.open += 1
+        try:
+            for chunk in self._chunks:
+                yield chunk
+                await asyncio.sleep(0)
+            if self._die:
+                self._done = True
+                raise httpx.ReadError(f"{self._node.name} dies mid-body on cue",
+                                      request=self._request)
+            self._node.finished += 1
+            self._done = True
+        finally:
+            self._node.open -= 1
+
+    async def aclose(self) -> None:
+        if not self._done:
+            self._done = True
+            self._node.cancelled += 1
+
+
+def _sse(name: str, chat: bool, words: list[str]) -> list[bytes]:
+    pieces: list[dict[str, Any]] = []
+    for i, word in enumerate(words):
+        text = word if i == 0 else " " + word
+        pieces.append({"index": 0, "delta": {"content": text}} if chat
+                      else {"index": 0, "text": text})
+    pieces.append({"index": 0, "delta": {}, "finish_reason": "stop"} if chat
+                  else {"index": 0, "text": "", "finish_reason": "stop"})
+    events = [f"data: {json.dumps({'id': f'cmpl-{name}', 'choices': [p]})}\n\n".encode()
+              for p in pieces]
+    return [*events, b"data: [DONE]\n\n"]
+
+
+class MockCluster:
+    """Named fake nodes and the transport that reaches them by host name."""
+
+    def __init__(self, *names: str) -> None:
+        self.nodes = {name: MockNode(name) for name in names}
+        self.transport = httpx.MockTransport(self._handle)
+
+    def __getitem__(self, name: str) -> MockNode:
+        return self.nodes[name]
+
+    async def _handle(self, request: httpx.Request) -> httpx.Response:
+        node = self.nodes.get(request.url.host)
+        if node is None:
+            raise httpx.ConnectError(f"no node at {request.url.host}", request=request)
+        return await node.handle(request)
+
+    def request_ids(self) -> Counter[tuple[str, str]]:
+        """How often each node received each X-Request-Id."""
+        return Counter((node.name, r.headers["x-request-id"])
+                       for node in self.nodes.values() for r in node.received)
