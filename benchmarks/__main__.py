@@ -1,6 +1,10 @@
-"""`python -m benchmarks`: run every benchmark and print one table.
+"""`python -m benchmarks`: run every benchmark (or `--only NAME`) and print their tables.
 
-Percentiles are measured in one run, side by side, so ratios between rows are meaningful on
+- `decision`: the routing decision's cost against a proxied request's (microseconds).
+- `proxy_overhead`: requests/s, TTFT and CPU through the proxy against direct
+  (`benchmarks/proxy_overhead`).
+
+Every number is measured in one run, side by side, so ratios between rows are meaningful on
 this machine even though absolute numbers are not portable.
 """
 
@@ -8,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import platform
+import shlex
 import sys
 
 import numpy as np
 
-from benchmarks import bench_decision
+from benchmarks import bench_decision, proxy_overhead
+
+BENCHMARKS = ("decision", "proxy_overhead")
 
 
 def render(rows: list[tuple[str, np.ndarray]], baseline: str) -> str:
@@ -29,11 +36,8 @@ def render(rows: list[tuple[str, np.ndarray]], baseline: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("--decisions", type=int, default=20_000, help="policy calls timed")
-    parser.add_argument("--requests", type=int, default=200, help="HTTP requests timed per row")
-    args = parser.parse_args(argv)
+def run_decision(args: argparse.Namespace) -> int:
+    """The decision-overhead benchmark."""
     print(f"ppd decision overhead benchmark - {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}")
     rows = bench_decision.run(n_decide=args.decisions, n_requests=args.requests)
@@ -46,6 +50,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label}: proxy overhead p50 {overhead:.0f} us; the decision is "
                   f"{100 * decision / overhead:.2f}% of it")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=BENCHMARKS, help="run this benchmark only")
+    parser.add_argument("--decisions", type=int, default=20_000, help="policy calls timed")
+    parser.add_argument("--requests", type=int, default=200, help="HTTP requests timed per row")
+    proxy_overhead.add_arguments(parser)
+    args = parser.parse_args(argv)
+    command = shlex.join(["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None
+                                                          else argv)])
+    status = 0
+    if args.only in (None, "decision"):
+        status |= run_decision(args)
+    if args.only in (None, "proxy_overhead"):
+        status |= proxy_overhead.run(args, command)
+    return status
 
 
 if __name__ == "__main__":

@@ -1,0 +1,77 @@
+"""The table and the JSON file of one run."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+import platform
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from benchmarks.proxy_overhead.runner import Plan, Row
+
+COLUMNS = ("target", "stack", "turns", "conc", "req/s", "x direct", "TTFT p50 ms", "+ms p50",
+           "x direct", "TTFT p99 ms", "x direct", "gap p99 ms", "CPU s/1k req", "RSS MB",
+           "RSS 10x MB", "errors")
+
+
+def _direct(rows: list[Row]) -> dict[tuple[int, int], Row]:
+    return {(r.turns, r.concurrency): r for r in rows if r.target == "direct"}
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    return "-" if value is None or not base else f"{value / base:.2f}"
+
+
+def cells(row: Row, direct: Row | None) -> list[str]:
+    """One row of the table as strings."""
+    r, d = row.result, direct.result if direct else {}
+    added = (None if r["ttft_p50_ms"] is None or d.get("ttft_p50_ms") is None
+             else r["ttft_p50_ms"] - d["ttft_p50_ms"])
+    return [row.target, row.stack, str(row.turns), str(row.concurrency), _num(r["rps"]),
+            _ratio(r["rps"], d.get("rps")), _num(r["ttft_p50_ms"], 2),
+            _num(added, 2) if row.target != "direct" else "-",
+            _ratio(r["ttft_p50_ms"], d.get("ttft_p50_ms")), _num(r["ttft_p99_ms"], 2),
+            _ratio(r["ttft_p99_ms"], d.get("ttft_p99_ms")), _num(r["gap_p99_ms"], 2),
+            _num(row.cpu_s_per_1k, 2), _num(row.rss_mb), _num(row.extra.get("rss_long_mb")),
+            str(r["errors"])]
+
+
+def render(rows: list[Row]) -> str:
+    """A Markdown table (readable as plain text too)."""
+    direct = _direct(rows)
+    body = [cells(row, direct.get((row.turns, row.concurrency))) for row in rows]
+    widths = [max(len(c), *(len(line[i]) for line in body)) for i, c in enumerate(COLUMNS)]
+
+    def line(values: list[str] | tuple[str, ...]) -> str:
+        return "| " + " | ".join(v.rjust(w) for v, w in zip(values, widths, strict=True)) + " |"
+
+    out = [line(COLUMNS), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [line(values) for values in body]
+    return "\n".join(out)
+
+
+def machine() -> str:
+    """A one-line description of where the numbers were taken."""
+    return (f"{platform.processor() or platform.machine()}, {psutil.cpu_count()} cores, "
+            f"Python {platform.python_version()}, load average "
+            f"{' '.join(f'{x:.1f}' for x in psutil.getloadavg())}")
+
+
+def write_json(path: Path, plan: Plan, rows: list[Row], command: str) -> None:
+    """Every row's raw numbers, with the plan, the machine and the command."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data: dict[str, Any] = {
+        "command": command, "machine": machine(), "plan": asdict(plan),
+        "rows": [{"target": r.target, "stack": r.stack, "turns": r.turns,
+                  "concurrency": r.concurrency, **r.result,
+                  "proxy_cpu_s_per_1k": r.cpu_s_per_1k, "proxy_rss_mb": r.rss_mb, **r.extra}
+                 for r in rows],
+    }
+    path.write_text(json.dumps(data, indent=1) + "\n")
