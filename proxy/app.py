@@ -43,11 +43,11 @@ from proxy.router import Incoming, Reply, Router
 from proxy.sessions import SessionLedger
 from proxy.table import DecisionTable
 from proxy.tokens import token_counter
+from proxy.transport import default_transport
 from proxy.validate import Endpoint, parse_json_object, validate_body
 
 log = logging.getLogger("ppd.proxy")
 
-KEEPALIVE_EXPIRY_S = 2.0
 _FORCIBLE = {RouteKind.PD.value: RouteKind.PD, RouteKind.LOCAL.value: RouteKind.LOCAL}
 
 
@@ -112,12 +112,9 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
         upstream_headers = ({"authorization": f"Bearer {config.backend_api_key}"}
                             if config.backend_api_key else None)
         state.client = httpx.AsyncClient(
-            transport=transport,
+            transport=transport or default_transport(),  # pool limits: see proxy.transport
             headers=upstream_headers,
             timeout=httpx.Timeout(config.request_timeout, connect=config.connect_timeout),
-            # Idle connections are dropped before vLLM's 5 s keep-alive timeout closes them.
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256,
-                                keepalive_expiry=KEEPALIVE_EXPIRY_S),
         )
         state.router.client = state.client
         monitor = HealthMonitor(state.pool, state.client, config.health_interval)

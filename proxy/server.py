@@ -1,31 +1,47 @@
-"""Running an ASGI app (the proxy, or a test's fake vLLM) with hypercorn on a loopback port.
+"""Running an ASGI app (the proxy, or a test's fake vLLM) on a loopback port.
 
 - `serve(config)`: blocking, for `ppd proxy`; SIGINT/SIGTERM shut it down cleanly.
 - `running(app, host, port)`: async context manager yielding a `Server` (url, port); port 0
   lets the OS choose, so tests and in-process demos never collide.
 - `ServerThread`: the same in a background thread with its own event loop, for synchronous
   callers (e2e tests, the demo): `with ServerThread(create_app(cfg)) as server: server.url`.
+
+The server is uvicorn with httptools (and uvloop when this module owns the event loop), the
+fastest of hypercorn, uvicorn and granian for the proxy in benchmarks/proxy_overhead;
+`server=ServerKind.HYPERCORN` keeps the previous server for comparisons. Either way this
+module binds the socket itself (so port 0 is known before serving) and runs the app's
+lifespan itself (`proxy.lifespan`): start-up before listening, shutdown after the last
+connection, and a failing start-up raises in the caller.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import signal
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from hypercorn.asyncio import serve as hypercorn_serve
-from hypercorn.config import Config as HypercornConfig
-
 from proxy.config import ProxyConfig
+from proxy.lifespan import Lifespan
 
 # How long a graceful shutdown may take before open streams are cut.
 SHUTDOWN_GRACE_S = 5.0
+# Idle client connections are kept this long (clients reuse them between turns).
+KEEP_ALIVE_S = 75
+BACKLOG = 2048
+
+
+class ServerKind(enum.StrEnum):
+    """The ASGI servers `running` can use."""
+
+    UVICORN = "uvicorn"
+    HYPERCORN = "hypercorn"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,38 +69,85 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _hypercorn_config(sock: socket.socket) -> HypercornConfig:
+def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event
+             ) -> Coroutine[Any, Any, None]:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:  # signals belong to whoever runs the loop
+            yield
+
+    config = uvicorn.Config(app, http="httptools", lifespan="off", access_log=False,
+                            log_level="warning", timeout_keep_alive=KEEP_ALIVE_S,
+                            backlog=BACKLOG, timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S))
+    server = Server(config)
+
+    async def serve() -> None:
+        watch = asyncio.create_task(stop.wait())
+        watch.add_done_callback(lambda _: setattr(server, "should_exit", True))
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            watch.cancel()
+
+    return serve()
+
+
+def _hypercorn(app: Any, sock: socket.socket, stop: asyncio.Event
+               ) -> Coroutine[Any, Any, None]:
+    from hypercorn.asyncio import serve as hypercorn_serve
+    from hypercorn.config import Config as HypercornConfig
+
     config = HypercornConfig()
     # Hypercorn takes over the already-bound socket, so the port chosen for port 0 is known.
     config.bind = [f"fd://{sock.detach()}"]
     config.graceful_timeout = SHUTDOWN_GRACE_S
     config.accesslog = None
     config.errorlog = None
-    config.keep_alive_timeout = 75
-    return config
+    config.keep_alive_timeout = KEEP_ALIVE_S
+    config.backlog = BACKLOG
+
+    async def no_lifespan(scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
+                          send: Callable[[Any], Awaitable[None]]) -> None:
+        if scope["type"] == "lifespan":  # run by this module, not by hypercorn
+            raise RuntimeError("lifespan is handled by proxy.server")
+        await app(scope, receive, send)
+
+    return hypercorn_serve(no_lifespan, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+
+
+_SERVERS = {ServerKind.UVICORN: _uvicorn, ServerKind.HYPERCORN: _hypercorn}
 
 
 @contextlib.asynccontextmanager
-async def running(app: Any, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[Server]:
+async def running(app: Any, host: str = "127.0.0.1", port: int = 0, *,
+                  server: ServerKind = ServerKind.UVICORN) -> AsyncIterator[Server]:
     """Serve app in a background task for the duration of the block."""
     sock = _listen(host, port)
-    server = Server(host, sock.getsockname()[1])
-    stop = asyncio.Event()
-    task = asyncio.create_task(hypercorn_serve(app, _hypercorn_config(sock),
-                                               shutdown_trigger=stop.wait))
+    address = Server(host, sock.getsockname()[1])
+    lifespan = Lifespan(app)
     try:
-        await _wait_ready(server, task)
-        yield server
+        await lifespan.startup()
+    except BaseException:
+        sock.close()
+        raise
+    stop = asyncio.Event()
+    task = asyncio.create_task(_SERVERS[server](app, sock, stop))
+    try:
+        await _wait_ready(address, task)
+        yield address
     finally:
         stop.set()
         try:
             await asyncio.wait_for(task, SHUTDOWN_GRACE_S + 5)
         except (TimeoutError, asyncio.CancelledError):
             task.cancel()
+        await lifespan.shutdown()
 
 
 async def _wait_ready(server: Server, task: asyncio.Task[None]) -> None:
-    # Hypercorn listens only after the app's start-up (lifespan) ran: a connect means ready.
+    # The server listens once it started: a connect means ready.
     for _ in range(500):
         if task.done():
             task.result()  # raises the start-up error
@@ -99,6 +162,16 @@ async def _wait_ready(server: Server, task: asyncio.Task[None]) -> None:
             await writer.wait_closed()
         return
     raise TimeoutError(f"server on {server.url} did not start")
+
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """asyncio.run on uvloop's event loop where uvloop is installed (Linux, macOS)."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
 
 
 class ServerThread:
@@ -137,7 +210,7 @@ class ServerThread:
         self._thread.join(SHUTDOWN_GRACE_S + 10)
 
     def _run(self) -> None:
-        asyncio.run(self._main())
+        run_loop(self._main())
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -169,7 +242,7 @@ def serve(config: ProxyConfig) -> None:
 
 def serve_app(app: Any, host: str, port: int) -> None:
     """Run an ASGI app on host:port until SIGINT or SIGTERM (blocking)."""
-    asyncio.run(_serve_until_signal(app, host, port))
+    run_loop(_serve_until_signal(app, host, port))
 
 
 async def _serve_until_signal(app: Any, host: str, port: int) -> None:

@@ -2,16 +2,58 @@
 
     python -m benchmarks.proxy_overhead.proxy_process --stack default -- --prefill URL ...
 
-`default` runs `proxy.cli.main` (what `ppd proxy` runs); the other stacks serve the same app
-with a chosen upstream transport and ASGI server, so the parts can be compared in one run.
+`default` runs `proxy.cli.main` (what `ppd proxy` runs). The other stacks serve the same app
+with a chosen upstream transport (`httpx`: httpx's own pool; `aiohttp`: `proxy.transport`),
+ASGI server and event loop, so the parts can be compared in one run:
+`TRANSPORT+SERVER[+asyncio]` (the loop is uvloop unless `+asyncio`), or `aiohttp+granian`.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
+import signal
 import sys
+from typing import Any
 
-STACKS = ("default",)
+STACKS = ("default", "httpx+hypercorn+asyncio", "httpx+uvicorn", "aiohttp+hypercorn+asyncio",
+          "aiohttp+uvicorn+asyncio", "aiohttp+uvicorn", "aiohttp+granian")
+
+
+def _transport(name: str) -> Any:
+    from proxy.transport import AiohttpTransport, httpx_transport
+
+    return AiohttpTransport() if name == "aiohttp" else httpx_transport()
+
+
+async def _serve(app: Any, host: str, port: int, server: str) -> None:
+    from proxy.server import ServerKind, running
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with running(app, host, port, server=ServerKind(server)):
+        await stop.wait()
+
+
+def _granian(app: Any, host: str, port: int) -> None:
+    from granian.constants import Interfaces
+    from granian.server.embed import Server
+
+    server = Server(app, address=host, port=port, interface=Interfaces.ASGI, backlog=2048,
+                    log_enabled=False)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, server.stop)
+        await server.serve()
+
+    import uvloop
+
+    uvloop.run(main())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,9 +62,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("proxy_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     proxy_args = [a for a in args.proxy_args if a != "--"]
-    from proxy.cli import main as proxy_main
+    if args.stack == "default":
+        from proxy.cli import main as proxy_main
 
-    return proxy_main(proxy_args)
+        return proxy_main(proxy_args)
+    from proxy.app import create_app
+    from proxy.config import config_from_args
+
+    config = config_from_args(proxy_args)
+    transport, server, *loop = args.stack.split("+")
+    app = create_app(config, transport=_transport(transport))
+    # As `ppd proxy` configures it (INFO), so hot-path logging costs what it costs there.
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if server == "granian":
+        _granian(app, config.host, config.port)
+    elif loop == ["asyncio"]:
+        asyncio.run(_serve(app, config.host, config.port, server))
+    else:
+        import uvloop
+
+        uvloop.run(_serve(app, config.host, config.port, server))
+    return 0
 
 
 if __name__ == "__main__":

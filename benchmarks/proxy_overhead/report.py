@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 import platform
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
