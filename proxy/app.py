@@ -1,6 +1,7 @@
 """`create_app`: the Quart app, thin handlers over the router, owning one pooled httpx client.
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health
+Routes: POST /v1/chat/completions, POST /v1/completions (served ahead of Quart by
+`proxy.completions`, the hot path), GET /v1/models, GET /health
 (503 while no route can be served), GET /metrics (Prometheus), GET /stats (JSON counters),
 GET /sessions (admin).
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import time
@@ -31,24 +31,22 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from proxy.backends import BackendPool
 from proxy.breaker import Breaker
+from proxy.completions import CompletionsApp, bearer_matches
 from proxy.config import Policy, ProxyConfig
 from proxy.discovery import Discovery
-from proxy.errors import BadRequest, PayloadTooLarge, ProxyError, Unauthorized
+from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
 from proxy.health import HealthMonitor
 from proxy.load import RateMeter
 from proxy.metrics import ProxyMetrics
 from proxy.policies import RoutingPolicy
-from proxy.route import Role, RouteKind
-from proxy.router import Incoming, Reply, Router
+from proxy.route import Role
+from proxy.router import Router
 from proxy.sessions import SessionLedger
 from proxy.table import DecisionTable
 from proxy.tokens import token_counter
 from proxy.transport import default_transport
-from proxy.validate import Endpoint, parse_json_object, validate_body
 
 log = logging.getLogger("ppd.proxy")
-
-_FORCIBLE = {RouteKind.PD.value: RouteKind.PD, RouteKind.LOCAL.value: RouteKind.LOCAL}
 
 
 @dataclass(slots=True)
@@ -89,12 +87,6 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
     discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock)
                  if config.discovery else None)
     return ProxyState(config, pool, ledger, router, metrics, load, discovery, transport)
-
-
-def _bearer_matches(header: str | None, *keys: str | None) -> bool:
-    token = header[7:] if header and header.lower().startswith("bearer ") else None
-    return token is not None and any(
-        k is not None and hmac.compare_digest(token.encode(), k.encode()) for k in keys)
 
 
 def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | None = None,
@@ -141,30 +133,8 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
         if state.client is not None:
             await state.client.aclose()
 
-    async def completion(endpoint: Endpoint) -> Response:
-        auth = request.headers.get("authorization")
-        if config.api_key and not _bearer_matches(auth, config.api_key, config.admin_key):
-            raise Unauthorized("missing or invalid API key (authorization: Bearer KEY)")
-        forced = request.headers.get("x-ppd-route")
-        if forced is not None:
-            if forced not in _FORCIBLE:
-                raise BadRequest(f"x-ppd-route must be one of {sorted(_FORCIBLE)}, got {forced!r}")
-            if config.admin_key and not _bearer_matches(auth, config.admin_key):
-                raise Unauthorized("x-ppd-route needs authorization: Bearer ADMIN_KEY")
-        body = parse_json_object(await request.get_data(cache=False, as_text=False))  # type: ignore[arg-type]
-        validate_body(endpoint, body)
-        reply = await state.router.handle(Incoming(
-            endpoint, body, request.headers.get("x-session-id"),
-            _FORCIBLE[forced] if forced else None))
-        return _response(reply)
-
-    @app.post(Endpoint.CHAT.value)
-    async def chat_completions() -> Response:
-        return await completion(Endpoint.CHAT)
-
-    @app.post(Endpoint.COMPLETIONS.value)
-    async def completions() -> Response:
-        return await completion(Endpoint.COMPLETIONS)
+    # The completion endpoints are served by proxy.completions, ahead of Quart (the hot path).
+    app.asgi_app = CompletionsApp(config, state.router, app.asgi_app)  # type: ignore[method-assign, assignment]
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -189,8 +159,8 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
 
     @app.get("/sessions")
     async def sessions() -> dict[str, Any]:
-        if config.admin_key and not _bearer_matches(request.headers.get("authorization"),
-                                                    config.admin_key):
+        if config.admin_key and not bearer_matches(request.headers.get("authorization"),
+                                                   config.admin_key):
             raise Unauthorized("/sessions needs authorization: Bearer ADMIN_KEY")
         return {"sessions": state.ledger.snapshot()}
 
@@ -201,13 +171,6 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
 async def _after(delay: float, job: Callable[[], Any]) -> None:
     await asyncio.sleep(delay)
     await job()
-
-
-def _response(reply: Reply) -> Response:
-    response = Response(reply.body, status=reply.status, headers=reply.headers,
-                        content_type=reply.content_type)
-    response.timeout = None  # type: ignore[assignment]  # no cap on a generation's length
-    return response
 
 
 def _error(exc: ProxyError) -> Response:

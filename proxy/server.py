@@ -78,8 +78,11 @@ def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event
         def capture_signals(self) -> Any:  # signals belong to whoever runs the loop
             yield
 
+    # log_config None: uvicorn's messages go to the logging the caller configured.
+    # proxy_headers off: nothing here reads the client address, and it costs per request.
     config = uvicorn.Config(app, http="httptools", lifespan="off", access_log=False,
-                            log_level="warning", timeout_keep_alive=KEEP_ALIVE_S,
+                            log_config=None, proxy_headers=False,
+                            timeout_keep_alive=KEEP_ALIVE_S,
                             backlog=BACKLOG, timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S))
     server = Server(config)
 
