@@ -207,6 +207,12 @@ class ReplyCapture:
         self._buffer += chunk
         if not self._stream:
             return
+        if b"\r" not in self._buffer:  # vLLM's framing: one split finds every event
+            events = bytes(self._buffer).split(b"\n\n")
+            self._buffer = bytearray(events.pop())
+            for event in events:
+                self._event(event)
+            return
         while True:
             end, size = self._event_end()
             if end < 0:

@@ -20,8 +20,9 @@ from benchmarks.proxy_overhead import report, runner
 from benchmarks.proxy_overhead.proxy_process import STACKS
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-QUICK = runner.Plan(targets=("direct", "pd", "local"), concurrency=(1, 16), turns=(1, 4),
-                    duration=0.4, warmup=0.1, long_factor=10, long_concurrency=16)
+# One proxy (policy local runs turn 1 as P->D and later turns locally: both routes), short rows.
+QUICK = runner.Plan(targets=("direct", "local"), concurrency=(1, 16), turns=(1, 4),
+                    duration=0.3, warmup=0.1, long_factor=10, long_concurrency=16)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,8 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("proxy_overhead")
     group.add_argument("--quick", action="store_true",
                        help="a few short rows (a smoke test, not a measurement)")
-    group.add_argument("--stack", action="append", choices=STACKS,
+    group.add_argument("--stack", action="append", choices=(*STACKS, "baseline"),
                        help="proxy stacks to compare side by side (repeatable)")
+    group.add_argument("--baseline", type=Path, metavar="TREE",
+                       help="another ppd checkout, measured as stack `baseline`")
     group.add_argument("--target", action="append", choices=("direct", *runner.POLICIES),
                        help="targets to measure (repeatable; default all)")
     group.add_argument("--duration", type=float, help="seconds measured per row")
@@ -46,6 +49,10 @@ def run(args: argparse.Namespace, command: str) -> int:
         plan = replace(plan, stacks=tuple(args.stack))
     if args.target:
         plan = replace(plan, targets=tuple(args.target))
+    if args.baseline:
+        plan = replace(plan, baseline=args.baseline.resolve())
+        if not args.stack:
+            plan = replace(plan, stacks=("baseline", *plan.stacks))
     if args.duration:
         plan = replace(plan, duration=args.duration)
     if args.concurrency:

@@ -74,4 +74,4 @@ def write_json(path: Path, plan: Plan, rows: list[Row], command: str) -> None:
                   "proxy_cpu_s_per_1k": r.cpu_s_per_1k, "proxy_rss_mb": r.rss_mb, **r.extra}
                  for r in rows],
     }
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")

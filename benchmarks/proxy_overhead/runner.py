@@ -43,6 +43,9 @@ class Plan:
     tokens: int = 16
     long_factor: int = 10
     long_concurrency: int = 64
+    # Another checkout of ppd (e.g. `git worktree add /tmp/before BASE`), measured as the stack
+    # "baseline" in the same run: BEFORE and AFTER side by side on the same noisy machine.
+    baseline: Path | None = None
 
 
 @dataclass
@@ -65,9 +68,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _env() -> dict[str, str]:
+def _env(tree: Path = REPO) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(tree) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 
@@ -109,16 +112,22 @@ def backend(tokens: int) -> Iterator[tuple[str, str]]:
 
 
 @contextmanager
-def proxy(policy: str, stack: str, prefill: str, decode: str) -> Iterator[tuple[str, int]]:
+def proxy(policy: str, stack: str, prefill: str, decode: str,
+          baseline: Path | None = None) -> Iterator[tuple[str, int]]:
     """The proxy in its own process under policy and stack; its URL and pid."""
     port = free_port()
     args = ["--prefill", prefill, "--decode", decode, "--port", str(port), "--policy", policy,
             "--health-interval", "60"]
     if policy == "ppd":
         args += ["--table", str(TABLE)]
+    tree = REPO
+    if stack == "baseline":
+        if baseline is None:
+            raise ValueError("stack baseline needs --baseline TREE")
+        tree, stack = baseline, "default"
     proc = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.proxy_overhead.proxy_process", "--stack", stack,
-         "--", *args], cwd=REPO, env=_env(), stderr=subprocess.DEVNULL)
+         "--", *args], cwd=tree, env=_env(tree), stderr=subprocess.DEVNULL)
     try:
         _wait_http(f"http://127.0.0.1:{port}/health", proc)
         yield f"http://127.0.0.1:{port}", proc.pid
@@ -201,7 +210,7 @@ def _target_rows(gen: LoadGenerator, plan: Plan, target: str, stack: str, prefil
     if target == "direct":
         measure(decode, None)
         return rows
-    with proxy(target, stack, prefill, decode) as (url, pid):
+    with proxy(target, stack, prefill, decode, plan.baseline) as (url, pid):
         measure(url, pid)
         long_job = {**job, "duration": plan.duration * plan.long_factor, "turns": max(plan.turns),
                     "concurrency": plan.long_concurrency}
