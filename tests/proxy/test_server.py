@@ -1,0 +1,60 @@
+"""`proxy.server`: the app's lifespan runs around serving, on either server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.lifespan import LifespanError
+from proxy.server import ServerKind, running
+
+
+class App:
+    """An ASGI app that records its lifespan and answers every request with 'ok'."""
+
+    def __init__(self, fail_startup: bool = False) -> None:
+        self.fail_startup = fail_startup
+        self.events: list[str] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                self.events.append(message["type"])
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.failed", "message": "no table"}
+                               if self.fail_startup else {"type": "lifespan.startup.complete"})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.mark.parametrize("kind", list(ServerKind))
+async def test_startup_runs_before_serving_and_shutdown_after(kind: ServerKind) -> None:
+    app = App()
+    async with running(app, server=kind) as server:
+        assert app.events == ["lifespan.startup"]
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(server.url + "/")).text == "ok"
+    assert app.events == ["lifespan.startup", "lifespan.shutdown"]
+
+
+async def test_a_failing_startup_raises_with_the_apps_message() -> None:
+    with pytest.raises(LifespanError, match="no table"):
+        async with running(App(fail_startup=True)):
+            pass
+
+
+async def test_an_app_without_lifespan_is_served() -> None:
+    async def bare(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            raise RuntimeError("http only")
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async with running(bare) as server, httpx.AsyncClient() as client:
+        assert (await client.get(server.url + "/")).status_code == 204

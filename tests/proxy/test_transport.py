@@ -1,0 +1,131 @@
+"""`proxy.transport.AiohttpTransport`: httpx requests over aiohttp, failures as httpx errors.
+
+Each failure is provoked by a raw TCP server doing the wrong thing at one moment, and must
+come out as the httpx error `proxy.forward` classifies by what it means for a retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+import pytest
+
+from proxy.transport import AiohttpTransport
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def tcp_server(handler: Handler) -> AsyncIterator[str]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    return head + await reader.readexactly(length)
+
+
+@contextlib.asynccontextmanager
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(transport=AiohttpTransport(),
+                                 timeout=httpx.Timeout(5.0, read=0.5)) as c:
+        yield c
+
+
+async def test_request_and_answer_pass_through_unchanged() -> None:
+    seen: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await _read_request(reader))
+        body = '{"error": "ça"}'.encode()
+        writer.write(b"HTTP/1.1 422 Unprocessable\r\ncontent-type: application/json\r\n"
+                     b"x-node: d1\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n"
+                     + body)
+        await writer.drain()
+        writer.close()
+
+    async with tcp_server(answer) as url, client() as c:
+        response = await c.post(url + "/v1/completions", json={"prompt": "é"},
+                                headers={"X-Request-Id": "r-1"})
+    assert response.status_code == 422
+    assert response.headers["x-node"] == "d1"
+    assert response.json() == {"error": "ça"}
+    head, _, body = seen[0].partition(b"\r\n\r\n")
+    assert b"POST /v1/completions HTTP/1.1" in head and b"x-request-id: r-1" in head.lower()
+    assert body == '{"prompt":"é"}'.encode()
+
+
+async def test_a_refused_connection_is_a_connect_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens once the socket closes
+    async with client() as c:
+        with pytest.raises(httpx.ConnectError):
+            await c.post(f"http://127.0.0.1:{port}/v1/completions", json={})
+
+
+async def test_a_server_closing_before_answering_is_a_protocol_error() -> None:
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.close()
+
+    async with tcp_server(hang_up) as url, client() as c:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await c.post(url + "/v1/completions", json={})
+
+
+async def test_a_silent_server_is_a_read_timeout() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        await asyncio.sleep(3)
+        writer.close()
+
+    async with tcp_server(silent) as url, client() as c:
+        with pytest.raises(httpx.ReadTimeout):
+            await c.post(url + "/v1/completions", json={})
+
+
+async def test_a_body_cut_mid_stream_is_a_read_error() -> None:
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                     b"d\r\ndata: first\n\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    chunks = []
+    async with tcp_server(cut) as url, client() as c, \
+            c.stream("POST", url + "/v1/completions", json={}) as response:
+        with pytest.raises(httpx.ReadError):
+            async for chunk in response.aiter_raw():
+                chunks.append(chunk)
+    assert b"".join(chunks) == b"data: first\n\n"
+
+
+async def test_closing_a_stream_early_closes_its_connection() -> None:
+    closed = asyncio.Event()
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                     b"d\r\ndata: first\n\n\r\n")
+        await writer.drain()
+        if await reader.read(1) == b"":  # the client hung up
+            closed.set()
+
+    async with tcp_server(endless) as url, client() as c:
+        async with c.stream("POST", url + "/v1/completions", json={}) as response:
+            async for _ in response.aiter_raw():
+                break
+        await asyncio.wait_for(closed.wait(), 5)
