@@ -38,8 +38,13 @@ class BatchShape:
 
 
 class CostModel(Protocol):
-    name: str
-    source: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def source(self) -> str:
+        """Where the numbers come from (recorded in every table made with this model)."""
+        ...
 
     def step_ms(self, shape: BatchShape) -> float:
         """Modelled wall time of one step, in milliseconds (0 for an empty batch)."""

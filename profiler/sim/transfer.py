@@ -34,7 +34,11 @@ MODEL_SHAPES = {shape.name: shape for shape in (
     ModelShape("llama-3.1-70b", 80, 8, 128, source="meta-llama/Meta-Llama-3.1-70B config.json"),
     ModelShape("qwen3-8b", 36, 8, 128, source="Qwen/Qwen3-8B config.json"),
     ModelShape("qwen3-32b", 64, 8, 128, source="Qwen/Qwen3-32B config.json"),
-    ModelShape("smollm2-135m", 30, 3, 64, source="HuggingFaceTB/SmolLM2-135M config.json"),
+    # This project's CPU models (`ppd model prepare`): tiny is served in bf16, SmolLM2 in
+    # float32 (see profiler/models/prepare.py SERVING_DTYPE).
+    ModelShape("tiny", 2, 2, 32, source="profiler/models/prepare.py tiny LlamaConfig"),
+    ModelShape("smollm2-135m", 30, 3, 64, dtype_bytes=4,
+               source="HuggingFaceTB/SmolLM2-135M config.json, served in float32"),
 )}
 
 
@@ -74,6 +78,11 @@ def load_model_shape(name: str) -> ModelShape:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(MODEL_SHAPES)}") from None
 
 
+# Completion times are sums of float quotients: one nanosecond of slack keeps a transfer
+# due "now" from finishing a hair later than an `advance(now)` asked for.
+_TIME_EPSILON = 1e-9
+
+
 class SharedLink:
     """Transfers in flight on one link, processor-shared. Driven by its caller's clock:
     `start(id, bytes, now)`, `next_completion()`, `advance(now) -> finished ids`."""
@@ -111,7 +120,7 @@ class SharedLink:
         finished: list[str] = []
         while True:
             event = self._next_event()
-            if event is None or event > now:
+            if event is None or event > now + _TIME_EPSILON:
                 break
             finished.extend(self._step_to(event))
         self._progress(now)

@@ -114,7 +114,8 @@ def test_an_evicted_prefix_is_recomputed(cost):
 def test_preemption_recomputes_and_every_request_still_finishes(cost):
     # 4 blocks of 4 tokens: two requests of 6 prompt tokens growing to 10 cannot both fit.
     engine = make(cost, num_kv_blocks=4)
-    result = simulate(engine, [(0.0, req("a", 6, 4)), (0.0, req("b", [50 + i for i in range(6)], 4))])
+    b_prompt = [50 + i for i in range(6)]
+    result = simulate(engine, [(0.0, req("a", 6, 4)), (0.0, req("b", b_prompt, 4))])
     assert all(o.finished for o in result.outcomes.values())
     assert engine.stats().num_preemptions >= 1
     assert engine.sequence("b").num_preemptions >= 1
