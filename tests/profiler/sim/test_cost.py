@@ -5,12 +5,7 @@ import json
 import pytest
 
 from profiler.sim import BatchShape, LinearCost, load_cost
-from profiler.sim.aic import AicCost, _bucket, load_preset
-
-
-@pytest.fixture(scope="module")
-def h100() -> AicCost:
-    return load_preset("h100:llama-3.1-8b")
+from profiler.sim.aic import _bucket, load_preset
 
 
 # The reference numbers of issue #12 (aiconfigurator-core 0.12, h100_sxm, vllm 0.24.0, bf16).
