@@ -206,7 +206,7 @@ def node_command(config: ClusterConfig, model: ServedModel, node: NodePlan) -> l
         "--max-model-len", str(config.max_model_len),
         "--enable-prefix-caching",
         "--enforce-eager",
-    ]  # fmt: skip
+    ]
     if model.dtype is not None:
         argv += ["--dtype", model.dtype]
     transfer = kv_transfer_config(config, node.role)
