@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable
 
 from proxy.backends import Backend
+from proxy.completion import Captured, ReplyCapture
 from proxy.errors import ProxyError
-from proxy.forward import Captured, ReplyCapture, UpstreamStream
+from proxy.forward import UpstreamStream
 from proxy.lease import Lease
 
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")

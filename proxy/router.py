@@ -21,10 +21,11 @@ import httpx
 
 from proxy import forward, wire
 from proxy.backends import Backend, BackendPool
+from proxy.completion import Captured, ReplyCapture
 from proxy.config import Policy
 from proxy.errors import NotFound, Overloaded, ProxyError
 from proxy.failover import Failover, charge
-from proxy.forward import Answer, ReplyCapture, UpstreamStream
+from proxy.forward import Answer, UpstreamStream
 from proxy.lease import Admission, Lease
 from proxy.load import RateMeter, RunningMean
 from proxy.metrics import ProxyMetrics
@@ -260,7 +261,7 @@ class Router:
         if served.prefill is not None:
             headers["x-ppd-prefill"] = served.prefill.url
         result = served.result
-        capture = ReplyCapture(turn.incoming.endpoint, turn.incoming.stream)
+        capture = ReplyCapture(turn.incoming.stream)
         if isinstance(result, Answer):
             if not result.rejected:
                 capture.feed(result.body)
@@ -279,7 +280,7 @@ class Router:
                       lambda captured: self._record(turn, captured), on_failure)
         return Reply(result.status, headers, relay, result.content_type)
 
-    def _record(self, turn: _Turn, captured: forward.Captured) -> None:
+    def _record(self, turn: _Turn, captured: Captured) -> None:
         if not captured.complete:
             return  # D holds an unknown part; the session keeps what it knew
         usage = captured.usage or {}
