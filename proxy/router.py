@@ -33,7 +33,12 @@ from proxy.policies import Decision, Reason, RoutingPolicy
 from proxy.relay import Relay
 from proxy.route import Role, RouteKind, Workload
 from proxy.sessions import Lookup, SessionLedger, Transcript
-from proxy.tokens import TokenCounter
+from proxy.tokens import (
+    TokenCounter,
+    new_input_tokens,
+    requested_output_tokens,
+    turn_usage,
+)
 from proxy.validate import Endpoint
 
 log = logging.getLogger("ppd.proxy")
@@ -165,19 +170,11 @@ class Router:
         return Transcript.from_prompt(incoming.body["prompt"])
 
     def _workload(self, incoming: Incoming, transcript: Transcript, lookup: Lookup) -> Workload:
-        body = incoming.body
         held = lookup.session.held if lookup.continuation else None
-        start = held.length if held is not None else 0
         # Only what is new is counted: D's part comes from the session (vLLM's usage).
-        if incoming.endpoint is Endpoint.CHAT:
-            n_in = self.counter.count_chat(body["messages"][start:])
-        elif isinstance(body["prompt"], str):
-            n_in = self.counter.count_text(body["prompt"][start:])
-        else:
-            n_in = sum(self.counter.count_text(p) if isinstance(p, str) else 1
-                       for p in body["prompt"])
-        limit = body.get("max_completion_tokens") or body.get("max_tokens")
-        n_out = int(limit) if limit else round(self.expected_output.value)
+        n_in = new_input_tokens(self.counter, incoming.body, held.length if held else 0,
+                                chat=incoming.endpoint is Endpoint.CHAT)
+        n_out = requested_output_tokens(incoming.body) or round(self.expected_output.value)
         return Workload(lookup.turn, n_in, lookup.cached_tokens, n_out, self.load.rate())
 
     def _decide(self, turn: _Turn) -> Decision:
@@ -283,13 +280,7 @@ class Router:
     def _record(self, turn: _Turn, captured: Captured) -> None:
         if not captured.complete:
             return  # D holds an unknown part; the session keeps what it knew
-        usage = captured.usage or {}
-        completion = usage.get("completion_tokens")
-        if not isinstance(completion, int):
-            completion = self.counter.count_text(captured.text)
-        prompt = usage.get("prompt_tokens")
-        if not isinstance(prompt, int):
-            prompt = turn.workload.n_ctx + turn.workload.n_in
-        self.expected_output.add(completion)
-        held = turn.transcript.held_after(captured.text, prompt + completion)
+        usage = turn_usage(self.counter, captured, turn.workload.n_ctx + turn.workload.n_in)
+        self.expected_output.add(usage.completion_tokens)
+        held = turn.transcript.held_after(captured.text, usage.held_tokens)
         self.ledger.record_turn(turn.lookup, held)

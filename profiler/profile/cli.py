@@ -113,9 +113,9 @@ def main(argv: list[str]) -> int:
 def _load_tokenizer(path: Path | None) -> Any:
     if path is None:
         return None
-    from profiler.traces.tokenizer import load_tokenizer
+    from proxy.tokens import token_counter
 
-    return load_tokenizer(path)
+    return token_counter(path)
 
 
 async def served_model(target: str) -> str:

@@ -37,9 +37,9 @@ def profile_on_local_cluster(
         with sigterm_as_interrupt(), start_cluster(config, progress=print) as cluster:
             if tokenizer is None and cluster.model_path is not None:
                 # Exact token counts for the served model: cells mean what they say.
-                from profiler.traces.tokenizer import load_tokenizer
+                from proxy.tokens import token_counter
 
-                tokenizer = load_tokenizer(cluster.model_path)
+                tokenizer = token_counter(cluster.model_path)
             target = cluster.start_proxy("pd", port=args.base_port + PROXY_PORT_OFFSET)
             meta = build_meta(
                 model=cluster.model, layout=str(layout), backend=local_vllm_backend(),

@@ -21,7 +21,7 @@ from profiler.traces.conversation import Conversation
 from profiler.traces.formats import TraceFormat
 from profiler.traces.load import TraceFilter, load_trace, sharegpt_package_file
 from profiler.traces.synthetic import named_workload, synthetic_names
-from profiler.traces.tokenizer import TextTokenizer, load_tokenizer
+from proxy.tokens import TokenCounter, token_counter
 
 SYNTHETIC_PREFIX = "synthetic:"
 
@@ -96,7 +96,7 @@ def conversations_needed(qps: float, duration_s: float, max_conversations: int |
     return min(needed, max_conversations) if max_conversations else needed
 
 
-def load_dataset(args: argparse.Namespace, tokenizer: TextTokenizer,
+def load_dataset(args: argparse.Namespace, tokenizer: TokenCounter,
                  count: int) -> list[Conversation]:
     """The conversations the run replays, from a file, the sharegpt package or a generator."""
     if args.dataset.startswith(SYNTHETIC_PREFIX):
@@ -143,7 +143,7 @@ def main(argv: list[str]) -> int:
         headers_for_turn=headers_for_turn if forced else None,
         progress=not args.no_progress,
     )
-    tokenizer = load_tokenizer(args.tokenizer)
+    tokenizer = token_counter(args.tokenizer)
     count = conversations_needed(args.qps, args.duration, args.max_conversations)
     conversations = load_dataset(args, tokenizer, count)
     result = asyncio.run(replay(conversations, config))
