@@ -12,7 +12,8 @@ Success-rate guard first: a route whose success rate is below the other's by mor
 (empty or NaN) for a route is decided for the other route; with none for both it is missing.
 
 CSV needs only the csv module; Parquet imports pyarrow lazily. `NAME.meta.json` beside the
-table is read if present; it is informative (a model mismatch is a warning, not an error).
+table is read if present; it is informative (a model mismatch is a warning, not an error), except
+for its `token_definition` (proxy.tokens), which must be this proxy's.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from proxy.discretize import WORKLOAD_SHAPES, Cell, ContextClass, nearest_qps
 from proxy.route import RouteKind
+from proxy.tokens import TOKEN_DEFINITION
 
 TABLE_COLUMNS: tuple[str, ...] = (
     "context_class", "workload", "qps",
@@ -177,7 +179,13 @@ class DecisionTable:
             meta = json.loads(meta_path.read_text())
         except json.JSONDecodeError as exc:
             raise TableError(f"{meta_path} is not valid JSON: {exc}") from exc
-        return meta if isinstance(meta, dict) else {}
+        meta = meta if isinstance(meta, dict) else {}
+        counted = meta.get("token_definition", TOKEN_DEFINITION)
+        if counted != TOKEN_DEFINITION:
+            # Its cells hold turns counted another way: every lookup would land off by some.
+            raise TableError(f"{path} was profiled with token definition {counted!r}; this "
+                             f"proxy counts tokens as {TOKEN_DEFINITION!r}: re-profile it")
+        return meta
 
     def __len__(self) -> int:
         return len(self._rows)
