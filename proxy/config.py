@@ -32,7 +32,7 @@ class ConfigError(ValueError):
 
 
 class Policy(enum.StrEnum):
-    """The routing policies (DESIGN "How a request flows")."""
+    """The routing policies (docs/architecture.md, "Request flow")."""
 
     PD = "pd"
     LOCAL = "local"

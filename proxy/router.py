@@ -2,7 +2,7 @@
 
 No HTTP framework types here: the app hands in an `Incoming` and sends back the `Reply`.
 Each request holds a `Lease` (admission + node slots) from admission until its body is done.
-Failover (`proxy.failover`) follows DESIGN "Backends": a failing P is skipped for another P; a
+Failover (`proxy.failover`) follows docs/architecture.md: a failing P is skipped for another P; a
 D (or local D, or replica) that fails before the client got anything is skipped, and the turn
 is redone as P->D on another usable D - P included, so a D never gets kv_transfer_params that
 another D may already have consumed. Non-streamed replies are read whole before the status is

@@ -1,4 +1,4 @@
-"""Decision tables (DESIGN "Decision tables"): raw measurements of both routes per cell.
+"""Decision tables (docs/architecture.md, "Table format"): raw measurements of both routes.
 
 One row per cell (context_class, workload, qps) with TABLE_COLUMNS. The verdict is computed
 here, never stored, so operators can change weights without re-profiling:
@@ -64,7 +64,7 @@ class TableRow:
         return math.isfinite(ttft) and math.isfinite(tpot) and ttft > 0 and tpot > 0
 
     def score(self, w_ttft: float, w_tpot: float) -> float:
-        """The DESIGN score (> 0 favours local); NaN when a route was not measured."""
+        """The score of the module docstring (> 0 favours local); NaN when a route is unmeasured."""
         if not (self._measured("pd") and self._measured("local")):
             return math.nan
         delta_ttft = (self.pd_ttft_ms - self.local_ttft_ms) / self.pd_ttft_ms

@@ -167,7 +167,7 @@ def _p99(values: Sequence[float]) -> float:
 
 
 def cell_row(cell: Cell, pd_stats: RouteStats, local_stats: RouteStats) -> dict[str, Any]:
-    """One table row: DESIGN's columns plus the extras, from both routes' stats."""
+    """One table row: TABLE_COLUMNS plus the extras, from both routes' stats."""
     row: dict[str, Any] = {
         "context_class": str(cell.context_class),
         "workload": cell.workload,
