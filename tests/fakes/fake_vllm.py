@@ -137,8 +137,9 @@ class FakeVLLM:
         if max_tokens:
             words = words[:max_tokens]
         prompt_tokens = len(json.dumps(body.get("messages", body.get("prompt")))) // 4
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
-                 "total_tokens": prompt_tokens + len(words)}
+        generated = len(words) + len((self.reasoning or "").split())  # vLLM counts both
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+                 "total_tokens": prompt_tokens + generated}
         text = " ".join(words)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
