@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 REASONING_FIELDS = ("reasoning_content", "reasoning")
-_EVENT_ENDS = (b"\r\n\r\n", b"\n\n")
+# What ends an SSE event: a blank line, in any of the three line endings the spec allows.
+SSE_EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +129,7 @@ class ReplyCapture:
         if not self._stream:
             return
         while True:
-            ends = [(i, len(sep)) for sep in _EVENT_ENDS if (i := self._buffer.find(sep)) >= 0]
+            ends = [(i, len(sep)) for sep in SSE_EVENT_ENDS if (i := self._buffer.find(sep)) >= 0]
             if not ends:
                 return
             end, size = min(ends)

@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from proxy.completion import ReplyCapture, assistant_message, parse_data, parse_payload
+from proxy.completion import (
+    Captured,
+    ReplyCapture,
+    assistant_message,
+    parse_data,
+    parse_payload,
+)
 
 
 def sse(*payloads: object) -> bytes:
@@ -76,3 +82,11 @@ def test_parse_data_says_done_error_or_what_arrived() -> None:
 
 def test_the_history_holds_the_reply_text_only() -> None:
     assert assistant_message("42") == {"role": "assistant", "content": "42"}
+
+
+@pytest.mark.parametrize("end", ["\n\n", "\r\n\r\n", "\r\r"])
+def test_capture_takes_every_sse_line_ending(end: str) -> None:
+    capture = ReplyCapture(stream=True)
+    events = ['data: {"choices": [{"index": 0, "text": "Hi"}]}', "data: [DONE]"]
+    capture.feed("".join(event + end for event in events).encode())
+    assert capture.finish() == Captured("Hi", "", None, None, True)
