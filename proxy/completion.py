@@ -6,8 +6,9 @@ next turn's history with `assistant_message`. Both sides read a reply the same w
 history a client sends back is the history the proxy fingerprinted.
 
 What a reply is: choice 0's text - chat `delta.content` / `message.content`, completions
-`text` - and, apart, its reasoning: `reasoning_content` (vLLM's reasoning parsers up to 0.10,
-DeepSeek) or `reasoning` (later vLLM, OpenRouter), whichever the server sends.
+`text` - and, apart, its reasoning: `reasoning` (vLLM since its late-2025 rename, OpenAI's
+guidance for gpt-oss, OpenRouter) or `reasoning_content` (DeepSeek's name, older vLLM). A server
+that sends both for compatibility sends the same text twice: it is taken once.
 
 The history rule (docs/architecture.md, "Session tracking"): a later turn's history holds each
 earlier reply as `assistant_message(reply)` = {"role": "assistant", "content": reply text};
@@ -24,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-REASONING_FIELDS = ("reasoning_content", "reasoning")
+REASONING_FIELDS = ("reasoning", "reasoning_content")
 # What ends an SSE event: a blank line, in any of the three line endings the spec allows.
 SSE_EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
@@ -67,13 +68,15 @@ def parse_payload(payload: Any) -> Delta:
     usage = payload.get("usage")
     text = reasoning = ""
     finish_reason = None
-    for choice in payload.get("choices") or []:
+    choices = payload.get("choices")
+    for choice in choices if isinstance(choices, list) else []:
         if not isinstance(choice, dict) or choice.get("index", 0) != 0:
             continue
         message = choice.get("delta", choice.get("message"))
         if isinstance(message, dict):  # chat: a streamed delta or a whole message
             text += _string(message.get("content"))
-            reasoning += "".join(_string(message.get(name)) for name in REASONING_FIELDS)
+            reasoning += next(filter(None, (_string(message.get(f)) for f in REASONING_FIELDS)),
+                              "")
         else:  # completions
             text += _string(choice.get("text"))
         if isinstance(choice.get("finish_reason"), str):

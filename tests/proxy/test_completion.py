@@ -50,6 +50,13 @@ def test_reasoning_is_read_apart_from_the_reply(field: str) -> None:
     assert (whole.text, whole.reasoning, whole.has_tokens) == ("42", "Let me think.", True)
 
 
+def test_a_server_sending_both_reasoning_fields_is_read_once() -> None:
+    both = parse_data(json.dumps({"choices": [{"index": 0, "delta": {
+        "reasoning": "Hmm.", "reasoning_content": "Hmm.", "content": None}}]}))
+    assert (both.text, both.reasoning) == ("", "Hmm.")
+    assert parse_payload({"choices": {"index": 0}}).has_tokens is False  # not a list
+
+
 def test_capture_incomplete_and_error_streams() -> None:
     cut = ReplyCapture(stream=True)
     cut.feed(b'data: {"choices": [{"index": 0, "text": "Hi"}]}\n\n')
