@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import json
 import math
 import random
 import sys
@@ -39,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from profiler.replay.client import ReplayConfig, RequestRecord, replay
-from profiler.tables.io import KEY_COLUMNS, normalize, read_table, write_table
+from profiler.tables.io import KEY_COLUMNS, meta_path, normalize, read_table, write_table
 from profiler.traces.synthetic import two_turn_conversations
 from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES, Cell, ContextClass
 from proxy.route import RouteKind
@@ -244,6 +245,7 @@ class Profiler:
     async def run(self) -> pd.DataFrame:
         done: set[tuple[str, str, float]] = set()
         if self.out_csv.exists():
+            _check_token_definition(meta_path(self.out_csv))
             previous = read_table(self.out_csv)
             self.rows = previous.to_dict("records")
             done = measured_keys(previous)
@@ -328,6 +330,18 @@ class Profiler:
             max_conversations=max_conversations,
             headers_for_turn=headers_for_turn,
         )
+
+
+def _check_token_definition(path: Path) -> None:
+    """Resume only a table whose cells were counted the way this run counts them."""
+    try:
+        counted = json.loads(path.read_text()).get("token_definition", TOKEN_DEFINITION)
+    except (OSError, ValueError, AttributeError):
+        return  # no readable meta: nothing says the cells mean something else
+    if counted != TOKEN_DEFINITION:
+        raise ValueError(f"{path.name}: the table was measured with token definition "
+                         f"{counted!r}, this run counts {TOKEN_DEFINITION!r}; resuming would "
+                         "mix cells that mean different things (write to another --out)")
 
 
 class _NoProgress:

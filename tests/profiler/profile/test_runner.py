@@ -161,3 +161,13 @@ def test_conversation_seeds_depend_on_what_they_are_for_only() -> None:
     assert len(seeds) == 2 * len(RouteKind) * len(Phase)
     assert conversation_seed(0, cell, RouteKind.PD, Phase.MEASURE) == conversation_seed(
         0, Cell(ContextClass("small"), "tiny", 1), RouteKind("pd"), Phase("measure"))
+
+
+async def test_a_table_of_another_token_definition_is_not_resumed(tmp_path: Path) -> None:
+    grid = ProfileGrid(contexts=(ContextClass.SMALL,), workloads=("tiny",), qps=(1.0,))
+    out = tmp_path / "t.csv"
+    out.write_text("context_class,workload,qps\n")
+    (tmp_path / "t.meta.json").write_text('{"token_definition": "template-v0"}')
+    profiler = Profiler(grid=grid, target="http://proxy", out_csv=out, meta={}, progress=False)
+    with pytest.raises(ValueError, match="token definition 'template-v0'"):
+        await profiler.run()
