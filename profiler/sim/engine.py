@@ -52,6 +52,7 @@ class EngineStats:
     kv_usage: float  # fraction of blocks held by requests
     prefix_cache_queries: int
     prefix_cache_hits: int
+    external_prefix_cache_queries: int  # prompt tokens of requests whose KV came from a P
     external_prefix_cache_hits: int
     num_preemptions: int
     num_evictions: int
@@ -156,7 +157,9 @@ class Engine:
             self._scheduler.register_computed(seq)
             if seq.num_computed < seq.num_tokens:
                 continue  # a prompt chunk that is not the last: nothing sampled yet
-            token = int(self._rng.random() * self.config.vocab_size)
+            given = seq.request.output_token_ids
+            token = (given[len(seq.output_token_ids)] if given is not None
+                     else int(self._rng.random() * self.config.vocab_size))
             seq.output_token_ids.append(token)
             tokens[seq.id] = token
             if seq.first_token_time is None:
@@ -197,6 +200,7 @@ class Engine:
             num_waiting_kv=len(scheduler.waiting_kv), kv_usage=scheduler.cache.usage,
             prefix_cache_queries=scheduler.prefix_queries,
             prefix_cache_hits=scheduler.prefix_hits,
+            external_prefix_cache_queries=scheduler.external_queries,
             external_prefix_cache_hits=scheduler.external_hits,
             num_preemptions=self._num_preemptions,
             num_evictions=scheduler.cache.num_evictions)

@@ -31,6 +31,7 @@ class Scheduler:
         # Counters in vLLM's metric terms (tokens).
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.external_queries = 0
         self.external_hits = 0
 
     def has_work(self) -> bool:
@@ -126,6 +127,7 @@ class Scheduler:
         seq.phase = Phase.WAITING_KV
         self.waiting_kv[seq.id] = seq
         seq.num_external = seq.num_prompt - seq.num_computed
+        self.external_queries += seq.num_prompt
         self.kv_pulls.append((seq.id, seq.num_external))
         return True
 

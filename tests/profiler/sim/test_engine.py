@@ -186,6 +186,7 @@ def test_decode_node_pulls_kv_then_decodes(cost):
     assert first.end == pytest.approx(1.5 + 0.011)
     stats = engine.stats()
     assert (stats.prefix_cache_hits, stats.external_prefix_cache_hits) == (8, 6)
+    assert stats.external_prefix_cache_queries == 14
 
 
 def test_rejections_and_abort(cost):
@@ -214,3 +215,15 @@ def test_output_tokens_extend_the_prefix_cache(cost):
     history = list(range(8)) + engine.sequence("t1").output_token_ids
     result = simulate(engine, [(1.0, req("t2", history + [7, 7, 7], 1))])
     assert result.outcomes["t2"].num_cached_prompt == 16  # blocks 0-3 complete; block 4 not
+
+
+def test_given_output_ids_are_emitted_and_cached(cost):
+    engine = make(cost)
+    answer = [900 + i for i in range(9)]
+    simulate(engine, [(0.0, req("t1", 8, 9, output_token_ids=answer))])
+    assert engine.sequence("t1").output_token_ids == answer
+    turn2 = list(range(8)) + answer + [7, 7, 7]
+    result = simulate(engine, [(1.0, req("t2", turn2, 1))])
+    assert result.outcomes["t2"].num_cached_prompt == 16
+    with pytest.raises(ValueError, match="output token ids"):
+        req("short", 4, 3, output_token_ids=[1, 2])
