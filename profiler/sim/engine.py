@@ -152,21 +152,24 @@ class Engine:
         self._num_preemptions += len(self._scheduler.preempted)
         tokens: dict[str, int] = {}
         finished: list[str] = []
-        for seq, count in batch:
-            seq.num_computed += count
-            self._scheduler.register_computed(seq)
-            if seq.num_computed < seq.num_tokens:
+        block_size, vocab, draw = self.config.block_size, self.config.vocab_size, self._rng.random
+        for seq, count in batch:  # the hot loop: one pass per scheduled request per step
+            computed = seq.num_computed = seq.num_computed + count
+            if computed // block_size > len(seq.held_hashes):
+                self._scheduler.register_computed(seq)
+            outputs = seq.output_token_ids
+            if computed < seq.num_prompt + len(outputs):
                 continue  # a prompt chunk that is not the last: nothing sampled yet
-            given = seq.request.output_token_ids
-            token = (given[len(seq.output_token_ids)] if given is not None
-                     else int(self._rng.random() * self.config.vocab_size))
-            seq.output_token_ids.append(token)
-            tokens[seq.id] = token
+            request = seq.request
+            given = request.output_token_ids
+            token = given[len(outputs)] if given is not None else int(draw() * vocab)
+            outputs.append(token)
+            tokens[request.id] = token
             if seq.first_token_time is None:
                 seq.first_token_time = end
-            if len(seq.output_token_ids) >= seq.request.max_tokens:
+            if len(outputs) >= request.max_tokens:
                 self._finish(seq, end)
-                finished.append(seq.id)
+                finished.append(request.id)
         return StepResult(start=start, end=end, shape=shape, tokens=tokens,
                           finished=tuple(finished),
                           preempted=tuple(self._scheduler.preempted),

@@ -111,8 +111,3 @@ class Sequence:
     @property
     def num_blocks_held(self) -> int:
         return len(self.held_hashes) + self.anon_blocks
-
-    @property
-    def is_prefilling(self) -> bool:
-        """More than a decode's single token left to compute (a prompt, or a recompute)."""
-        return self.num_tokens - self.num_computed > 1 or self.num_computed == 0

@@ -45,24 +45,36 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         if self.config.policy is SchedulePolicy.PREFILL_FIRST:
             batch = self._schedule_prefills(budget)
-            return batch if batch else self._schedule_running(budget, decode_only=True)
-        batch = self._schedule_running(budget)
-        budget -= sum(n for _, n in batch)
+            return batch if batch else self._schedule_running(budget, decode_only=True)[0]
+        batch, budget = self._schedule_running(budget)
         return batch + self._schedule_waiting(budget)
 
     def _schedule_prefills(self, budget: int) -> list[ScheduledItem]:
         """nano-vllm: ongoing prompt chunks, then new prompts; no decodes in the step."""
-        batch = self._schedule_running(budget, prefill_only=True)
-        budget -= sum(n for _, n in batch)
+        batch, budget = self._schedule_running(budget, prefill_only=True)
         return batch + self._schedule_waiting(budget)
 
     def _schedule_running(self, budget: int, *, decode_only: bool = False,
-                          prefill_only: bool = False) -> list[ScheduledItem]:
+                          prefill_only: bool = False) -> tuple[list[ScheduledItem], int]:
+        """The running requests' work in order, and the budget left."""
         batch: list[ScheduledItem] = []
+        running = self.running
+        block_size = self.config.block_size
         index = 0
-        while index < len(self.running) and budget > 0:
-            seq = self.running[index]
-            if (decode_only and seq.is_prefilling) or (prefill_only and not seq.is_prefilling):
+        while index < len(running) and budget > 0:
+            seq = running[index]
+            pending = seq.num_prompt + len(seq.output_token_ids) - seq.num_computed
+            is_decode = pending == 1 and seq.num_computed > 0
+            if is_decode and not prefill_only:
+                # The hot path: one token; a new block only at a block boundary.
+                if seq.num_computed >= seq.num_blocks_held * block_size \
+                        and not self._make_room(seq, seq.num_computed + 1):
+                    break
+                batch.append((seq, 1))
+                budget -= 1
+                index += 1
+                continue
+            if is_decode or decode_only:  # not this step's kind of work
                 index += 1
                 continue
             tokens = self._tokens_for(seq, budget)
@@ -71,7 +83,7 @@ class Scheduler:
             batch.append((seq, tokens))
             budget -= tokens
             index += 1
-        return batch
+        return batch, budget
 
     def _schedule_waiting(self, budget: int) -> list[ScheduledItem]:
         batch: list[ScheduledItem] = []
