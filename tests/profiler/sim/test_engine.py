@@ -227,3 +227,17 @@ def test_given_output_ids_are_emitted_and_cached(cost):
     assert result.outcomes["t2"].num_cached_prompt == 16
     with pytest.raises(ValueError, match="output token ids"):
         req("short", 4, 3, output_token_ids=[1, 2])
+
+
+def test_a_request_blocked_by_held_kv_waits_without_spinning(cost):
+    # P keeps a finished request's 3 blocks for its D; the next prompt needs 3 of the 4.
+    engine = make(cost, role=NodeRole.PREFILL, num_kv_blocks=4)
+    engine.submit(req("first", 10, 1, send_kv=True), now=0.0)
+    engine.step(0.0)
+    engine.submit(req("second", [100 + i for i in range(10)], 1, send_kv=True), now=0.1)
+    blocked = engine.step(0.1)
+    assert blocked.shape.is_empty and blocked.duration == 0.0
+    assert engine.next_step_time() is None  # nothing can change until the D reads the KV
+    engine.release_kv("first")
+    assert engine.next_step_time() is not None
+    assert engine.step(0.2).finished == ("second",)
