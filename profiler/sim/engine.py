@@ -121,14 +121,7 @@ class Engine:
             if self._kv_held.pop(request_id, None) is not None:
                 self._scheduler.free(seq)
             return
-        scheduler = self._scheduler
-        if seq in scheduler.running:
-            scheduler.running.remove(seq)
-        elif seq.phase is Phase.WAITING_KV:
-            del scheduler.waiting_kv[request_id]
-        else:
-            scheduler.waiting.remove(seq)
-        scheduler.free(seq)
+        self._scheduler.drop(seq)
         seq.phase, seq.error, seq.finish_time = Phase.FAILED, reason, now
         self._stalled = False
 
@@ -156,7 +149,7 @@ class Engine:
         for seq, count in batch:  # the hot loop: one pass per scheduled request per step
             computed = seq.num_computed = seq.num_computed + count
             if computed // block_size > len(seq.held_hashes):
-                self._scheduler.register_computed(seq)
+                self._scheduler.register_full_blocks(seq)
             outputs = seq.output_token_ids
             if computed < seq.num_prompt + len(outputs):
                 continue  # a prompt chunk that is not the last: nothing sampled yet
@@ -176,7 +169,7 @@ class Engine:
                           kv_pulls=tuple(self._scheduler.kv_pulls))
 
     def _finish(self, seq: Sequence, now: float) -> None:
-        self._scheduler.running.remove(seq)
+        self._scheduler.running.remove(seq)  # still holds its blocks: P keeps them for the D
         seq.phase, seq.finish_time = Phase.FINISHED, now
         if seq.request.send_kv:
             self._kv_held[seq.id] = seq

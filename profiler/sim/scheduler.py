@@ -150,7 +150,7 @@ class Scheduler:
         self.external_hits += seq.num_external
         seq.kv_received = True
         seq.num_computed = seq.num_prompt
-        self._register_full_blocks(seq)
+        self.register_full_blocks(seq)
         seq.num_computed = seq.num_prompt - 1
         seq.phase = Phase.WAITING
         self.waiting.appendleft(seq)
@@ -181,10 +181,8 @@ class Scheduler:
         seq.anon_blocks += needed
         return True
 
-    def register_computed(self, seq: Sequence) -> None:
-        self._register_full_blocks(seq)
-
-    def _register_full_blocks(self, seq: Sequence) -> None:
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Hash the blocks the request's computed tokens filled, so others can hit them."""
         full = seq.num_computed // self.config.block_size
         for index in range(len(seq.held_hashes), full):
             block_hash = self._block_hash(seq, index)
@@ -226,6 +224,16 @@ class Scheduler:
         return block_hash
 
     def free(self, seq: Sequence) -> None:
+        self._drop_blocks(seq)
+
+    def drop(self, seq: Sequence) -> None:
+        """Take an unfinished request out of whichever queue holds it and free its blocks."""
+        if seq.phase is Phase.WAITING_KV:
+            del self.waiting_kv[seq.id]
+        elif seq.phase is Phase.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
         self._drop_blocks(seq)
 
     def _drop_blocks(self, seq: Sequence) -> None:

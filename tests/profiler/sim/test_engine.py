@@ -241,3 +241,20 @@ def test_a_request_blocked_by_held_kv_waits_without_spinning(cost):
     engine.release_kv("first")
     assert engine.next_step_time() is not None
     assert engine.step(0.2).finished == ("second",)
+
+
+def test_abort_in_every_queue_frees_every_block(cost):
+    engine = make(cost, role=NodeRole.DECODE, num_kv_blocks=20)
+    engine.submit(req("running", 8, 5), now=0.0)
+    engine.submit(req("pulling", [100 + i for i in range(8)], 5, kv_from="p"), now=0.0)
+    engine.step(0.0)
+    engine.submit(req("queued", [200 + i for i in range(8)], 5), now=0.0)
+    phases = {rid: engine.sequence(rid).phase for rid in ("running", "pulling", "queued")}
+    assert phases == {"running": Phase.RUNNING, "pulling": Phase.WAITING_KV,
+                      "queued": Phase.WAITING}
+    for rid in phases:
+        engine.abort(rid, now=0.5)
+        assert engine.sequence(rid).phase is Phase.FAILED
+    stats = engine.stats()
+    assert (stats.num_running, stats.num_waiting, stats.num_waiting_kv) == (0, 0, 0)
+    assert stats.kv_usage == 0.0 and engine.next_step_time() is None
