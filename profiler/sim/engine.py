@@ -118,8 +118,9 @@ class Engine:
         """Drop a request wherever it is (client gone, timeout, transfer failed)."""
         seq = self._get(request_id)
         if seq.phase in (Phase.FINISHED, Phase.FAILED):
-            if self._kv_held.pop(request_id, None) is not None:
+            if self._kv_held.pop(request_id, None) is not None:  # a P whose D never came
                 self._scheduler.free(seq)
+                self._stalled = False
             return
         self._scheduler.drop(seq)
         seq.phase, seq.error, seq.finish_time = Phase.FAILED, reason, now
