@@ -1,7 +1,7 @@
 """`create_app`: the Quart app, thin handlers over the router, owning one pooled httpx client.
 
 Routes: POST /v1/chat/completions, POST /v1/completions (served ahead of Quart by
-`proxy.completions`, the hot path), GET /v1/models, GET /health
+`proxy.endpoints`, the hot path), GET /v1/models, GET /health
 (503 while no route can be served), GET /metrics (Prometheus), GET /stats (JSON counters),
 GET /sessions (admin).
 
@@ -31,7 +31,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from proxy.backends import BackendPool
 from proxy.breaker import Breaker
-from proxy.completions import CompletionsApp, bearer_matches
+from proxy.endpoints import CompletionsApp, bearer_matches
 from proxy.config import Policy, ProxyConfig
 from proxy.discovery import Discovery
 from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
@@ -133,7 +133,7 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
         if state.client is not None:
             await state.client.aclose()
 
-    # The completion endpoints are served by proxy.completions, ahead of Quart (the hot path).
+    # The completion endpoints are served by proxy.endpoints, ahead of Quart (the hot path).
     app.asgi_app = CompletionsApp(config, state.router, app.asgi_app)  # type: ignore[method-assign, assignment]
 
     @app.get("/v1/models")

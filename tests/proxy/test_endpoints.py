@@ -1,4 +1,4 @@
-"""`proxy.completions`: the completion endpoints served ahead of Quart, at the HTTP level."""
+"""`proxy.endpoints`: the completion endpoints served ahead of Quart, at the HTTP level."""
 
 from __future__ import annotations
 
