@@ -31,9 +31,9 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from proxy.backends import BackendPool
 from proxy.breaker import Breaker
-from proxy.endpoints import CompletionsApp, bearer_matches
 from proxy.config import Policy, ProxyConfig
 from proxy.discovery import Discovery
+from proxy.endpoints import CompletionsApp, bearer_matches
 from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
 from proxy.health import HealthMonitor
 from proxy.load import RateMeter
