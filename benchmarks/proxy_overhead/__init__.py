@@ -60,6 +60,9 @@ def run(args: argparse.Namespace, command: str) -> int:
     print(f"proxy overhead - {report.machine()}", flush=True)
     rows = runner.run(plan, progress=sys.stderr)
     print(report.render(rows))
+    if "baseline" in plan.stacks and "default" in plan.stacks:
+        print("\nBEFORE (baseline checkout) and AFTER (this checkout), same run:")
+        print(report.compare(rows))
     out = args.out or RESULTS / f"proxy_overhead-{time.strftime('%Y%m%dT%H%M%S')}.json"
     report.write_json(out, plan, rows, command)
     print(f"written {out}")

@@ -46,15 +46,49 @@ def cells(row: Row, direct: Row | None) -> list[str]:
 def render(rows: list[Row]) -> str:
     """A Markdown table (readable as plain text too)."""
     direct = _direct(rows)
-    body = [cells(row, direct.get((row.turns, row.concurrency))) for row in rows]
-    widths = [max(len(c), *(len(line[i]) for line in body)) for i, c in enumerate(COLUMNS)]
+    return _table(COLUMNS, [cells(row, direct.get((row.turns, row.concurrency)))
+                            for row in rows])
+
+
+COMPARE_COLUMNS = ("target", "turns", "conc", "direct req/s", "before req/s", "after req/s",
+                   "before x direct", "after x direct", "before +ms p50", "after +ms p50",
+                   "before CPU s/1k", "after CPU s/1k")
+
+
+def compare(rows: list[Row], before: str = "baseline", after: str = "default") -> str:
+    """BEFORE and AFTER stacks of one run side by side (Markdown), against direct."""
+    direct = _direct(rows)
+    by_key = {(r.target, r.stack, r.turns, r.concurrency): r for r in rows}
+    body: list[list[str]] = []
+    for row in rows:
+        if row.stack != before or (row.target, after, row.turns, row.concurrency) not in by_key:
+            continue
+        new = by_key[(row.target, after, row.turns, row.concurrency)]
+        base = direct.get((row.turns, row.concurrency))
+        d = base.result if base else {}
+
+        body.append([row.target, str(row.turns), str(row.concurrency), _num(d.get("rps")),
+                     _num(row.result["rps"]), _num(new.result["rps"]),
+                     _ratio(row.result["rps"], d.get("rps")),
+                     _ratio(new.result["rps"], d.get("rps")), _num(_added(row, d), 2),
+                     _num(_added(new, d), 2), _num(row.cpu_s_per_1k, 2), _num(new.cpu_s_per_1k, 2)])
+    return _table(COMPARE_COLUMNS, body)
+
+
+def _added(row: Row, direct: dict[str, Any]) -> float | None:
+    p50, ref = row.result["ttft_p50_ms"], direct.get("ttft_p50_ms")
+    return None if p50 is None or ref is None else p50 - ref
+
+
+def _table(columns: tuple[str, ...], body: list[list[str]]) -> str:
+    widths = [max(len(c), *(len(line[i]) for line in body)) if body else len(c)
+              for i, c in enumerate(columns)]
 
     def line(values: list[str] | tuple[str, ...]) -> str:
         return "| " + " | ".join(v.rjust(w) for v, w in zip(values, widths, strict=True)) + " |"
 
-    out = [line(COLUMNS), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    out += [line(values) for values in body]
-    return "\n".join(out)
+    out = [line(columns), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    return "\n".join(out + [line(values) for values in body])
 
 
 def machine() -> str:

@@ -39,3 +39,20 @@ def test_the_fake_streams_what_the_generator_reads_back() -> None:
     assert done and text == " tok0 tok1 tok2"
     text, done = _reply_text(b"".join(stream_events(2, usage=False)[:-1]))
     assert not done and text == " tok0 tok1"
+
+
+def test_compare_puts_before_and_after_side_by_side() -> None:
+    from benchmarks.proxy_overhead.report import compare
+    from benchmarks.proxy_overhead.runner import Row
+
+    def result(rps: float, p50: float) -> dict[str, object]:
+        return {"rps": rps, "ttft_p50_ms": p50, "ttft_p99_ms": p50, "gap_p99_ms": None,
+                "errors": 0}
+
+    rows = [Row("direct", "-", 1, 64, result(1000, 1.0)),
+            Row("pd", "baseline", 1, 64, result(100, 5.0), cpu_s_per_1k=6.0),
+            Row("pd", "default", 1, 64, result(400, 2.5), cpu_s_per_1k=1.5)]
+    line = compare(rows).splitlines()[2]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells == ["pd", "1", "64", "1000.0", "100.0", "400.0", "0.10", "0.40", "4.00",
+                     "1.50", "6.00", "1.50"]
