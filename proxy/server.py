@@ -30,11 +30,15 @@ from typing import Any
 from proxy.config import ProxyConfig
 from proxy.lifespan import Lifespan
 
-# How long a graceful shutdown may take before open streams are cut.
+# Every setting of the HTTP server lives here (a proxy in front of many short-lived clients):
+# - An idle keep-alive connection closes after KEEP_ALIVE_S (the timer runs only while a
+#   connection is idle, so it never cuts a slow first token); with 75 s, connections whose
+#   clients had gone piled up in CLOSE-WAIT under bursts.
+# - LISTEN_BACKLOG connections may wait for accept() (the kernel caps it at somaxconn).
+# - A graceful shutdown lets open streams finish for `grace` seconds (SHUTDOWN_GRACE_S here).
+KEEP_ALIVE_S = 5.0
+LISTEN_BACKLOG = 2048
 SHUTDOWN_GRACE_S = 5.0
-# Idle client connections are kept this long (clients reuse them between turns).
-KEEP_ALIVE_S = 75
-BACKLOG = 2048
 
 
 class ServerKind(enum.StrEnum):
@@ -57,10 +61,12 @@ class Server:
         return f"http://{self.host}:{self.port}"
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # several worker processes share the port; the kernel spreads connections
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -69,7 +75,7 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event
+def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float
              ) -> Coroutine[Any, Any, None]:
     import uvicorn
 
@@ -82,8 +88,8 @@ def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event
     # proxy_headers off: nothing here reads the client address, and it costs per request.
     config = uvicorn.Config(app, http="httptools", lifespan="off", access_log=False,
                             log_config=None, proxy_headers=False,
-                            timeout_keep_alive=KEEP_ALIVE_S,
-                            backlog=BACKLOG, timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S))
+                            timeout_keep_alive=int(KEEP_ALIVE_S), backlog=LISTEN_BACKLOG,
+                            timeout_graceful_shutdown=max(1, round(grace)))
     server = Server(config)
 
     async def serve() -> None:
@@ -97,7 +103,7 @@ def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event
     return serve()
 
 
-def _hypercorn(app: Any, sock: socket.socket, stop: asyncio.Event
+def _hypercorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float
                ) -> Coroutine[Any, Any, None]:
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config as HypercornConfig
@@ -105,11 +111,11 @@ def _hypercorn(app: Any, sock: socket.socket, stop: asyncio.Event
     config = HypercornConfig()
     # Hypercorn takes over the already-bound socket, so the port chosen for port 0 is known.
     config.bind = [f"fd://{sock.detach()}"]
-    config.graceful_timeout = SHUTDOWN_GRACE_S
+    config.graceful_timeout = grace
     config.accesslog = None
     config.errorlog = None
     config.keep_alive_timeout = KEEP_ALIVE_S
-    config.backlog = BACKLOG
+    config.backlog = LISTEN_BACKLOG
 
     async def no_lifespan(scope: dict[str, Any], receive: Callable[[], Awaitable[Any]],
                           send: Callable[[Any], Awaitable[None]]) -> None:
@@ -124,10 +130,15 @@ _SERVERS = {ServerKind.UVICORN: _uvicorn, ServerKind.HYPERCORN: _hypercorn}
 
 
 @contextlib.asynccontextmanager
-async def running(app: Any, host: str = "127.0.0.1", port: int = 0, *,
+async def running(app: Any, host: str = "127.0.0.1", port: int = 0,
+                  grace: float = SHUTDOWN_GRACE_S, *, reuse_port: bool = False,
                   server: ServerKind = ServerKind.UVICORN) -> AsyncIterator[Server]:
-    """Serve app in a background task for the duration of the block."""
-    sock = _listen(host, port)
+    """Serve app in a background task for the block; on exit, open streams get `grace` s.
+
+    `reuse_port`: several processes may listen on the port (SO_REUSEPORT; the kernel spreads
+    the connections), since every server here takes over the socket bound by `_listen`.
+    """
+    sock = _listen(host, port, reuse_port)
     address = Server(host, sock.getsockname()[1])
     lifespan = Lifespan(app)
     try:
@@ -136,14 +147,14 @@ async def running(app: Any, host: str = "127.0.0.1", port: int = 0, *,
         sock.close()
         raise
     stop = asyncio.Event()
-    task = asyncio.create_task(_SERVERS[server](app, sock, stop))
+    task = asyncio.create_task(_SERVERS[server](app, sock, stop, grace))
     try:
         await _wait_ready(address, task)
         yield address
     finally:
         stop.set()
         try:
-            await asyncio.wait_for(task, SHUTDOWN_GRACE_S + 5)
+            await asyncio.wait_for(task, grace + 5)
         except (TimeoutError, asyncio.CancelledError):
             task.cancel()
         await lifespan.shutdown()

@@ -58,3 +58,20 @@ async def test_an_app_without_lifespan_is_served() -> None:
 
     async with running(bare) as server, httpx.AsyncClient() as client:
         assert (await client.get(server.url + "/")).status_code == 204
+
+
+async def test_reuse_port_lets_two_servers_share_a_port() -> None:
+    first_app, second_app = App(), App()
+    async with running(first_app, reuse_port=True) as first, \
+            running(second_app, port=first.port, reuse_port=True) as second:
+        assert second.port == first.port
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(second.url + "/")).text == "ok"
+    assert second_app.events == first_app.events == ["lifespan.startup", "lifespan.shutdown"]
+
+
+async def test_a_taken_port_without_reuse_port_is_a_clear_error() -> None:
+    async with running(App()) as first:
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{first.port}"):
+            async with running(App(), port=first.port):
+                pass
