@@ -55,8 +55,8 @@ def profile_on_local_cluster(
 def _command_words(args: argparse.Namespace) -> list[str]:
     """The flags that shaped this run, for the meta file (how to rebuild the table)."""
     words = ["--cluster", args.cluster, "--model", args.model or "tiny", "--out", str(args.out)]
-    for flag in ("grid", "contexts", "workloads", "request_rate", "qps", "duration", "warmup", "timeout",
-                 "max_conversations", "seed"):
+    for flag in ("grid", "contexts", "workloads", "request_rate", "qps", "duration", "warmup",
+                 "timeout", "max_conversations", "seed"):
         value = getattr(args, flag)
         if value is not None:
             words += [f"--{flag.replace('_', '-')}", str(value)]
