@@ -190,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ppd proxy",
         description="Route multi-turn LLM traffic across vLLM prefill (P) and decode (D) nodes.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  ppd proxy --prefill http://127.0.0.1:8100 --decode "
+        "http://127.0.0.1:8200 \\\n      --policy ppd --table tables/tiny-cpu-1p1d.csv "
+        "--admin-key ADMIN --port 8000",
     )
     for role in _NODE_KEYS:
         p.add_argument(f"--{role}", action="append", default=[], metavar="URL",

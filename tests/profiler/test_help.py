@@ -1,0 +1,34 @@
+"""Every `ppd` command: --version, and --help with defaults and an example."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from profiler.cli import COMMANDS, main
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert re.fullmatch(r"ppd \S+\n", capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_command_help_has_an_example_and_defaults(
+        command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert "example" in text, f"`ppd {command} --help` has no example"
+    assert f"ppd {command}" in text
+
+
+@pytest.mark.parametrize("argv", [["cluster", "up", "--help"], ["replay", "--help"],
+                                  ["proxy", "--help"], ["table", "plot", "--help"]])
+def test_flags_show_their_defaults(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(argv)
+    text = capsys.readouterr().out
+    assert text.count("(default:") >= 2, text
