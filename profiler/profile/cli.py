@@ -172,13 +172,11 @@ def main(argv: list[str]) -> int:
     tokenizer = _load_tokenizer(args.tokenizer)
     started = time.monotonic()
     command = shlex.join(["ppd", "profile", *argv])
-    try:
-        if args.cluster:
-            from profiler.profile.on_cluster import profile_on_local_cluster
+    from profiler.cluster.procs import sigterm_as_interrupt
 
-            frame = profile_on_local_cluster(args, grid, tokenizer)
-        else:
-            frame = asyncio.run(_profile_target(args, grid, tokenizer, command))
+    try:
+        with sigterm_as_interrupt():  # SIGTERM too: say how to resume
+            frame = _profile(args, grid, tokenizer, command)
     except KeyboardInterrupt:
         print(f"ppd profile: interrupted; the cells measured so far are in {args.out}. "
               f"Run the same command again to resume:\n  {command}", file=sys.stderr)
@@ -188,6 +186,14 @@ def main(argv: list[str]) -> int:
 
     print(render_decisions(args.out, w_ttft=args.w_ttft, w_tpot=args.w_tpot))
     return 0
+
+
+def _profile(args: argparse.Namespace, grid: ProfileGrid, tokenizer: Any, command: str) -> Any:
+    if args.cluster:
+        from profiler.profile.on_cluster import profile_on_local_cluster
+
+        return profile_on_local_cluster(args, grid, tokenizer)
+    return asyncio.run(_profile_target(args, grid, tokenizer, command))
 
 
 def _load_tokenizer(path: Path | None) -> Any:

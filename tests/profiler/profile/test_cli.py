@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,3 +95,27 @@ def test_help_explains_x_the_shapes_and_gives_an_example(
     assert "huge_paste" in text and "1024 new input tokens" in text
     assert "example:" in text and "--request-rate" in text
     assert "(default: 60)" in text  # the grid's duration
+
+
+def test_sigterm_mid_profile_keeps_the_measured_cells_and_says_how_to_resume(
+        fake_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "t.csv"
+    repo = Path(__file__).resolve().parents[3]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "profiler.cli", *_argv(fake_url, out, "--request-rate",
+                                                      "16,17,18,19,20,21")],
+        env={**os.environ, "PYTHONPATH": str(repo)}, cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert out.exists(), "no cell was measured"
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130, stderr
+    assert "interrupted" in stderr and "again to resume" in stderr
+    measured = len(read_table(out))
+    assert 1 <= measured < 6
