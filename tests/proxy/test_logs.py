@@ -183,3 +183,13 @@ async def test_metrics_have_vllm_style_latency_histograms_and_no_created_series(
         assert f'{name}_count{{route="pd"}} 1.0' in text, name
     for name in ("ppd_node_healthy", "ppd_node_in_flight", "ppd_requests_in_flight"):
         assert f"# TYPE {name} gauge" in text
+
+
+async def test_a_request_refused_before_routing_gets_an_access_line_too(
+        cluster: dict[str, FakeVLLM], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    async with serve_proxy(config_for(cluster, Policy.PD, api_key="k")) as proxy:
+        response = await proxy.client.post("/v1/chat/completions", json=chat_body("Hi"))
+    assert response.status_code == 401
+    (entry,) = [r.fields for r in access_lines(caplog)]  # type: ignore[attr-defined]
+    assert entry["status"] == 401 and "API key" in entry["error"]
