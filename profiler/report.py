@@ -245,7 +245,8 @@ def _sane_limits(axis: Any, xs: Sequence[float]) -> None:
     0.48-0.52 axis that makes a single point look like a trend."""
     top = max([x for x in xs if math.isfinite(x)], default=0.0)
     axis.set_xlim(0, top * 1.25 if top > 0 else 1.0)
-    axis.set_ylim(bottom=0)
+    y_top = float(axis.dataLim.y1) if axis.has_data() else 0.0
+    axis.set_ylim(0, y_top * 1.15 if math.isfinite(y_top) and y_top > 0 else 1.0)
 
 
 def compare(run_dirs: Sequence[Path], out: Path) -> tuple[str, list[Path]]:
