@@ -23,6 +23,7 @@ from profiler.profile.runner import ProfileGrid, Profiler, grid_from_mapping
 from profiler.replay.client import first_model
 from profiler.tables.io import build_meta, meta_path, read_table
 from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES
+from proxy.tokens import TokenCounter, token_counter
 
 INTERRUPTED_EXIT = 130
 
@@ -188,24 +189,26 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _profile(args: argparse.Namespace, grid: ProfileGrid, tokenizer: Any, command: str) -> Any:
+def _profile(args: argparse.Namespace, grid: ProfileGrid, tokenizer: TokenCounter | None,
+             command: str) -> Any:
     if args.cluster:
-        from profiler.profile.on_cluster import profile_on_local_cluster
+        from profiler.profile.on_cluster import ClusterProfileJob, profile_on_local_cluster
 
-        return profile_on_local_cluster(args, grid, tokenizer)
+        job = ClusterProfileJob(
+            layout=args.cluster, out=args.out, model=args.model or "tiny", seed=args.seed,
+            w_ttft=args.w_ttft, w_tpot=args.w_tpot, base_port=args.base_port,
+            progress=not args.no_progress, command=command)
+        return profile_on_local_cluster(job, grid, tokenizer)
     return asyncio.run(_profile_target(args, grid, tokenizer, command))
 
 
-def _load_tokenizer(path: Path | None) -> Any:
-    if path is None:
-        return None
-    from profiler.traces.tokenizer import load_tokenizer
-
-    return load_tokenizer(path)
+def _load_tokenizer(path: Path | None) -> TokenCounter | None:
+    # None: the --cluster run counts with the served model's tokenizer once it is prepared.
+    return None if path is None else token_counter(path)
 
 
-async def _profile_target(args: argparse.Namespace, grid: ProfileGrid, tokenizer: Any,
-                          command: str) -> Any:
+async def _profile_target(args: argparse.Namespace, grid: ProfileGrid,
+                          tokenizer: TokenCounter | None, command: str) -> Any:
     async with httpx.AsyncClient(base_url=args.target, timeout=10) as client:
         model = args.model or await first_model(client)
         layout = args.layout_label or await reported_layout(client)
