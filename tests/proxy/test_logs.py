@@ -193,3 +193,28 @@ async def test_a_request_refused_before_routing_gets_an_access_line_too(
     assert response.status_code == 401
     (entry,) = [r.fields for r in access_lines(caplog)]  # type: ignore[attr-defined]
     assert entry["status"] == 401 and "API key" in entry["error"]
+
+
+async def test_a_stream_the_client_abandons_is_logged_when_it_closes(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+    import contextlib
+
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    async with contextlib.AsyncExitStack() as stack:
+        nodes = {"p1": await stack.enter_async_context(FakeVLLM("p1")),
+                 "d1": await stack.enter_async_context(
+                     FakeVLLM("d1", reply=" ".join(["word"] * 200), chunk_delay_s=0.02))}
+        async with serve_proxy(config_for(nodes, Policy.PD)) as proxy:
+            body = chat_body("Hi", stream=True, max_tokens=200)
+            async with proxy.client.stream("POST", "/v1/chat/completions", json=body) as reply:
+                async for _ in reply.aiter_bytes():
+                    break  # the client goes away after the first chunk
+            for _ in range(200):
+                if access_lines(caplog):
+                    break
+                await asyncio.sleep(0.02)
+    (entry,) = [r.fields for r in access_lines(caplog)]  # type: ignore[attr-defined]
+    assert entry["status"] == 200 and entry["route"] == "pd"
+    assert "closed before the end" in entry["error"]
+    assert "completion_tokens" not in entry
