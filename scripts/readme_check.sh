@@ -28,6 +28,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
+command -v curl > /dev/null || { echo "readme_check: the quick start needs curl" >&2; exit 1; }
 cd "$WORK"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 mkdir bin
