@@ -18,7 +18,10 @@ import logging
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # type names only: the policies import the config, which imports this
+    from proxy.policies import Decision
 
 ACCESS_LOGGER = "ppd.access"
 # Libraries whose INFO lines are per request: kept at WARNING whatever --log-level says.
@@ -103,6 +106,22 @@ class AccessEntry:
     completion_tokens: int | None = None
     error: str | None = None
     _emitted: bool = False
+
+    def decided(self, decision: Decision) -> None:
+        """The policy's reason, and the table cell of a `ppd` decision."""
+        self.reason = decision.reason.value
+        if decision.cell is not None:
+            cell = decision.cell
+            self.cell = f"{cell.context_class.value}/{cell.workload}/{cell.qps:g}"
+
+    def finish(self, status: int, elapsed_s: float, error: str | None = None) -> None:
+        """Emit with this status; `elapsed_s` is the duration unless a complete reply already
+        set it, `error` the error unless one was already said."""
+        self.status = status
+        if self.duration_ms is None:
+            self.duration_ms = elapsed_s * 1000.0
+        self.error = self.error or error
+        self.emit()
 
     def fields(self) -> dict[str, Any]:
         """The entry as a JSON-ready dict (None values left out)."""

@@ -137,25 +137,18 @@ class Router:
             lease = self.admission.admit()
         except Overloaded as exc:
             self.metrics.responded(exc.status)
-            self._log_error(access, started, exc)
+            access.finish(exc.status, self.clock() - started, exc.message)
             raise
         try:
             reply = await self._handle(incoming, lease, access, started)
         except ProxyError as exc:
-            self._log_error(access, started, exc)
+            access.finish(exc.status, self.clock() - started, exc.message)
             raise
         finally:
             lease.release()  # nothing left to release once a relay took the lease over
         if not isinstance(reply.body, Relay):
-            access.status = reply.status
-            access.duration_ms = (self.clock() - started) * 1000.0
-            access.emit()
+            access.finish(reply.status, self.clock() - started)
         return reply
-
-    def _log_error(self, access: AccessEntry, started: float, exc: ProxyError) -> None:
-        access.status, access.error = exc.status, exc.message
-        access.duration_ms = (self.clock() - started) * 1000.0
-        access.emit()
 
     async def _handle(self, incoming: Incoming, lease: Lease, access: AccessEntry,
                       started: float) -> Reply:
@@ -168,10 +161,7 @@ class Router:
         turn = _Turn(incoming, transcript, lookup, self._workload(incoming, transcript, lookup),
                      started, Failover(self.pool, lease, self.metrics), access)
         decision = self._decide(turn)
-        access.reason = decision.reason.value
-        if decision.cell is not None:
-            cell = decision.cell
-            access.cell = f"{cell.context_class.value}/{cell.workload}/{cell.qps:g}"
+        access.decided(decision)
         try:
             served = await self._serve(turn, decision)
         except ProxyError as exc:
@@ -313,12 +303,9 @@ class Router:
                 self._finished(turn, served.route)
 
         def on_close() -> None:
-            access = turn.access
-            access.status = result.status
-            if access.duration_ms is None:  # closed before the reply was complete
-                access.duration_ms = (self.clock() - turn.started) * 1000.0
-                access.error = access.error or "stream closed before the end (client gone?)"
-            access.emit()
+            complete = turn.access.duration_ms is not None  # set by _finished
+            turn.access.finish(result.status, self.clock() - turn.started,
+                               None if complete else "stream closed before the end (client gone?)")
 
         headers["cache-control"] = "no-cache"
         relay = Relay(result, node, relay_lease, capture, on_reply, on_failure, on_close)

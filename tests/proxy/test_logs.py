@@ -218,3 +218,16 @@ async def test_a_stream_the_client_abandons_is_logged_when_it_closes(
     assert entry["status"] == 200 and entry["route"] == "pd"
     assert "closed before the end" in entry["error"]
     assert "completion_tokens" not in entry
+
+
+async def test_a_stream_that_breaks_is_logged_with_the_failure(
+        cluster: dict[str, FakeVLLM], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    for name in ("d1", "d2"):
+        cluster[name].faults.die_after_chunks = 2
+    async with serve_proxy(config_for(cluster, Policy.PD)) as proxy:
+        reply = await proxy.client.post("/v1/chat/completions",
+                                        json=chat_body("Hi", stream=True))
+    assert reply.status_code == 200 and '"error"' in reply.text  # the in-band error event
+    (entry,) = [r.fields for r in access_lines(caplog)]  # type: ignore[attr-defined]
+    assert entry["status"] == 200 and entry["error"].startswith("failed mid-stream")
