@@ -216,7 +216,8 @@ def main(argv: list[str]) -> int:
     command = shlex.join(["ppd", "replay", *argv])
     write_run(out, result, summary, label=label, dataset=args.dataset,
               extra={"command": command})
-    print(summary_table(summary, title=f"ppd replay: {label} -> {args.target}"))
+    print(summary_table({**summary, "conversation_rate": rate},
+                        title=f"ppd replay: {label} -> {args.target}"))
     print(f"outputs in {out}/")
     if result.interrupted:
         print(f"ppd replay: interrupted after {len(result.records)} completed turns: they are "

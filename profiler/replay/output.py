@@ -165,6 +165,7 @@ def format_value(value: Any) -> str:
 # The rows of the printed summary: (label, summary key).
 TABLE_ROWS: tuple[tuple[str, str], ...] = (
     ("requests (ok/all)", "_requests"),
+    ("conversations/s (offered)", "conversation_rate"),
     ("conversations", "n_conversations"),
     ("success rate", "success_rate"),
     ("turn-1 TTFT mean/p50/p90/p99 ms", "turn1_ttft_ms"),
@@ -174,7 +175,7 @@ TABLE_ROWS: tuple[tuple[str, str], ...] = (
     ("E2E mean/p50/p90/p99 ms", "e2e_ms"),
     ("output tok/s", "output_tok_s"),
     ("total tok/s", "total_tok_s"),
-    ("requests/s", "requests_s"),
+    ("requests/s (measured)", "requests_s"),
     ("local share (turn 2+)", "local_share"),
     ("SLO attainment", "slo_attainment"),
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,6 +40,7 @@ def test_replay_synthetic_writes_every_output(fake_url: str, tmp_path: Path,
     assert code == 0
     printed = capsys.readouterr().out
     assert "turn-2+ TTFT" in printed and str(out) in printed
+    assert re.search(r"conversations/s \(offered\) +20\.0", printed)
     document = json.loads((out / "summary.json").read_text())
     summary = document["summary"]
     assert document["label"] == "fake@20" and document["config"]["qps"] == 20.0
