@@ -41,7 +41,7 @@ def render_decisions(path: Path, *, w_ttft: float, w_tpot: float) -> str:
     shape_order = {name: index for index, name in enumerate(WORKLOAD_SHAPES)}
     for context, part in frame.groupby("context_class", sort=False):
         part = part.assign(
-            label=[f"{route} ({score:+.2f})" if pd.notna(score) else f"{route} (n/a)"
+            label=[f"{route} ({score:+.2f})" if pd.notna(score) else f"{route} (unmeasured)"
                    for route, score in zip(part["route"], part["score"], strict=True)]
         )
         grid = part.pivot(index="workload", columns="qps", values="label")
@@ -56,7 +56,7 @@ def render_decisions(path: Path, *, w_ttft: float, w_tpot: float) -> str:
 def cell_text(route: str, score: float | None) -> str:
     """What a heatmap cell says: the verdict, then the score (colour alone is not enough)."""
     if score is None or pd.isna(score):
-        return f"{route}\n(n/a)"
+        return f"{route}\n(unmeasured)"
     return f"{route}\n{score:+.2f}"
 
 

@@ -73,3 +73,11 @@ def test_plot_defaults_beside_a_run_but_not_into_the_repo_tables(
     assert (table.parent / "t.small.png").is_file()
     repo_tables = Path(__file__).resolve().parents[3] / "tables" / "tiny-cpu-1p1d.csv"
     assert default_plot_dir(repo_tables) == Path("runs") / "tables"
+
+
+def test_an_unmeasured_route_is_labelled_so(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    failed = {**_row("tiny", 1.0, 200.0, float("nan"), float("nan")), "local_success": 0.0}
+    path, _, _ = write_table([failed], tmp_path / "t.csv", {})
+    assert ppd(["table", "show", str(path)]) == 0
+    assert "pd (unmeasured)" in capsys.readouterr().out
