@@ -197,8 +197,8 @@ class _Replayer:
         self.records: list[RequestRecord] = []
         self.t0 = clock()
         self.on_record: Callable[[RequestRecord], None] = lambda record: None
-        # Told how many turns the run will send at most (a failed turn ends its conversation:
-        # on_record then gets the turns that will not be sent as a negative total change).
+        # Told how many turns the run will send at most, then (a failed turn ends its
+        # conversation) minus the turns that will not be sent after all.
         self.on_total: Callable[[int], None] = lambda total: None
         self.started = 0
 
@@ -292,22 +292,24 @@ class _Replayer:
                             for c in conversations]
         self.on_total(sum(per_conversation[i % len(conversations)]
                           for i in range(len(arrivals))))
-        tasks = []
-        for index, at in enumerate(arrivals):
-            delay = self.t0 + at - self.clock()
-            if delay > 0:
-                await self.sleep(delay)
-            conversation = conversations[index % len(conversations)]
-            cycle = index // len(conversations)
-            # A repeated conversation gets its own id, so the proxy sees a new session.
-            conv_id = conversation.id if cycle == 0 else f"{conversation.id}#{cycle}"
-            tasks.append(asyncio.create_task(self.conversation(conversation, conv_id)))
-            self.started += 1
+        tasks: list[asyncio.Task[None]] = []
         try:
+            for index, at in enumerate(arrivals):
+                delay = self.t0 + at - self.clock()
+                if delay > 0:
+                    await self.sleep(delay)
+                conversation = conversations[index % len(conversations)]
+                cycle = index // len(conversations)
+                # A repeated conversation gets its own id, so the proxy sees a new session.
+                conv_id = conversation.id if cycle == 0 else f"{conversation.id}#{cycle}"
+                tasks.append(asyncio.create_task(self.conversation(conversation, conv_id)))
+                self.started += 1
             await asyncio.gather(*tasks)
         finally:
-            for task in tasks:  # a stop cancels the conversations still running
+            # A stop cancels this task: the conversations still running end with it.
+            for task in tasks:
                 task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def first_model(client: httpx.AsyncClient) -> str:
