@@ -43,6 +43,17 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
         return super()._get_help_string(action) or text
 
 
+def base_url(text: str) -> str:
+    """An argparse type for --target: an http(s) base URL without /v1 (ppd adds the paths)."""
+    url = text.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL")
+    if url.endswith("/v1"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} ends in /v1: give the base URL without it (e.g. {url[:-3]})")
+    return url
+
+
 def version() -> str:
     """`ppd X.Y.Z` of the installed distribution (`unknown` when run from a bare checkout)."""
     try:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import yaml
 
-from profiler.cli import HelpFormatter
+from profiler.cli import HelpFormatter, base_url
 from profiler.profile.runner import ProfileGrid, Profiler, grid_from_mapping
 from profiler.replay.client import first_model
 from profiler.tables.io import build_meta, meta_path, read_table
@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--target", help="base URL of a running ppd proxy in front of a cluster")
+    where.add_argument("--target", type=base_url,
+                       help="base URL (without /v1) of a running ppd proxy in front of a cluster")
     where.add_argument("--cluster", metavar="LAYOUT",
                        help="start a local cluster with this layout (e.g. 1P1D), profile, stop")
     parser.add_argument("--model", help="model to serve with --cluster (tiny|smollm2|DIR); "

@@ -22,7 +22,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from profiler.cli import HelpFormatter
+from profiler.cli import HelpFormatter, base_url
 from profiler.replay.client import ReplayConfig, ReplayResult, replay
 from profiler.replay.dataset import DatasetSpec, load_dataset
 from profiler.replay.metrics import summarize
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"{EXAMPLE}",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--target", required=True,
+    parser.add_argument("--target", required=True, type=base_url,
                         help="base URL without /v1, e.g. http://127.0.0.1:8000")
     parser.add_argument("--dataset", required=True,
                         help="a trace file (JSON, JSONL, Parquet), `sharegpt` (the file of the "

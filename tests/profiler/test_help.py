@@ -33,3 +33,14 @@ def test_flags_show_their_defaults(argv: list[str], capsys: pytest.CaptureFixtur
         main(argv)
     text = capsys.readouterr().out
     assert text.count("(default:") >= 2, text
+
+
+@pytest.mark.parametrize("command", ["replay", "profile"])
+def test_a_target_ending_in_v1_is_refused_with_the_fix(
+        command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--target", "http://127.0.0.1:8000/v1", "--out", "x.csv",
+              "--dataset", "synthetic:mixed", "--conversation-rate", "1", "--duration", "1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "ends in /v1" in err and "http://127.0.0.1:8000)" in err
