@@ -154,8 +154,11 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
+        rate = state.load.rate()
         return {**state.metrics.stats(), "sessions_live": len(state.ledger),
-                "qps": state.load.rate(), "backends": state.pool.snapshot()}
+                "request_rate": rate, "request_rate_unit": "requests (turns)/s",
+                "qps": rate,  # deprecated name of request_rate
+                "backends": state.pool.snapshot()}
 
     @app.get("/sessions")
     async def sessions() -> dict[str, Any]:

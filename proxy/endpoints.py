@@ -19,6 +19,7 @@ from typing import Any
 
 from proxy.config import ProxyConfig
 from proxy.errors import BadRequest, PayloadTooLarge, ProxyError, Unauthorized
+from proxy.logs import AccessEntry
 from proxy.relay import Relay
 from proxy.route import RouteKind
 from proxy.router import Incoming, Reply, Router
@@ -77,7 +78,10 @@ class CompletionsApp:
         except _ClientGone:
             return
         except Exception as exc:
-            await _send_error(send, _as_proxy_error(exc))
+            error = _as_proxy_error(exc)
+            # Refused before routing: still one access line (the router writes the others).
+            AccessEntry(endpoint.value, status=error.status, error=error.message).emit()
+            await _send_error(send, error)
             return
         watch = _DisconnectWatch(receive)
         try:
