@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import ipaddress
 import json
 import math
 import tomllib
@@ -40,6 +41,17 @@ class Policy(enum.StrEnum):
     PPD = "ppd"
     THRESHOLD = "threshold"
     REPLICA = "replica"
+
+def _is_loopback_endpoint(endpoint: str) -> bool:
+    """True iff a tcp://HOST:PORT endpoint is reachable from this host only."""
+    host = endpoint.removeprefix("tcp://").rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # `*`, an interface or host name: other hosts may reach it
+        return False
+
 
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
@@ -102,6 +114,11 @@ class ProxyConfig:
         "counts; without it ~4 characters per token", metavar="DIR")
     discovery: str | None = option(None, "bind a ZMQ ROUTER here for node heartbeats",
                                    metavar="tcp://HOST:PORT")
+    discovery_token: str | None = option(
+        None, "shared secret every heartbeat must carry (env PPD_DISCOVERY_TOKEN for "
+        "`ppd register`)", metavar="T")
+    insecure_discovery: bool = option(
+        False, "allow --discovery on a non-loopback address without --discovery-token")
     heartbeat_timeout: float = option(
         10.0, "drop a registered node after S seconds without a heartbeat", metavar="S")
     session_ttl: float = option(3600.0, "forget a session idle for S seconds", metavar="S")
@@ -152,6 +169,12 @@ class ProxyConfig:
                                   f"({roles[node.url]} and {node.role})")
         if self.discovery is not None and not self.discovery.startswith("tcp://"):
             raise ConfigError(f"--discovery must look like tcp://HOST:PORT, got {self.discovery!r}")
+        if (self.discovery is not None and not self.discovery_token
+                and not self.insecure_discovery and not _is_loopback_endpoint(self.discovery)):
+            raise ConfigError(f"--discovery {self.discovery} is reachable from other hosts: "
+                              "anyone who can send it a heartbeat receives user prompts. Set "
+                              "--discovery-token T (nodes register with --token T), bind "
+                              "127.0.0.1, or pass --insecure-discovery")
         if self.discovery is None and not self._servable():
             need = ("--replica" if self.policy.kind is Policy.REPLICA
                     else "at least one --prefill and one --decode")
