@@ -18,5 +18,5 @@ def main(argv: list[str]) -> int:
     logging.getLogger("ppd.proxy").info(
         "ppd proxy on http://%s:%d, policy %s, nodes: %s",
         config.host, config.port, config.policy.kind, nodes)
-    serve_app(app, config.host, config.port)
+    serve_app(app, config.host, config.port, config.shutdown_grace)
     return 0

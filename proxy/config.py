@@ -137,6 +137,9 @@ class ProxyConfig:
     health_interval: float = option(5.0, "seconds between health checks", metavar="S")
     load_window: float = option(
         30.0, "sliding window of the turns-per-second load meter, seconds", metavar="S")
+    shutdown_grace: float = option(
+        30.0, "on SIGTERM/SIGINT, seconds open streams may take to finish before they are cut",
+        metavar="S")
     breaker_failures: int = option(
         DEFAULT_FAILURES, "open a node's circuit after N completion failures in a row",
         metavar="N")
@@ -152,6 +155,8 @@ class ProxyConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
+        if not self.shutdown_grace >= 0:
+            raise ConfigError("--shutdown-grace must be >= 0")
         if self.breaker_failures < 1:
             raise ConfigError("--breaker-failures must be >= 1")
         if not self.breaker_cooldown >= 0:
