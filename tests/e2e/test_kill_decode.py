@@ -34,6 +34,7 @@ BASE_PORT = 18150
 CONVERSATIONS = 6
 TURNS_BEFORE_KILL = 2  # every conversation has a home D before the kill
 TURNS_AFTER_KILL = 3
+LONG_TOKENS = 400
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +60,12 @@ class Outcome:
     failure: str | None = None  # "5xx" / "in-band" (clean) or "broken: ..." (not)
 
 
-def stream_turn(proxy: str, session: str, messages: list[dict[str, str]],
-                conversation: int, turn: int) -> tuple[Outcome, str]:
-    """One streamed turn; its outcome and the reply text."""
+def stream_turn(proxy: str, session: str, messages: list[dict[str, str]], conversation: int,
+                turn: int, max_tokens: int, streaming: threading.Event | None = None,
+                ) -> tuple[Outcome, str]:
+    """One streamed turn (`streaming` is set at its first token); its outcome and reply."""
     outcome = Outcome(conversation, turn, time.monotonic(), ok=False)
-    body = {"model": "tiny", "messages": messages, "max_tokens": 24, "temperature": 0,
+    body = {"model": "tiny", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True}
     parts: list[str] = []
     try:
@@ -87,6 +89,8 @@ def stream_turn(proxy: str, session: str, messages: list[dict[str, str]],
                         return outcome, ""
                     parts += [(c.get("delta") or {}).get("content") or ""
                               for c in event.get("choices", [])]
+                    if streaming is not None and "".join(parts):
+                        streaming.set()
             if not done:
                 outcome.failure = "broken: stream ended without [DONE] or an error"
                 return outcome, ""
@@ -104,17 +108,22 @@ def test_killing_a_d_mid_replay(doomed_cluster: Cluster, tiny_model: Path) -> No
     outcomes: list[Outcome] = []
     homes: dict[int, str] = {}  # conversation -> its D before the kill
     warmed = threading.Barrier(CONVERSATIONS + 1)
-    killed = threading.Event()
+    released = threading.Event()
+    streaming = {n: threading.Event() for n in range(CONVERSATIONS)}
 
     def converse(proxy: str, n: int) -> None:
         messages: list[dict[str, str]] = []
         for turn in range(TURNS_BEFORE_KILL + TURNS_AFTER_KILL):
-            if turn == TURNS_BEFORE_KILL:
+            in_flight_at_kill = turn == TURNS_BEFORE_KILL
+            if in_flight_at_kill:
                 warmed.wait(timeout=300)
-                killed.wait(timeout=60)
+                released.wait(timeout=60)
             messages.append({"role": "user", "content": filler(120 if turn == 0 else 20,
                                                                seed=n * 100 + turn)})
-            outcome, reply = stream_turn(proxy, f"kill-{n}", messages, n, turn)
+            # The turn in flight at the kill is long, so the kill lands in mid-stream.
+            outcome, reply = stream_turn(proxy, f"kill-{n}", messages, n, turn,
+                                         LONG_TOKENS if in_flight_at_kill else 16,
+                                         streaming[n] if in_flight_at_kill else None)
             outcomes.append(outcome)
             if outcome.ok:
                 messages.append({"role": "assistant", "content": reply})
@@ -128,9 +137,12 @@ def test_killing_a_d_mid_replay(doomed_cluster: Cluster, tiny_model: Path) -> No
         warmed.wait(timeout=300)
         victim = max(d_urls, key=lambda url: list(homes.values()).count(url))
         survivor = next(url for url in d_urls if url != victim)
-        # The turns after the barrier are in flight when the D dies.
-        killed.set()
-        time.sleep(0.3)
+        # The D dies once one of its conversations is streaming its long turn.
+        released.set()
+        victims = [n for n, home in homes.items() if home == victim]
+        deadline = time.monotonic() + 60
+        while not any(streaming[n].is_set() for n in victims) and time.monotonic() < deadline:
+            time.sleep(0.01)
         node = next(n for n in doomed_cluster.nodes if n.url == victim)
         killed_at = time.monotonic()
         os.killpg(node.proc.pid, signal.SIGKILL)
