@@ -92,15 +92,17 @@ def fake_nodes(names: tuple[str, ...] = ("p1", "d1", "d2"),
 
 
 @contextlib.contextmanager
-def proxy_process(urls: dict[str, str], *extra: str) -> Iterator[tuple[str, int]]:
-    """`ppd proxy` over the fakes in a child process; yields (url, pid) once it is healthy."""
+def proxy_process(urls: dict[str, str], *extra: str,
+                  log: Path | None = None) -> Iterator[tuple[str, int]]:
+    """`ppd proxy` over the fakes in a child process (its log to `log`); (url, pid) once up."""
     port = _free_port()
     nodes = [arg for name, url in urls.items()
              for arg in (f"--{'prefill' if name[0] == 'p' else 'decode'}", url)]
     proc = subprocess.Popen([sys.executable, "-c", "import sys; from proxy.cli import main; "
                              "sys.exit(main(sys.argv[1:]))", *nodes, "--port", str(port),
                              "--policy", "fixed", "--x", "0.5", *extra],
-                            env=_python_env(), cwd=ROOT, stderr=subprocess.DEVNULL)
+                            env=_python_env(), cwd=ROOT,
+                            stderr=open(log, "ab") if log else subprocess.DEVNULL)  # noqa: SIM115
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -155,7 +157,7 @@ async def _conversation(url: str, user: int, timeout: float, result: RoundResult
                 return
             except (httpx.HTTPError, ValueError) as exc:
                 result.lost += 1
-                kind = type(exc).__name__
+                kind = f"{type(exc).__name__}: {str(exc)[:70]}"
                 result.errors[kind] = result.errors.get(kind, 0) + 1
                 return
             finally:
@@ -169,7 +171,8 @@ async def _stream_turn(client: httpx.AsyncClient, body: dict[str, object]) -> st
     done = False
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
-            raise ValueError(f"status {response.status_code}")
+            error = json.loads(await response.aread()).get("error", {})
+            raise ValueError(f"status {response.status_code} {error.get('code')}")
         async for line in response.aiter_lines():
             if line == "data: [DONE]":
                 done = True
@@ -230,11 +233,11 @@ def probe(url: str, pid: int) -> Probe:
 
 # ---- report -----------------------------------------------------------------------------------
 
-def soak(clients: int, seconds: float, rounds: int, settle: float,
-         request_timeout: float) -> list[tuple[RoundResult, Probe, Probe]]:
+def soak(clients: int, seconds: float, rounds: int, settle: float, request_timeout: float,
+         log: Path | None = None) -> list[tuple[RoundResult, Probe, Probe]]:
     """Run the rounds; per round its result, a probe right after it and one after `settle`."""
     rows = []
-    with fake_nodes() as urls, proxy_process(urls) as (url, pid):
+    with fake_nodes() as urls, proxy_process(urls, log=log) as (url, pid):
         rows_probe = probe(url, pid)
         print(f"start: RSS {rows_probe.rss_mib:.0f} MiB, fds {rows_probe.fds}", flush=True)
         for _ in range(rounds):
@@ -269,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="idle seconds before the second probe (past the keep-alive)")
     parser.add_argument("--request-timeout", type=float, default=60.0,
                         help="a request without its answer after this long counts as hung")
+    parser.add_argument("--proxy-log", type=Path, help="append the proxy's log here")
     parser.add_argument("--serve-fakes", metavar="NAMES", help=argparse.SUPPRESS)
     parser.add_argument("--fake-chunk-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -277,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"soak: {args.clients} concurrent streaming conversations, {args.rounds} x "
           f"{args.seconds:.0f} s, ppd proxy (policy fixed 0.5) over 1 P + 2 D fakes", flush=True)
-    rows = soak(args.clients, args.seconds, args.rounds, args.settle, args.request_timeout)
+    rows = soak(args.clients, args.seconds, args.rounds, args.settle, args.request_timeout,
+                args.proxy_log)
     print(render(rows, args.settle))
     bad = any(r.lost or r.hung or after.in_flight for r, after, _ in rows)
     return 1 if bad else 0
