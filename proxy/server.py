@@ -16,7 +16,7 @@ import logging
 import signal
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -185,16 +185,22 @@ def serve(config: ProxyConfig) -> None:
     serve_app(create_app(config), config.host, config.port, config.shutdown_grace)
 
 
-def serve_app(app: Any, host: str, port: int, grace: float = SHUTDOWN_GRACE_S) -> None:
-    """Run an ASGI app on host:port until SIGINT or SIGTERM (blocking), then drain."""
-    asyncio.run(_serve_until_signal(app, host, port, grace))
+def serve_app(app: Any, host: str, port: int, grace: float = SHUTDOWN_GRACE_S,
+              on_ready: Callable[[Server], None] | None = None) -> None:
+    """Run an ASGI app on host:port until SIGINT or SIGTERM (blocking), then drain open
+    streams for `grace` s; `on_ready` runs once the socket is bound and the app started (so a
+    busy port never gets announced)."""
+    asyncio.run(_serve_until_signal(app, host, port, grace, on_ready))
 
 
-async def _serve_until_signal(app: Any, host: str, port: int, grace: float) -> None:
+async def _serve_until_signal(app: Any, host: str, port: int, grace: float,
+                              on_ready: Callable[[Server], None] | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with running(app, host, port, grace):
+    async with running(app, host, port, grace) as server:
+        if on_ready is not None:
+            on_ready(server)
         await stop.wait()
         log.info("stopping: no new connections; open streams get up to %.0f s", grace)
