@@ -41,9 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=0, help="send this many and stop (0: forever)")
     p.add_argument("--legacy", action="store_true", help="P2pNccl format (prefill/decode only)")
     p.add_argument("--zmq-address", help="legacy: the node's own KV-transfer ZMQ host:port")
-    p.add_argument("--token", default=os.environ.get(TOKEN_ENV),
-                   help=f"the proxy's --discovery-token (default: ${TOKEN_ENV}; prefer the "
-                   "variable: flags show up in `ps`)")
+    # The default is read in main(), not here: help must never print the secret.
+    p.add_argument("--token", metavar="T",
+                   help=f"the proxy's --discovery-token (else ${TOKEN_ENV}, which is better: "
+                   "flags show up in `ps`)")
     return p
 
 
@@ -54,8 +55,9 @@ def main(argv: list[str]) -> int:
         raise ValueError("--interval must be > 0")
     if not args.url.startswith(("http://", "https://")):
         raise ValueError(f"--url must start with http:// or https://: {args.url!r}")
+    token = args.token or os.environ.get(TOKEN_ENV)
     payload = heartbeat(Role(args.role), args.url, args.model, args.legacy, args.zmq_address,
-                        args.token)
+                        token)
     started = time.monotonic()
     sent = send_heartbeats(args.proxy, payload, args.interval, args.count)
     print(f"sent {sent} heartbeat(s) to {args.proxy} in {time.monotonic() - started:.1f}s")

@@ -242,3 +242,8 @@ async def test_a_client_chosen_session_id_is_percent_encoded_in_headers(
     assert response.headers["x-ppd-session"].isascii()
     assert unquote(response.headers["x-ppd-session"]) == conversation_id
     assert unquote(by_header.headers["x-ppd-session"]) == "caf\u00e9 %"
+
+
+def test_ppd_register_help_never_shows_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PPD_DISCOVERY_TOKEN", TOKEN)
+    assert TOKEN not in register.build_parser().format_help()
