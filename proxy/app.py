@@ -155,6 +155,10 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
         return _response(await state.router.handle(incoming))
 
     async def _incoming(endpoint: Endpoint) -> Incoming:
+        # The body is read (up to --max-body-bytes) even when the headers refuse the request:
+        # answering first lets the server close a connection the client is still writing to,
+        # and the reset can destroy the answer before the client reads it.
+        raw: bytes = await request.get_data(cache=False, as_text=False)  # type: ignore[assignment]
         auth = request.headers.get("authorization")
         if config.api_key and not _bearer_matches(auth, config.api_key, config.admin_key):
             raise Unauthorized("missing or invalid API key (authorization: Bearer KEY)")
@@ -164,7 +168,7 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
                 raise BadRequest(f"x-ppd-route must be one of {sorted(_FORCIBLE)}, got {forced!r}")
             if config.admin_key and not _bearer_matches(auth, config.admin_key):
                 raise Unauthorized("x-ppd-route needs authorization: Bearer ADMIN_KEY")
-        body = parse_json_object(await request.get_data(cache=False, as_text=False))  # type: ignore[arg-type]
+        body = parse_json_object(raw)
         validate_body(endpoint, body)
         return Incoming(endpoint, body, request.headers.get("x-session-id"),
                         _FORCIBLE[forced] if forced else None)

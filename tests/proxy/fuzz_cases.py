@@ -1,7 +1,8 @@
 """Fuzzing the proxy's HTTP surface: hypothesis strategies for hostile requests and the one
 property every answer must have. Shared by tests/proxy/test_fuzz.py and benchmarks/fuzz.py.
 
-A case is (method, path, headers, body bytes). Bodies come from three families:
+A case is (method, path, headers, body bytes). Bodies come from four families:
+- valid: a body the proxy must serve, with odd but legal text and session ids;
 - structured: a completion body where every field the proxy or vLLM reads (messages, content
   parts, tools, n, logprobs, stream, max_tokens, temperature, prompt as text or token ids,
   conversation_id, kv_transfer_params, ...) is sometimes right, sometimes of a wrong type;
@@ -74,6 +75,9 @@ _token_ids = st.lists(st.integers(0, 50_000), min_size=1, max_size=16)
 _prompt = (_text | _token_ids | st.lists(_token_ids, min_size=1, max_size=3)
            | st.lists(_text, min_size=1, max_size=3) | _any_json)
 
+# Session ids that must survive the trip back in the x-ppd-session header.
+_odd_ids = st.sampled_from(["a\r\nx-evil: 1", "\U0001F600", "caf\u00e9", "%41", "tab\tnul\x00"])
+
 _optional_fields: dict[str, st.SearchStrategy[Any]] = {
     "model": st.just(MODEL) | _text | _any_json,
     "stream": st.booleans() | _any_json,
@@ -91,7 +95,7 @@ _optional_fields: dict[str, st.SearchStrategy[Any]] = {
     "tools": st.lists(_tool, max_size=2) | _any_json,
     "tool_choice": st.sampled_from(["auto", "none", "required"]) | _any_json,
     "response_format": _any_json,
-    "conversation_id": _text | st.integers() | _any_json,
+    "conversation_id": _odd_ids | _text | st.integers() | _any_json,
     "kv_transfer_params": _any_json,
     "user": _text | _any_json,
 }
@@ -106,6 +110,22 @@ def completion_bodies(draw: st.DrawFn, path: str) -> dict[str, Any]:
         body[required] = draw(_messages if required == "messages" else _prompt)
     body.update(draw(st.fixed_dictionaries({}, optional=_optional_fields)))
     body.update(draw(st.dictionaries(_text, _any_json, max_size=2)))
+    return body
+
+
+@st.composite
+def valid_bodies(draw: st.DrawFn, path: str) -> dict[str, Any]:
+    """A body the proxy must serve (200): odd but legal text, ids, stream or not."""
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": draw(st.integers(1, 8)),
+                            "stream": draw(st.booleans())}
+    if path.endswith("chat/completions"):
+        body["messages"] = draw(st.lists(st.fixed_dictionaries(
+            {"role": st.sampled_from(["system", "user", "assistant"]), "content": _text}),
+            min_size=1, max_size=4))
+    else:
+        body["prompt"] = draw(_text | _token_ids)
+    if draw(st.booleans()):
+        body["conversation_id"] = draw(_odd_ids | _text)
     return body
 
 
@@ -173,11 +193,14 @@ _headers = st.fixed_dictionaries({}, optional={
 
 @st.composite
 def cases(draw: st.DrawFn) -> Case:
-    """Any request: a structured, mutated or raw body on a completion endpoint."""
+    """Any request: a valid, structured, mutated or raw body on a completion endpoint."""
     path = draw(st.sampled_from(PATHS))
-    family = draw(st.sampled_from(["structured", "structured", "mutated", "mutated", "raw"]))
+    family = draw(st.sampled_from(["valid", "structured", "structured", "mutated", "mutated",
+                                   "raw"]))
     if family == "raw":
         body = draw(st.binary(max_size=200))
+    elif family == "valid":
+        body = _serialize(draw(valid_bodies(path)), draw(st.booleans()))
     else:
         body = _serialize(draw(completion_bodies(path)), draw(st.booleans()))
         if family == "mutated":
