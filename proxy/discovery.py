@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import logging
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from proxy.route import Role
 
 log = logging.getLogger("ppd.proxy.discovery")
 
+REJECTION_LOG_INTERVAL_S = 60.0
 _LEGACY_ROLES = {"P": Role.PREFILL, "D": Role.DECODE}
 _LEGACY_TYPES = {role: kind for kind, role in _LEGACY_ROLES.items()}
 
@@ -132,6 +134,7 @@ class Discovery:
         self._pool = pool
         self._token = token.encode() if token else None
         self.rejected = 0  # heartbeats dropped: malformed, unauthenticated, or for a static node
+        self._warned_at = -math.inf
         self._address = address
         self._timeout = heartbeat_timeout
         self._clock = clock
@@ -167,7 +170,10 @@ class Discovery:
                                      f"cannot make it {beat.role}")
         except HeartbeatError as exc:
             self.rejected += 1
-            log.warning("ignoring heartbeat: %s", exc)
+            # Anyone who reaches the socket can send these: one line per interval, not per beat.
+            if self._clock() - self._warned_at >= REJECTION_LOG_INTERVAL_S:
+                self._warned_at = self._clock()
+                log.warning("ignoring heartbeat: %s (%d rejected so far)", exc, self.rejected)
             return
         # A static node keeps its source: health checks, not heartbeats, say whether it is up.
         static = node is not None and node.source is Source.STATIC

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -20,7 +21,7 @@ import pytest
 from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role, create_app, register
 from proxy.backends import BackendPool, Source
 from proxy.config import ConfigError, Policy
-from proxy.discovery import Discovery, heartbeat
+from proxy.discovery import REJECTION_LOG_INTERVAL_S, Discovery, heartbeat
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.fakes.mock_vllm import MockCluster
 from tests.proxy.helpers import FakeClock, chat_body, config_for, reply_text, serve_proxy
@@ -73,6 +74,20 @@ def test_a_heartbeat_never_changes_a_static_nodes_role_health_or_lifetime() -> N
     assert node is static and node.role is Role.DECODE and node.source is Source.STATIC
     assert not node.healthy  # a heartbeat does not overrule the health checks
     assert discovery.rejected == 1
+
+
+def test_a_flood_of_rejected_heartbeats_logs_one_line_a_minute(
+        caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    discovery = Discovery(BackendPool(), "tcp://127.0.0.1:0", 10.0, clock, token=TOKEN)
+    with caplog.at_level(logging.WARNING, logger="ppd.proxy.discovery"):
+        for _ in range(1000):
+            discovery.handle(beat("http://rogue:1"))
+        clock.now += REJECTION_LOG_INTERVAL_S
+        discovery.handle(beat("http://rogue:1"))
+    assert discovery.rejected == 1001
+    assert [r.getMessage().endswith(f"({n} rejected so far)")
+            for r, n in zip(caplog.records, (1, 1001), strict=True)] == [True, True]
 
 
 @pytest.mark.parametrize("address", ["tcp://0.0.0.0:7000", "tcp://*:7000", "tcp://10.1.2.3:7000",
