@@ -1,0 +1,110 @@
+"""The emulator's tokenizer: exact prompt token ids, and reply text of an exact token count.
+
+Emulated nodes serve a model name (e.g. llama-3.1-8b) without its weights or its tokenizer (no
+hub). They tokenize with the tiny model's byte-level BPE instead - trained here, on Python's
+own docstrings (profiler/models/prepare.py), with the same ChatML template - saved once as a
+tokenizer directory that `ppd proxy --tokenizer` reads too, so the proxy's counts, the usage a
+node reports and the node's prefix cache all agree. Prompt lengths in tokens differ from the
+real Llama tokenizer's by a few per cent on English prose; what matters for timing is that
+every party counts the same tokens.
+
+Replies are drawn from "word tokens": vocabulary entries that are one space plus letters. Such
+a token is a pre-tokenizer word on its own, so a reply of N word tokens re-encodes to exactly
+the same N ids when the next turn sends it back in the history - as vLLM's prefix cache needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from profiler.models.prepare import CHATML_TEMPLATE, TINY_SPECIAL_TOKENS, TINY_VOCAB_SIZE
+from profiler.models.prepare import cache_dir as ppd_cache_dir
+from proxy.tokens import HFTokenCounter, _content_text
+
+TOKENIZER_VERSION = 1
+_READY = ".ppd-emulator-tokenizer"
+_BOS, _EOS = "<|endoftext|>", "<|im_end|>"
+MIN_WORD_TOKENS = 64
+
+
+def tokenizer_dir(env: dict[str, str] | None = None) -> Path:
+    """The emulator tokenizer's directory in the ppd cache, built on first use (~2 s)."""
+    root = ppd_cache_dir(env) / "emulator" / f"tokenizer-v{TOKENIZER_VERSION}"
+    if not (root / _READY).is_file():
+        build_tokenizer(root)
+    return root
+
+
+def build_tokenizer(out: Path) -> Path:
+    """Train the tiny BPE (deterministic) into `out`: tokenizer.json + tokenizer_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from profiler.models.prepare import tiny_training_text
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB_SIZE, special_tokens=list(TINY_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )  # fmt: skip
+    tokenizer.train_from_iterator(tiny_training_text(), trainer=trainer)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tokenizer.save(str(staging / "tokenizer.json"))
+    config = {"bos_token": _BOS, "eos_token": _EOS, "unk_token": _BOS, "pad_token": _BOS,
+              "chat_template": CHATML_TEMPLATE, "model_max_length": 131072,
+              "tokenizer_class": "PreTrainedTokenizerFast"}  # fmt: skip
+    (staging / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    (staging / _READY).write_text("")
+    try:
+        os.replace(staging, out)
+    except OSError:  # another process built it first (the target is a non-empty directory)
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+class Vocabulary(HFTokenCounter):
+    """Token ids of prompts (chat rendered with the template) and synthetic replies."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        pieces = self._tokenizer.get_vocab()
+        words = sorted(i for piece, i in pieces.items()
+                       if len(piece) > 2 and piece[0] == "\u0120" and piece[1:].isalpha()
+                       and piece[1:].isascii())  # fmt: skip
+        # Keep only tokens that survive decode -> encode as themselves, alone and in a row.
+        self.word_ids = [i for i in words if self._tokenizer.encode(
+            self._tokenizer.decode([i, i]), add_special_tokens=False).ids == [i, i]]
+        if len(self.word_ids) < MIN_WORD_TOKENS:
+            raise ValueError(f"tokenizer {directory} has too few word tokens for replies")
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of a plain prompt, as vLLM's completions endpoint sees it (no special tokens)."""
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """Ids of chat messages rendered with the template and a generation prompt."""
+        if self._template is None:
+            text = "".join(_content_text(m.get("content")) for m in messages)
+        else:
+            text = self._template.render(messages=list(messages), add_generation_prompt=True,
+                                         **self._special)
+        return self.encode_text(text)
+
+    def reply_ids(self, n_tokens: int, seed: str) -> list[int]:
+        """n_tokens word-token ids, deterministic per seed (a request's id and prompt)."""
+        rng = random.Random(seed)
+        return [rng.choice(self.word_ids) for _ in range(n_tokens)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ids; a reply's text re-encodes to the same ids."""
+        return str(self._tokenizer.decode(list(ids)))
