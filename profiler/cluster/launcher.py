@@ -303,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ppd cluster", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
     up = sub.add_parser("up", help="start the nodes (and the proxy) in the background")
-    up.add_argument("--model", required=True, help="tiny, smollm2 or a model directory")
+    up.add_argument("--model", required=True,
+                    help="tiny, smollm2 or a model directory (with --emulate: llama-3.1-8b, tiny)")
     up.add_argument("--layout", required=True, type=_layout_arg, help="1P1D, 1P2D, 2P2D, 1R...")
     up.add_argument("--device", type=Device, choices=list(Device), default=Device.CPU)
     up.add_argument("--connector", type=Connector, choices=list(Connector), default=None,
@@ -316,6 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--kv-cache-gib", type=int, default=1, help="CPU KV cache per node")
     up.add_argument("--startup-timeout", type=float, default=300.0, metavar="S")
     up.add_argument("--vllm-args", default="", help="extra vLLM flags, one quoted string")
+    up.add_argument("--emulate", default=None, metavar="HW",
+                    help="emulated nodes timed by an engine model (h100, linear, ...) "
+                    "instead of vLLM; see docs/emulated-nodes.md")
+    up.add_argument("--link", default=None,
+                    help="with --emulate: P->D link preset (nvlink, rdma-400g, tcp-25g)")
     up.add_argument("--with-proxy", action="store_true", help="start `ppd proxy` in front")
     up.add_argument("--policy", default=None, help="proxy policy (with --with-proxy)")
     up.add_argument("--proxy-port", type=int, default=DEFAULT_PROXY_PORT)
@@ -362,11 +368,18 @@ def _up(args: argparse.Namespace) -> int:
         cores=default_cores() if args.device is Device.CPU else (),
         startup_timeout_s=args.startup_timeout, vllm_args=tuple(shlex.split(args.vllm_args)),
     )  # fmt: skip
-    if args.model in {m.value for m in ModelName} and not is_ready(
-        default_model_dir(ModelName(args.model))
-    ):
-        progress(f"preparing model {args.model} (once)")
-    cluster = start_cluster(config, progress)
+    if args.emulate is not None:
+        from profiler.emulate.cluster import start_emulated_cluster
+
+        cluster = start_emulated_cluster(config, args.emulate, args.link, progress)
+    elif args.link is not None:
+        raise ClusterError("--link needs --emulate (vLLM's transfer is set by --connector)")
+    else:
+        if args.model in {m.value for m in ModelName} and not is_ready(
+            default_model_dir(ModelName(args.model))
+        ):
+            progress(f"preparing model {args.model} (once)")
+        cluster = start_cluster(config, progress)
     if args.with_proxy:
         try:
             cluster.start_proxy(args.policy, args.proxy_port, args.host)
