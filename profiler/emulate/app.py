@@ -13,7 +13,6 @@ from typing import Any
 from quart import Quart, Response, request
 
 from profiler.emulate.openai_format import RequestError, parse
-from profiler.emulate.runtime import JobFailed
 from profiler.emulate.service import NodeService
 
 EMULATOR_VERSION = "ppd-emulated"
@@ -80,10 +79,7 @@ def create_node_app(service: NodeService) -> Quart:
         if parsed.stream:
             return Response(running.sse(), content_type="text/event-stream",
                             headers={"Cache-Control": "no-cache"})
-        try:
-            answer = await running.answer()
-        except JobFailed as exc:
-            return _error(RequestError(str(exc)))
+        answer = await running.answer()
         return Response(json.dumps(answer), content_type="application/json")
 
     return app

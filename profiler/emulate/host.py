@@ -23,6 +23,7 @@ from profiler.emulate.app import create_node_app
 from profiler.emulate.presets import Preset, resolve
 from profiler.emulate.service import NodeService, NodeSpec, Peers
 from profiler.emulate.vocab import Vocabulary, tokenizer_dir
+from profiler.sim import NodeRole
 from proxy.route import Role
 from proxy.server import running
 
@@ -45,9 +46,9 @@ def node_specs(preset: Preset, served_model: str, nodes: Sequence[tuple[Role, in
         index = sum(1 for s in specs if s.role is role)
         specs.append(NodeSpec(
             f"{role.value}-{index}", role, served_model, preset.name,
-            max_model_len=preset.model.max_model_len,
+            max_model_len=preset.max_model_len,
             kv_bytes_per_token=preset.model.kv_bytes_per_token,
-            link_bandwidth_bytes_s=preset.link.bandwidth_bytes_s,
+            link_bandwidth_bytes_s=preset.link.bandwidth_bytes_per_s,
             link_latency_s=preset.link.latency_s, report_cached_tokens=report_cached_tokens,
             host=host, port=port,
         ))  # fmt: skip
@@ -61,13 +62,15 @@ async def hosted(preset: Preset, nodes: Sequence[tuple[Role, int]], *,
                  ) -> AsyncIterator[list[HostedNode]]:
     """Serve one emulated node per (role, port) (port 0: the OS chooses) for the block."""
     vocab = vocab if vocab is not None else Vocabulary(tokenizer_dir())
+    preset.warm()
     peers = Peers()
     specs = node_specs(preset, served_model or preset.model.name, nodes, host,
                        report_cached_tokens)
     async with contextlib.AsyncExitStack() as stack:
         out: list[HostedNode] = []
         for spec in specs:
-            service = NodeService(spec, preset.make_engine(), vocab, peers)
+            engine = preset.make_engine(NodeRole(spec.role.value))
+            service = NodeService(spec, engine, vocab, peers)
             server = await stack.enter_async_context(
                 running(create_node_app(service), host, spec.port))
             out.append(HostedNode(service, server.url))
@@ -89,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--emulate", required=True, help="hardware preset (h100, linear, ...)")
     parser.add_argument("--model", required=True, help="model shape (llama-3.1-8b, tiny)")
+    parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--link", default=None, help="P->D link preset (nvlink, rdma-400g, ...)")
     parser.add_argument("--host", default="127.0.0.1")
@@ -102,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    preset = resolve(args.emulate, args.model, args.link)
+    preset = resolve(args.emulate, args.model, args.link, args.max_model_len)
     vocab = Vocabulary(args.tokenizer or tokenizer_dir())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -154,11 +154,6 @@ class Envelope:
                       "finish_reason": finish_reason, "stop_reason": None}
         return sse({**self._base(True), "choices": [choice]})
 
-    def error_event(self, message: str) -> bytes:
-        """What vLLM streams when a request fails after its answer started."""
-        return sse({"error": {"message": message, "type": "InternalServerError", "param": None,
-                              "code": 500}})
-
     def usage_chunk(self, usage_block: dict[str, Any]) -> bytes:
         return sse({**self._base(True), "choices": [], "usage": usage_block})
 

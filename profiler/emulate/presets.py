@@ -1,63 +1,41 @@
-"""Named timings for emulated nodes: `--emulate HW --model M` -> an engine factory and limits.
+"""Named timings for emulated nodes: `--emulate HW --model M` -> engine, KV size and link.
 
-A preset is looked up as "HW:MODEL" (e.g. "h100:llama-3.1-8b"). Engines come from the engine
-model in profiler.sim when it knows the preset (aiconfigurator-core's measured kernel data,
-or a preset fitted to this machine's vLLM-CPU cluster); "linear" is the small linear-cost
-engine of basic.py, with no external data, for tests and for trying the machinery.
+- `h100`, `h200`, `b200`: profiler.sim's aiconfigurator cost preset "HW:MODEL" (NVIDIA's
+  measured vLLM kernel data), with a KV cache sized like vLLM's on that GPU;
+- a JSON file written by `ppd sim fit` (e.g. this machine's vLLM-CPU cluster);
+- `linear`: round numbers (2 ms per step, 20 us per prompt token, 50 us per decode
+  sequence), for tests and for trying the machinery without aiconfigurator-core.
+KV bytes per token and link presets come from profiler.sim.transfer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
-from profiler.emulate.basic import BasicConfig, BasicEngine, LinearCost
 from profiler.emulate.port import NodeEngine
+from profiler.sim import Engine, EngineConfig, LinearCost, NodeRole, load_cost
+from profiler.sim.cost import BatchShape, CostModel
+from profiler.sim.transfer import LINKS, Link, ModelShape, load_model_shape
 
 
 class PresetError(ValueError):
     """An unknown or unavailable preset."""
 
 
-@dataclass(frozen=True, slots=True)
-class ModelShape:
-    """What the emulator needs of a model: KV bytes per token (K and V, all layers)."""
-
-    name: str
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype_bytes: int = 2
-    max_model_len: int = 8192
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
-
-
-MODELS = {
-    # Llama-3.1-8B's config.json: 32 layers, 8 KV heads of 128 (GQA), bf16 -> 128 KiB/token.
-    "llama-3.1-8b": ModelShape("llama-3.1-8b", 32, 8, 128),
-    # The tiny model `ppd model prepare tiny` builds (2 layers, 2 KV heads of 32).
-    "tiny": ModelShape("tiny", 2, 2, 32, max_model_len=4096),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Link:
-    """P->D link: bandwidth per P (shared by its transfers) and a fixed per-transfer latency."""
-
-    name: str
-    bandwidth_bytes_s: float
-    latency_s: float
-    source: str
-
-
-LINKS = {
-    "nvlink": Link("nvlink", 450e9, 0.0005, "H100 NVLink 4: 900 GB/s total, 450 GB/s each way"),
-    "rdma-400g": Link("rdma-400g", 50e9, 0.002, "400 Gb/s InfiniBand/RoCE NIC, line rate"),
-    "tcp-25g": Link("tcp-25g", 3.125e9, 0.005, "25 Gb/s Ethernet, line rate"),
-}
+# GPU memory (GB) and parameter counts (for weights in bf16): the KV cache is what vLLM
+# leaves at --gpu-memory-utilization 0.9 after weights and ~4 GB of activations and graphs.
+GPU_MEMORY_GB = {"h100": 80.0, "h200": 141.0, "b200": 192.0}
+MODEL_PARAMS = {"llama-3.1-8b": 8.03e9, "llama-3.1-70b": 70.6e9, "qwen3-8b": 8.19e9,
+                "qwen3-32b": 32.8e9}  # fmt: skip
+GPU_MEMORY_UTILIZATION = 0.9
+ACTIVATION_GB = 4.0
+LINEAR = LinearCost("linear", "round numbers for tests (ppd emulator)", base_ms=2.0,
+                    per_prefill_token_ms=0.02, per_decode_seq_ms=0.05)
+DEFAULT_LINK = "nvlink"
+# Tiny models (tests, CPU presets) have no shape in profiler.sim; the tiny model's own.
+TINY = ModelShape("tiny", 2, 2, 32, source="ppd model prepare tiny (LlamaConfig)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,34 +43,55 @@ class Preset:
     """How to build the engine of one emulated node, and what to call it in metadata."""
 
     name: str
-    description: str
     model: ModelShape
     link: Link
-    make_engine: Callable[[], NodeEngine]
+    cost: CostModel
+    config: EngineConfig
+
+    def make_engine(self, role: NodeRole = NodeRole.REPLICA) -> NodeEngine:
+        from profiler.emulate.sim_engine import SimNodeEngine
+
+        return SimNodeEngine(Engine(replace(self.config, role=role), self.cost))
+
+    def warm(self) -> None:
+        """Load the cost model now (aiconfigurator takes ~2 s), not on the first request."""
+        self.cost.step_ms(BatchShape(1, self.config.block_size, 0, 0, 0))
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
 
 
-def _linear(model: ModelShape) -> Preset:
-    def make() -> NodeEngine:
-        return BasicEngine(LinearCost(), BasicConfig())
+def _kv_blocks(hardware: str, model: ModelShape, block_size: int) -> int | None:
+    params = MODEL_PARAMS.get(model.name)
+    memory = GPU_MEMORY_GB.get(hardware)
+    if params is None or memory is None:
+        return None
+    kv_bytes = (memory * GPU_MEMORY_UTILIZATION - ACTIVATION_GB) * 1e9 - params * 2
+    return max(int(kv_bytes // (model.kv_bytes_per_token * block_size)), 1)
 
-    return Preset(f"linear:{model.name}", "linear step cost (basic.py defaults), no measured "
-                  "data", model, LINKS["nvlink"], make)  # fmt: skip
 
-
-def resolve(hardware: str, model: str, link: str | None = None) -> Preset:
+def resolve(hardware: str, model: str, link: str | None = None,
+            max_model_len: int | None = None) -> Preset:
     """The preset for `--emulate hardware --model model` (PresetError when there is none)."""
-    shape = MODELS.get(model)
-    if shape is None:
-        raise PresetError(f"no model shape for {model!r}; known: {', '.join(sorted(MODELS))}")
-    if hardware == "linear":
-        preset = _linear(shape)
-    else:
-        from profiler.emulate.sim_engine import sim_preset
+    try:
+        shape = TINY if model == "tiny" else load_model_shape(model)
+        cost = _cost(hardware, model)
+        chosen = LINKS[link or DEFAULT_LINK] if (link or DEFAULT_LINK) in LINKS else None
+    except (ValueError, ImportError) as exc:
+        raise PresetError(str(exc)) from None
+    if chosen is None:
+        raise PresetError(f"unknown link {link!r}; known: {', '.join(LINKS)}")
+    config = EngineConfig(max_model_len=max_model_len or 32768)
+    blocks = _kv_blocks(hardware, shape, config.block_size)
+    if blocks is not None:
+        config = replace(config, num_kv_blocks=blocks)
+    return Preset(cost.name, shape, chosen, cost, config)
 
-        preset = sim_preset(hardware, shape)
-    if link is not None:
-        if link not in LINKS:
-            raise PresetError(f"unknown link {link!r}; known: {', '.join(LINKS)}")
-        preset = Preset(preset.name, preset.description, preset.model, LINKS[link],
-                        preset.make_engine)  # fmt: skip
-    return preset
+
+def _cost(hardware: str, model: str) -> CostModel:
+    if hardware == "linear":
+        return replace(LINEAR, name=f"linear:{model}")
+    if hardware.endswith(".json") or Path(hardware).is_file():
+        return load_cost(hardware)
+    return load_cost(f"{hardware}:{model}")

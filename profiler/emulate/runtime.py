@@ -7,28 +7,25 @@ moment the loop woke up: lateness (a busy CPU, timer slack) delays delivery but 
 accumulate into the model's timeline. `Pacing` records how late steps were delivered, which is
 how far one process keeps up with real time.
 
-D's KV transfer from a P hosted in the same process runs on P's shared link (link.py); the P
-is told to free the KV when it has arrived, as NixlConnector's notification does.
+KV pulls the engine asks for (a D job got its blocks) go to `on_pull`; the node's owner models
+the transfer and calls `kv_arrived`. A P job's held KV is freed by `hold_released` (its D has
+the KV) or after HOLD_TIMEOUT_S.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from profiler.emulate.link import SharedLink
-from profiler.emulate.port import Admission, Job, NodeEngine
+from profiler.emulate.port import Job, NodeEngine, Tick
 
 # How long P keeps a prompt's KV for a D that never pulls it (vLLM's
 # VLLM_NIXL_ABORT_REQUEST_TIMEOUT is 480 s; shorter here, as nothing real is held).
 HOLD_TIMEOUT_S = 120.0
-
-
-class JobFailed(Exception):
-    """The engine dropped the job (e.g. it can never fit in the KV cache)."""
+# A step delivered later than this after its modelled end counts as late.
+LATE_S = 0.005
 
 
 @dataclass(slots=True)
@@ -36,12 +33,11 @@ class Pacing:
     """How late step results reached clients compared with their modelled end."""
 
     steps: int = 0
-    late_steps: int = 0  # delivered more than LATE_S after the modelled end
+    late_steps: int = 0
     total_lag_s: float = 0.0
     max_lag_s: float = 0.0
     tokens: int = 0
     busy_s: float = 0.0  # modelled time spent in steps
-    LATE_S: float = field(default=0.005, repr=False)
 
     def record(self, lag_s: float, tokens: int, duration_s: float) -> None:
         self.steps += 1
@@ -49,53 +45,50 @@ class Pacing:
         self.busy_s += duration_s
         self.total_lag_s += lag_s
         self.max_lag_s = max(self.max_lag_s, lag_s)
-        if lag_s > self.LATE_S:
+        if lag_s > LATE_S:
             self.late_steps += 1
 
 
 @dataclass(slots=True)
-class _Ticket:
+class Stream:
+    """A submitted job: token counts as the steps that make them end, then its cache hit."""
+
     job: Job
     arrival: float
-    tokens: asyncio.Queue[int | BaseException | None] = field(default_factory=asyncio.Queue)
-    admission: Admission | None = None
-
-
-@dataclass(slots=True)
-class Stream:
-    """A submitted job: its admission, then token counts as steps deliver them."""
-
-    admission: Admission
-    _ticket: _Ticket
+    cached_tokens: int = 0  # prompt tokens it found cached or received (known at the end)
+    finished: bool = False
+    _queue: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
 
     async def tokens(self) -> AsyncIterator[int]:
-        """Numbers of tokens produced, step by step, until the job ends (JobFailed on failure)."""
+        """Numbers of tokens produced, step by step, until the job ends."""
         while True:
-            item = await self._ticket.tokens.get()
+            item = await self._queue.get()
             if item is None:
                 return
-            if isinstance(item, BaseException):
-                raise item
             yield item
 
 
 class EmulatedNode:
     """An engine driven on the wall clock; `submit` returns a Stream of its tokens."""
 
-    def __init__(self, engine: NodeEngine, *, clock: Callable[[], float] = time.monotonic,
-                 on_token: Callable[[_Ticket, float, int], None] | None = None) -> None:
+    def __init__(self, engine: NodeEngine, *,
+                 on_token: Callable[[Stream, float, int], None] | None = None,
+                 on_pull: Callable[[str, int], None] | None = None) -> None:
         self.engine = engine
         self.pacing = Pacing()
-        self.link: SharedLink | None = None  # this node's egress, when it serves as a P
-        self._clock = clock
-        self._tickets: dict[str, _Ticket] = {}
+        self._streams: dict[str, Stream] = {}
         self._held: dict[str, asyncio.TimerHandle] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._on_token = on_token
+        self._on_pull = on_pull
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
 
     async def start(self) -> None:
         if self._task is None:
+            self._wake = asyncio.Event()  # bound to the serving loop
             self._task = asyncio.create_task(self._run(), name="emulated-node")
 
     async def stop(self) -> None:
@@ -106,12 +99,12 @@ class EmulatedNode:
             self._task = None
 
     def submit(self, job: Job) -> Stream:
-        """Queue a job; its tokens arrive on the Stream as the steps that make them end."""
-        ticket = _Ticket(job, self._clock())
-        ticket.admission = self.engine.submit(job)
-        self._tickets[job.id] = ticket
+        """Queue a job (JobRejected if it can never run on this node)."""
+        stream = Stream(job, self.now())
+        self.engine.submit(job, stream.arrival)
+        self._streams[job.id] = stream
         self._wake.set()
-        return Stream(ticket.admission, ticket)
+        return stream
 
     def kv_arrived(self, job_id: str) -> None:
         self.engine.kv_arrived(job_id)
@@ -127,50 +120,48 @@ class EmulatedNode:
 
     def abort(self, job_id: str) -> None:
         """The client went away: drop the job (a no-op once it finished)."""
-        if self._tickets.pop(job_id, None) is not None:
-            self.engine.abort(job_id)
+        if self._streams.pop(job_id, None) is not None:
+            self.engine.abort(job_id, self.now())
             self._wake.set()
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        modelled_end: float | None = None  # the previous step's end while the engine is busy
+        previous_end: float | None = None  # set while the engine stays busy step after step
         while True:
-            if not self.engine.has_work():
-                modelled_end = None
+            if self.engine.next_step_time() is None:
+                previous_end = None
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            now = loop.time()
-            start = now if modelled_end is None else min(modelled_end, now)
-            tick = self.engine.step()
-            modelled_end = start + tick.duration_s
-            delay = modelled_end - loop.time()
+            now = self.now()
+            tick = self.engine.step(now if previous_end is None else min(previous_end, now))
+            for job_id, tokens in tick.kv_pulls:
+                if self._on_pull is not None:
+                    self._on_pull(job_id, tokens)
+            delay = tick.end - self.now()
             if delay > 0:
                 await asyncio.sleep(delay)
-            lag = max(0.0, loop.time() - modelled_end)
-            self.pacing.record(lag, sum(tick.emitted.values()), tick.duration_s)
-            self._deliver(tick.emitted, tick.finished, tick.failed)
-            if tick.duration_s <= 0:
-                await asyncio.sleep(0)  # an empty step (nothing fit): let arrivals in
+            else:
+                await asyncio.sleep(0)  # let arrivals and transfers in between late steps
+            self.pacing.record(max(0.0, self.now() - tick.end), sum(tick.emitted.values()),
+                               tick.duration_s)
+            self._deliver(tick)
+            previous_end = tick.end
 
-    def _deliver(self, emitted: dict[str, int], finished: list[str],
-                 failed: dict[str, str]) -> None:
-        now = self._clock()
-        for job_id, n in emitted.items():
-            ticket = self._tickets.get(job_id)
-            if ticket is not None:
+    def _deliver(self, tick: Tick) -> None:
+        now = self.now()
+        for job_id, n in tick.emitted.items():
+            stream = self._streams.get(job_id)
+            if stream is not None:
                 if self._on_token is not None:
-                    self._on_token(ticket, now, n)
-                ticket.tokens.put_nowait(n)
-        for job_id in finished:
-            ticket = self._tickets.pop(job_id, None)
-            if ticket is None:
+                    self._on_token(stream, now, n)
+                stream._queue.put_nowait(n)
+        for job_id in tick.finished:
+            stream = self._streams.pop(job_id, None)
+            if stream is None:
                 continue
-            ticket.tokens.put_nowait(None)
-            if ticket.job.hold_kv:
+            stream.cached_tokens = tick.cached.get(job_id, 0)
+            stream.finished = True
+            stream._queue.put_nowait(None)
+            if stream.job.hold_kv:
                 loop = asyncio.get_running_loop()
                 self._held[job_id] = loop.call_later(HOLD_TIMEOUT_S, self.hold_released, job_id)
-        for job_id, reason in failed.items():
-            ticket = self._tickets.pop(job_id, None)
-            if ticket is not None:
-                ticket.tokens.put_nowait(JobFailed(reason))

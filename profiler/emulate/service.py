@@ -14,7 +14,6 @@ The P/D protocol as vLLM's NixlConnector plays it:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import math
 from collections.abc import AsyncIterator
@@ -24,8 +23,8 @@ from typing import Any
 from profiler.emulate.link import SharedLink
 from profiler.emulate.metrics import NodeMetrics
 from profiler.emulate.openai_format import DONE, Envelope, Parsed, RequestError, usage
-from profiler.emulate.port import Job, NodeEngine
-from profiler.emulate.runtime import EmulatedNode, JobFailed, Stream, _Ticket
+from profiler.emulate.port import Job, JobRejected, NodeEngine
+from profiler.emulate.runtime import EmulatedNode, Stream
 from profiler.emulate.vocab import Vocabulary
 from proxy.route import Role
 
@@ -62,10 +61,13 @@ class NodeService:
         self.spec = spec
         self.vocab = vocab
         self.engine_id = f"ppd-emulated-{spec.name}-{id(self):x}"
-        self.node = EmulatedNode(engine, on_token=self._on_token)
-        self.node.link = SharedLink(spec.link_bandwidth_bytes_s, spec.link_latency_s)
-        # Transfers from a P this process does not host run on a link of the same preset.
+        self.node = EmulatedNode(engine, on_token=self._on_token, on_pull=self._on_pull)
+        # This node's egress as a P; transfers from a P this process does not host run on a
+        # link of the same preset.
+        self.link = SharedLink(spec.link_bandwidth_bytes_s, spec.link_latency_s)
         self._foreign = SharedLink(spec.link_bandwidth_bytes_s, spec.link_latency_s)
+        self._pulling: dict[str, Prepared] = {}
+        self._pulls: set[asyncio.Task[None]] = set()
         self.peers = peers if peers is not None else Peers()
         self.peers.nodes[self.engine_id] = self
         self.metrics = NodeMetrics(
@@ -82,14 +84,14 @@ class NodeService:
     async def stop(self) -> None:
         await self.node.stop()
 
-    def _on_token(self, ticket: _Ticket, now: float, n: int) -> None:
-        last = self._last_token.get(ticket.job.id)
+    def _on_token(self, stream: Stream, now: float, n: int) -> None:
+        last = self._last_token.get(stream.job.id)
         if last is None:
-            self.metrics.ttft.observe(now - ticket.arrival)
+            self.metrics.ttft.observe(now - stream.arrival)
         else:
             self.metrics.itl.observe(now - last)
             self.metrics.tpot.observe(now - last)
-        self._last_token[ticket.job.id] = now
+        self._last_token[stream.job.id] = now
         self.metrics.generation_tokens.inc(n)
 
     # ------------------------------------------------------------------------------- requests
@@ -124,24 +126,41 @@ class NodeService:
         return Prepared(parsed, job, Envelope.new(request_id, self.spec.model, parsed.chat))
 
     def start_job(self, prepared: Prepared) -> Running:
-        """Submit the job (and its KV pull on a D leg); the tokens follow on the Running."""
+        """Submit the job (RequestError if it can never run here); tokens follow on Running."""
+        try:
+            stream = self.node.submit(prepared.job)
+        except JobRejected as exc:
+            raise RequestError(str(exc)) from None
         self.metrics.prompt_tokens.inc(len(prepared.job.prompt_ids))
-        stream = self.node.submit(prepared.job)
-        pull = None
         if prepared.job.remote_kv:
-            pull = asyncio.create_task(self._pull(prepared, stream.admission.remote_tokens))
-        return Running(self, prepared, stream, pull)
+            self._pulling[prepared.job.id] = prepared
+        return Running(self, prepared, stream)
+
+    def _on_pull(self, job_id: str, tokens: int) -> None:
+        prepared = self._pulling.get(job_id)
+        if prepared is not None:
+            task = asyncio.create_task(self._pull(prepared, tokens))
+            self._pulls.add(task)
+            task.add_done_callback(self._pulls.discard)
 
     async def _pull(self, prepared: Prepared, tokens: int) -> None:
+        """Move `tokens` of KV from the P over its link, then let the job run."""
         params = prepared.parsed.kv_transfer_params or {}
         source = self.peers.nodes.get(str(params.get("remote_engine_id")))
-        link = source.node.link if source is not None and source.node.link else self._foreign
+        link = source.link if source is not None else self._foreign
         try:
             await link.transfer(tokens * self.spec.kv_bytes_per_token)
         finally:
             if source is not None and params.get("remote_request_id"):
                 source.node.hold_released(str(params["remote_request_id"]))
-        self.node.kv_arrived(prepared.job.id)
+        if self._pulling.pop(prepared.job.id, None) is not None:
+            self.node.kv_arrived(prepared.job.id)
+
+    def forget(self, job_id: str) -> None:
+        """A job's answer ended (finished or the client left): drop what tracks it."""
+        self._last_token.pop(job_id, None)
+        self._pulling.pop(job_id, None)
+        self.node.abort(job_id)
 
     def kv_transfer_params(self, job: Job) -> dict[str, Any]:
         """What P returns for its D: where the KV is and under which request (NixlConnector)."""
@@ -166,19 +185,15 @@ class Running:
     service: NodeService
     prepared: Prepared
     stream: Stream
-    pull: asyncio.Task[None] | None
     produced: int = 0
-    finished: bool = False
 
     @property
     def _job(self) -> Job:
         return self.prepared.job
 
     def _usage(self) -> dict[str, Any]:
-        admission = self.stream.admission
-        cached = admission.local_hit_tokens + admission.remote_tokens
-        return usage(len(self._job.prompt_ids), self.produced,
-                     cached if self.service.spec.report_cached_tokens else None)
+        cached = self.stream.cached_tokens if self.service.spec.report_cached_tokens else None
+        return usage(len(self._job.prompt_ids), self.produced, cached)
 
     async def _texts(self) -> AsyncIterator[str]:
         try:
@@ -186,20 +201,10 @@ class Running:
                 ids = self._job.output_ids[self.produced:self.produced + n]
                 self.produced += n
                 yield self.service.vocab.decode(ids)
-            self.finished = True
             self.service.metrics.succeeded("length")
-            self.service.metrics.e2e.observe(self.service.node._clock() -
-                                             self.stream._ticket.arrival)
+            self.service.metrics.e2e.observe(self.service.node.now() - self.stream.arrival)
         finally:
-            self.close()
-
-    def close(self) -> None:
-        """Drop the job unless it finished (the client went away)."""
-        self.service._last_token.pop(self._job.id, None)
-        if self.pull is not None and not self.pull.done():
-            self.pull.cancel()
-        if not self.finished:
-            self.service.node.abort(self._job.id)
+            self.service.forget(self._job.id)
 
     async def answer(self) -> dict[str, Any]:
         parts = [text async for text in self._texts()]
@@ -220,9 +225,5 @@ class Running:
             if self.prepared.parsed.include_usage:
                 yield envelope.usage_chunk(self._usage())
             yield DONE
-        except JobFailed as exc:
-            yield envelope.error_event(str(exc))
-            yield DONE
         finally:
-            with contextlib.suppress(Exception):
-                await texts.aclose()
+            await texts.aclose()
