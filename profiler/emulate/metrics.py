@@ -98,6 +98,8 @@ class NodeMetrics:
                                        "processed.").labels(**labels)
         self._success = count("vllm:request_success", "Count of successfully processed "
                               "requests.", ("finished_reason",))
+        for reason in ("stop", "length", "abort"):  # vLLM exports every reason from the start
+            self._success.labels(**labels, finished_reason=reason)
         info = Counter("ppd:emulated", "This node is emulated; the preset timed it.",
                        [*names, "preset"], registry=self.registry)
         info.labels(**labels, preset=preset)
