@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import threading
 import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -133,3 +134,43 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+class HostThread:
+    """`hosted(...)` in a background thread with its own event loop, for synchronous callers
+    (e2e tests, the benchmark): `with HostThread(preset, nodes) as host: host.nodes[0].url`."""
+
+    def __init__(self, preset: Preset, nodes: Sequence[tuple[Role, int]], **kwargs: object
+                 ) -> None:
+        self._preset, self._specs, self._kwargs = preset, list(nodes), kwargs
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()),
+                                        name="ppd-emulated-nodes", daemon=True)
+        self.nodes: list[HostedNode] = []
+
+    async def _main(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        try:
+            async with hosted(self._preset, self._specs, **self._kwargs) as nodes:  # type: ignore[arg-type]
+                self.nodes = nodes
+                self._ready.set()
+                await self._stop.wait()
+        except BaseException as exc:  # hand start-up failures to the caller's thread
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def __enter__(self) -> HostThread:
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)

@@ -32,3 +32,14 @@ def test_counts_agree_with_the_proxy_counter(vocab: Vocabulary) -> None:
     """The proxy, given the same directory, counts what the node will report."""
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
     assert vocab.count_chat(messages) == len(vocab.encode_chat(messages))
+
+
+def test_chat_is_encoded_message_by_message_as_a_whole_would_be(vocab: Vocabulary) -> None:
+    """The per-message cache gives the ids of the fully rendered conversation."""
+    messages = [{"role": "system", "content": "You answer in French."},
+                {"role": "user", "content": "Where is   the\nriver?\n\n"},
+                {"role": "assistant", "content": vocab.decode(vocab.reply_ids(9, "z"))},
+                {"role": "user", "content": " leading space and trailing  "}]
+    rendered = vocab._render(messages, True)
+    assert vocab._by_message
+    assert vocab.encode_chat(messages) == vocab.encode_text(rendered)
