@@ -57,10 +57,19 @@ class _EngineCollector(Collector):
             ("ppd:emulator_steps", "Engine steps run by the emulator.", self._pacing.steps),
             ("ppd:emulator_late_steps", "Steps delivered late (> 5 ms after their modelled end).",
              self._pacing.late_steps),
+            ("ppd:emulator_lag_seconds", "Sum over steps of how late each was delivered.",
+             self._pacing.total_lag_s),
+            ("ppd:emulator_busy_seconds", "Modelled time spent in steps.", self._pacing.busy_s),
+            ("ppd:emulator_tokens", "Tokens the emulated node delivered.", self._pacing.tokens),
         ):
             counter = CounterMetricFamily(name, doc, labels=names)
             counter.add_metric(values, value)
             yield counter
+        worst = GaugeMetricFamily("ppd:emulator_max_lag_seconds",
+                                  "The latest delivery of a step after its modelled end.",
+                                  labels=names)
+        worst.add_metric(values, self._pacing.max_lag_s)
+        yield worst
         info = GaugeMetricFamily("vllm:cache_config_info", "Information of the KV cache config.",
                                  labels=[*names, *self._info])
         info.add_metric([*values, *self._info.values()], 1.0)
