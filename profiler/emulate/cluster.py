@@ -18,15 +18,11 @@ from profiler.cluster.launcher import PROXY_LOG, Cluster, Node, Progress, _quiet
 from profiler.cluster.plan import CLUSTER_FILE, ClusterConfig, ClusterError, cluster_document, \
     plan_nodes
 from profiler.cluster.procs import ManagedProcess, StartupError
-from profiler.emulate.presets import Preset, PresetError, resolve
+from profiler.emulate.label import emulated_backend
+from profiler.emulate.presets import PresetError, resolve
 from profiler.emulate.vocab import tokenizer_dir
 
 HOST_LOG = "emulated-nodes.log"
-
-
-def emulated_backend(preset: Preset) -> str:
-    """The `backend` a table's meta records for a run on emulated nodes."""
-    return f"emulated ({preset.name}, link {preset.link.name}; ppd emulator, not vLLM)"
 
 
 def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | None = None,
@@ -72,7 +68,7 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
     doc = cluster_document(config.model, config.layout,
                            [(n.role, n.url, n.proc.pid, n.proc.log) for n in started])
     doc["emulated"] = {"preset": preset.name, "link": preset.link.name,
-                       "backend": emulated_backend(preset), "tokenizer": str(tokenizer)}
+                       "backend": emulated_backend(preset.name), "tokenizer": str(tokenizer)}
     tmp = state_dir / (CLUSTER_FILE + ".tmp")
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     tmp.replace(state_dir / CLUSTER_FILE)

@@ -94,9 +94,13 @@ def main(argv: list[str]) -> int:
         frame = profile_on_local_cluster(args, grid, tokenizer)
     else:
         model = args.model or asyncio.run(served_model(args.target))
+        from profiler.emulate.label import emulated_backend, emulation_of
+
+        preset = emulation_of(args.target)
         meta = build_meta(
             model=model, layout=args.layout_label or "unknown",
-            backend="vllm (remote, via proxy)", grid=grid.as_meta(),
+            backend=emulated_backend(preset) if preset else "vllm (remote, via proxy)",
+            grid=grid.as_meta(),
             weights={"w_ttft": args.w_ttft, "w_tpot": args.w_tpot},
         )
         profiler = Profiler(grid=grid, target=args.target, out_csv=args.out, meta=meta,

@@ -150,7 +150,12 @@ def main(argv: list[str]) -> int:
     summary = summarize(result.records, result.wall_time_s, slo=slo)
     label = args.label or default_label(args.out, args.dataset, args.qps)
     out = args.out or Path("runs") / f"replay-{datetime.now(UTC):%Y%m%d-%H%M%S}"
-    write_run(out, result, summary, label=label, dataset=args.dataset)
-    print(summary_table(summary, title=f"ppd replay: {label} -> {args.target}"))
+    from profiler.emulate.label import emulated_backend, emulation_of
+
+    preset = emulation_of(args.target)
+    backend = emulated_backend(preset) if preset else None
+    write_run(out, result, summary, label=label, dataset=args.dataset, backend=backend)
+    on = f" ({backend})" if backend else ""
+    print(summary_table(summary, title=f"ppd replay: {label} -> {args.target}{on}"))
     print(f"outputs in {out}/")
     return 0

@@ -56,8 +56,12 @@ def write_run(
     *,
     label: str,
     dataset: str,
+    backend: str | None = None,
 ) -> list[Path]:
-    """Write every output of one run into out_dir (created); returns the paths written."""
+    """Write every output of one run into out_dir (created); returns the paths written.
+
+    backend: what served the run when it is not plain vLLM (e.g. emulated nodes and their
+    preset); recorded in summary.json and in the plot's title."""
     out_dir.mkdir(parents=True, exist_ok=True)
     frame = records_frame(result.records)
     csv_frame = frame.copy()
@@ -71,9 +75,11 @@ def write_run(
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": config_dict(result.config),
         "summary": dict(summary),
+        **({"backend": backend} if backend else {}),
     }
     (out_dir / SUMMARY_FILE).write_text(json.dumps(document, indent=2, default=_json_default))
-    plot_ttft_cdf(result.records, out_dir / TTFT_CDF_PNG, title=label)
+    title = f"{label} [{backend}]" if backend else label
+    plot_ttft_cdf(result.records, out_dir / TTFT_CDF_PNG, title=title)
     return [out_dir / name for name in (REQUESTS_CSV, REQUESTS_PARQUET, SUMMARY_FILE,
                                         TTFT_CDF_PNG)]
 
