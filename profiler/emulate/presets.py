@@ -34,6 +34,7 @@ ACTIVATION_GB = 4.0
 LINEAR = LinearCost("linear", "round numbers for tests (ppd emulator)", base_ms=2.0,
                     per_prefill_token_ms=0.02, per_decode_seq_ms=0.05)
 DEFAULT_LINK = "nvlink"
+CPU_BLOCK_SIZE = 128
 # Tiny models (tests, CPU presets) have no shape in profiler.sim; the tiny model's own.
 TINY = ModelShape("tiny", 2, 2, 32, source="ppd model prepare tiny (LlamaConfig)")
 
@@ -83,15 +84,24 @@ def resolve(hardware: str, model: str, link: str | None = None,
     if chosen is None:
         raise PresetError(f"unknown link {link!r}; known: {', '.join(LINKS)}")
     config = EngineConfig(max_model_len=max_model_len or 32768)
+    if _is_file(hardware):
+        # A fitted CPU preset: vLLM-CPU's 128-token blocks, whole prompts in one step (the
+        # launcher disables chunked prefill on CPU and sets the budget to the model length).
+        config = replace(config, block_size=CPU_BLOCK_SIZE,
+                         max_num_batched_tokens=config.max_model_len)
     blocks = _kv_blocks(hardware, shape, config.block_size)
     if blocks is not None:
         config = replace(config, num_kv_blocks=blocks)
     return Preset(cost.name, shape, chosen, cost, config)
 
 
+def _is_file(hardware: str) -> bool:
+    return hardware.endswith(".json") or Path(hardware).is_file()
+
+
 def _cost(hardware: str, model: str) -> CostModel:
     if hardware == "linear":
         return replace(LINEAR, name=f"linear:{model}")
-    if hardware.endswith(".json") or Path(hardware).is_file():
+    if _is_file(hardware):
         return load_cost(hardware)
     return load_cost(f"{hardware}:{model}")
