@@ -91,6 +91,20 @@ class AicCost:
             raise RuntimeError(f"{self.name}: aiconfigurator has no estimate for {shape}")
         return float(result)
 
+    def num_kv_blocks(self, *, block_size: int = 16, max_num_batched_tokens: int = 8192,
+                      max_num_seqs: int = 256, gpu_memory_utilization: float = 0.9) -> int:
+        """vLLM's num_gpu_blocks for this GPU and model: aiconfigurator's memory model (weights,
+        activations at the given batch limits, CUDA graphs) under vLLM's
+        --gpu-memory-utilization (a fraction of total memory). H100 + Llama-3.1-8B: ~27k."""
+        from aiconfigurator_core.sdk.memory import estimate_num_gpu_blocks
+
+        self._model()  # sets aiconfigurator's data roots
+        return int(estimate_num_gpu_blocks(
+            self.model, self.system, BACKEND, BACKEND_VERSION,
+            scheduler_block_size=block_size, max_num_tokens=max_num_batched_tokens,
+            max_batch_size=max_num_seqs, memory_fraction_kind="of_total",
+            memory_fraction_value=gpu_memory_utilization, tp_size=self.tp_size))
+
     def _model(self) -> Any:
         if self._perf is None:
             try:

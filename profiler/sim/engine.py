@@ -156,7 +156,7 @@ class Engine:
             self._scheduler.register_computed(seq)
             if seq.num_computed < seq.num_tokens:
                 continue  # a prompt chunk that is not the last: nothing sampled yet
-            token = self._rng.randrange(self.config.vocab_size)
+            token = int(self._rng.random() * self.config.vocab_size)
             seq.output_token_ids.append(token)
             tokens[seq.id] = token
             if seq.first_token_time is None:

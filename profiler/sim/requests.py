@@ -91,9 +91,10 @@ class Sequence:
     def id(self) -> str:
         return self.request.id
 
-    @property
-    def num_prompt(self) -> int:
-        return self.request.num_prompt_tokens
+    num_prompt: int = 0  # set from the request (a field: read on every step)
+
+    def __post_init__(self) -> None:
+        self.num_prompt = self.request.num_prompt_tokens
 
     @property
     def num_tokens(self) -> int:

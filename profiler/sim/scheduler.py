@@ -74,6 +74,8 @@ class Scheduler:
 
     def _schedule_waiting(self, budget: int) -> list[ScheduledItem]:
         batch: list[ScheduledItem] = []
+        if self.preempted:
+            return batch  # vLLM admits nothing in a step that had to preempt: no thrashing
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             if seq.request.kv_from is not None and not seq.kv_received:

@@ -59,7 +59,7 @@ def simulate(engine: Engine, arrivals: Iterable[tuple[float, Request]], *,
     outcomes: dict[str, Outcome] = {}
     next_arrival = 0
     num_steps = 0
-    now = 0.0
+    now = last = 0.0
     while True:
         arrival_at = queue[next_arrival][0] if next_arrival < len(queue) else math.inf
         step_at = engine.next_step_time()
@@ -69,6 +69,7 @@ def simulate(engine: Engine, arrivals: Iterable[tuple[float, Request]], *,
         now = min(arrival_at, step_at, link_at)
         if now == math.inf or now > until:
             break
+        last = now
         if arrival_at == now:
             _, request = queue[next_arrival]
             next_arrival += 1
@@ -84,6 +85,7 @@ def simulate(engine: Engine, arrivals: Iterable[tuple[float, Request]], *,
         else:
             result = engine.step(now)
             num_steps += 1
+            last = result.end
             for request_id in result.tokens:
                 outcomes[request_id].token_times.append(result.end)
             for request_id, tokens in result.kv_pulls:
@@ -101,7 +103,7 @@ def simulate(engine: Engine, arrivals: Iterable[tuple[float, Request]], *,
         seq_phase = _phase(engine, request_id)
         if outcome.error is None and seq_phase is Phase.FAILED:
             outcome.error = engine.sequence(request_id).error
-    return SimResult(outcomes=outcomes, num_steps=num_steps, end_time=now)
+    return SimResult(outcomes=outcomes, num_steps=num_steps, end_time=last)
 
 
 def _phase(engine: Engine, request_id: str) -> Phase | None:
