@@ -15,8 +15,13 @@ from pathlib import Path
 
 from profiler.cluster import procs
 from profiler.cluster.launcher import PROXY_LOG, Cluster, Node, Progress, _quiet, _refuse_running
-from profiler.cluster.plan import CLUSTER_FILE, ClusterConfig, ClusterError, cluster_document, \
-    plan_nodes
+from profiler.cluster.plan import (
+    CLUSTER_FILE,
+    ClusterConfig,
+    ClusterError,
+    cluster_document,
+    plan_nodes,
+)
 from profiler.cluster.procs import ManagedProcess, StartupError
 from profiler.emulate.label import emulated_backend
 from profiler.emulate.presets import PresetError, resolve

@@ -14,8 +14,8 @@ import argparse
 import asyncio
 import contextlib
 import signal
-import threading
 import sys
+import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path

@@ -1,7 +1,8 @@
 """Named timings for emulated nodes: `--emulate HW --model M` -> engine, KV size and link.
 
 - `h100`, `h200`, `b200`: profiler.sim's aiconfigurator cost preset "HW:MODEL" (NVIDIA's
-  measured vLLM kernel data), with a KV cache sized like vLLM's on that GPU;
+  measured vLLM kernel data), with a KV cache sized like vLLM's on that GPU (aiconfigurator's
+  memory model);
 - a JSON file written by `ppd sim fit` (e.g. this machine's vLLM-CPU cluster);
 - `linear`: round numbers (2 ms per step, 20 us per prompt token, 50 us per decode
   sequence), for tests and for trying the machinery without aiconfigurator-core.
@@ -10,7 +11,6 @@ KV bytes per token and link presets come from profiler.sim.transfer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,13 +24,6 @@ class PresetError(ValueError):
     """An unknown or unavailable preset."""
 
 
-# GPU memory (GB) and parameter counts (for weights in bf16): the KV cache is what vLLM
-# leaves at --gpu-memory-utilization 0.9 after weights and ~4 GB of activations and graphs.
-GPU_MEMORY_GB = {"h100": 80.0, "h200": 141.0, "b200": 192.0}
-MODEL_PARAMS = {"llama-3.1-8b": 8.03e9, "llama-3.1-70b": 70.6e9, "qwen3-8b": 8.19e9,
-                "qwen3-32b": 32.8e9}  # fmt: skip
-GPU_MEMORY_UTILIZATION = 0.9
-ACTIVATION_GB = 4.0
 LINEAR = LinearCost("linear", "round numbers for tests (ppd emulator)", base_ms=2.0,
                     per_prefill_token_ms=0.02, per_decode_seq_ms=0.05)
 DEFAULT_LINK = "nvlink"
@@ -63,13 +56,14 @@ class Preset:
         return self.config.max_model_len
 
 
-def _kv_blocks(hardware: str, model: ModelShape, block_size: int) -> int | None:
-    params = MODEL_PARAMS.get(model.name)
-    memory = GPU_MEMORY_GB.get(hardware)
-    if params is None or memory is None:
+def _kv_blocks(cost: CostModel, config: EngineConfig) -> int | None:
+    """vLLM's KV blocks on the preset's GPU (aiconfigurator's memory model), if it has one."""
+    estimate = getattr(cost, "num_kv_blocks", None)
+    if estimate is None:
         return None
-    kv_bytes = (memory * GPU_MEMORY_UTILIZATION - ACTIVATION_GB) * 1e9 - params * 2
-    return max(int(kv_bytes // (model.kv_bytes_per_token * block_size)), 1)
+    return int(estimate(block_size=config.block_size,
+                        max_num_batched_tokens=config.max_num_batched_tokens,
+                        max_num_seqs=config.max_num_seqs))
 
 
 def resolve(hardware: str, model: str, link: str | None = None,
@@ -78,7 +72,7 @@ def resolve(hardware: str, model: str, link: str | None = None,
     try:
         shape = TINY if model == "tiny" else load_model_shape(model)
         cost = _cost(hardware, model)
-        chosen = LINKS[link or DEFAULT_LINK] if (link or DEFAULT_LINK) in LINKS else None
+        chosen = LINKS.get(link or DEFAULT_LINK)
     except (ValueError, ImportError) as exc:
         raise PresetError(str(exc)) from None
     if chosen is None:
@@ -89,7 +83,7 @@ def resolve(hardware: str, model: str, link: str | None = None,
         # launcher disables chunked prefill on CPU and sets the budget to the model length).
         config = replace(config, block_size=CPU_BLOCK_SIZE,
                          max_num_batched_tokens=config.max_model_len)
-    blocks = _kv_blocks(hardware, shape, config.block_size)
+    blocks = _kv_blocks(cost, config)
     if blocks is not None:
         config = replace(config, num_kv_blocks=blocks)
     return Preset(cost.name, shape, chosen, cost, config)

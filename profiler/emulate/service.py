@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,7 +195,7 @@ class Running:
         cached = self.stream.cached_tokens if self.service.spec.report_cached_tokens else None
         return usage(len(self._job.prompt_ids), self.produced, cached)
 
-    async def _texts(self) -> AsyncIterator[str]:
+    async def _texts(self) -> AsyncGenerator[str, None]:
         try:
             async for n in self.stream.tokens():
                 ids = self._job.output_ids[self.produced:self.produced + n]
