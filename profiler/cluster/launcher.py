@@ -34,6 +34,7 @@ from profiler.cluster.plan import (
     Connector,
     Device,
     Layout,
+    NodePlan,
     ServedModel,
     cluster_document,
     node_command,
@@ -173,6 +174,17 @@ def default_cores() -> tuple[int, ...]:
     return tuple(sorted(os.sched_getaffinity(0)))
 
 
+def plan_free_nodes(config: ClusterConfig) -> list[NodePlan]:
+    """The nodes of `config`; ClusterError if its state dir's cluster still runs or a port is
+    taken (checked before anything starts, for vLLM and emulated clusters alike)."""
+    _refuse_running(config.state_dir.resolve())
+    nodes = plan_nodes(config)
+    busy = [n.port for n in nodes if not procs.port_free(config.host, n.port)]
+    if busy:
+        raise ClusterError(f"port(s) {busy} in use; stop what holds them or choose --base-port")
+    return nodes
+
+
 def start_cluster(config: ClusterConfig, progress: Progress = _quiet) -> Cluster:
     """Start every node of `config`, wait until each answers /v1/models, write cluster.json.
 
@@ -180,11 +192,7 @@ def start_cluster(config: ClusterConfig, progress: Progress = _quiet) -> Cluster
     stopped and a ClusterError carries the tail of the failing node's log.
     """
     state_dir = config.state_dir.resolve()
-    _refuse_running(state_dir)
-    nodes = plan_nodes(config)
-    busy = [n.port for n in nodes if not procs.port_free(config.host, n.port)]
-    if busy:
-        raise ClusterError(f"port(s) {busy} in use; stop what holds them or choose --base-port")
+    nodes = plan_free_nodes(config)
     model = resolve_model(config.model, config.dtype)
     state_dir.mkdir(parents=True, exist_ok=True)
     # KV files are keyed by prompt tokens, not by model: stale ones from another run must go.

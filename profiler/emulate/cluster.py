@@ -14,14 +14,16 @@ import sys
 from pathlib import Path
 
 from profiler.cluster import procs
-from profiler.cluster.launcher import PROXY_LOG, Cluster, Node, Progress, _quiet, _refuse_running
-from profiler.cluster.plan import (
-    CLUSTER_FILE,
-    ClusterConfig,
-    ClusterError,
-    cluster_document,
-    plan_nodes,
+from profiler.cluster.launcher import (
+    PROXY_LOG,
+    Cluster,
+    Node,
+    Progress,
+    _quiet,
+    _write_json,
+    plan_free_nodes,
 )
+from profiler.cluster.plan import ClusterConfig, ClusterError, cluster_document
 from profiler.cluster.procs import ManagedProcess, StartupError
 from profiler.emulate.label import emulated_backend
 from profiler.emulate.presets import PresetError, resolve
@@ -38,11 +40,7 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
     except PresetError as exc:
         raise ClusterError(str(exc)) from None
     state_dir = config.state_dir.resolve()
-    _refuse_running(state_dir)
-    nodes = plan_nodes(config)
-    busy = [n.port for n in nodes if not procs.port_free(config.host, n.port)]
-    if busy:
-        raise ClusterError(f"port(s) {busy} in use; stop what holds them or choose --base-port")
+    nodes = plan_free_nodes(config)
     tokenizer = tokenizer_dir()
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / PROXY_LOG).unlink(missing_ok=True)
@@ -74,9 +72,7 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
                            [(n.role, n.url, n.proc.pid, n.proc.log) for n in started])
     doc["emulated"] = {"preset": preset.name, "link": preset.link.name,
                        "backend": emulated_backend(preset.name), "tokenizer": str(tokenizer)}
-    tmp = state_dir / (CLUSTER_FILE + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(state_dir / CLUSTER_FILE)
+    _write_json(cluster.cluster_file, doc)
     return cluster
 
 

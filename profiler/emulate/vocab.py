@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from profiler.models.prepare import CHATML_TEMPLATE, TINY_SPECIAL_TOKENS, TINY_VOCAB_SIZE
+from profiler.models.prepare import CHATML_TEMPLATE, train_tiny_tokenizer
 from profiler.models.prepare import cache_dir as ppd_cache_dir
 from proxy.tokens import HFTokenCounter, _content_text
 
@@ -51,18 +51,7 @@ def tokenizer_dir(env: dict[str, str] | None = None) -> Path:
 
 def build_tokenizer(out: Path) -> Path:
     """Train the tiny BPE (deterministic) into `out`: tokenizer.json + tokenizer_config.json."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from profiler.models.prepare import tiny_training_text
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TINY_VOCAB_SIZE, special_tokens=list(TINY_SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )  # fmt: skip
-    tokenizer.train_from_iterator(tiny_training_text(), trainer=trainer)
+    tokenizer = train_tiny_tokenizer()
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     tokenizer.save(str(staging / "tokenizer.json"))
