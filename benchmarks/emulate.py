@@ -36,7 +36,7 @@ from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.emulate.cluster import start_emulated_cluster
 from profiler.replay.client import ReplayConfig, replay
 from profiler.traces.synthetic import named_workload
-from profiler.traces.tokenizer import load_tokenizer
+from proxy.tokens import token_counter
 
 PAPER_QPS = (0.5, 1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 20.0)
 COUNTERS = ("ppd:emulator_steps_total", "ppd:emulator_late_steps_total",
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                                state_dir=Path(state), base_port=args.base_port)
         with start_emulated_cluster(config, args.emulate) as cluster:
             cluster.start_proxy("local", port=args.base_port + 90)
-            tokenizer = load_tokenizer(cluster.model_path)
+            tokenizer = token_counter(cluster.model_path)
             print(f"emulated {args.layout} {args.emulate}:{args.model}, one process "
                   f"(pid {cluster.nodes[0].proc.pid}); proxy policy local; workload "
                   f"{args.workload}, {args.duration:g} s per point; {os.cpu_count()} cores")

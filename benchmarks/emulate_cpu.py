@@ -31,7 +31,7 @@ from profiler.replay.metrics import summarize
 from profiler.replay.output import write_run
 from profiler.sim.cli import run_fit
 from profiler.traces.synthetic import named_workload
-from profiler.traces.tokenizer import load_tokenizer
+from proxy.tokens import token_counter
 
 WORKLOAD = "mixed"
 
@@ -39,7 +39,7 @@ WORKLOAD = "mixed"
 def run(cluster: Cluster, args: argparse.Namespace, out: Path, backend: str | None
         ) -> ReplayResult:
     cluster.start_proxy("fixed", port=args.base_port + 90, extra_args=["--x", "0.5"])
-    tokenizer = load_tokenizer(args.tokenizer)
+    tokenizer = token_counter(args.tokenizer)
     count = int(args.qps * args.duration * 1.5) + 2
     conversations = named_workload(WORKLOAD, count, seed=args.seed, tokenizer=tokenizer)
     config = ReplayConfig(target=cluster.proxy_url, qps=args.qps, duration_s=args.duration,

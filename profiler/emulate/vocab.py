@@ -8,10 +8,10 @@ node reports and the node's prefix cache all agree. Prompt lengths in tokens dif
 real Llama tokenizer's by a few per cent on English prose; what matters for timing is that
 every party counts the same tokens.
 
-A chat prompt is encoded message by message: the ChatML template brackets each message with
-special tokens, which the tokenizer never merges across, so the ids of a rendered conversation
-are the ids of its rendered messages end to end (checked at start-up). Each message's ids are
-cached, so turn N tokenizes only its new messages, as the proxy does - tokenizing a 5k-token
+A chat prompt is rendered as ChatML (the tiny model's CHATML_TEMPLATE, written out here) and
+encoded message by message: special tokens bracket each message and the tokenizer never merges
+across them, so the ids of a conversation are the ids of its messages end to end. Each
+message's ids are cached, so turn N tokenizes only its new messages - tokenizing a 5k-token
 history cost 3-12 ms of CPU here, more than an H100 step.
 
 Replies are drawn from "word tokens": vocabulary entries that are one space plus letters. Such
@@ -32,7 +32,7 @@ from typing import Any
 
 from profiler.models.prepare import CHATML_TEMPLATE, train_tiny_tokenizer
 from profiler.models.prepare import cache_dir as ppd_cache_dir
-from proxy.tokens import HFTokenCounter, _content_text
+from proxy.tokens import content_text
 
 TOKENIZER_VERSION = 1
 _READY = ".ppd-emulator-tokenizer"
@@ -69,11 +69,17 @@ def build_tokenizer(out: Path) -> Path:
     return out
 
 
-class Vocabulary(HFTokenCounter):
-    """Token ids of prompts (chat rendered with the template) and synthetic replies."""
+class Vocabulary:
+    """Token ids of prompts (chat in the ChatML format) and synthetic replies."""
 
     def __init__(self, directory: Path) -> None:
-        super().__init__(directory)
+        from tokenizers import Tokenizer
+
+        file = Path(directory) / "tokenizer.json"
+        if not file.is_file():
+            raise ValueError(f"no tokenizer.json in {directory}")
+        self.directory = Path(directory)
+        self._tokenizer = Tokenizer.from_file(str(file))
         pieces = self._tokenizer.get_vocab()
         words = sorted(i for piece, i in pieces.items()
                        if len(piece) > 2 and piece[0] == "\u0120" and piece[1:].isalpha()
@@ -84,34 +90,17 @@ class Vocabulary(HFTokenCounter):
         if len(self.word_ids) < MIN_WORD_TOKENS:
             raise ValueError(f"tokenizer {directory} has too few word tokens for replies")
         self._segments: OrderedDict[str, list[int]] = OrderedDict()
-        probe = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                 {"role": "assistant", "content": " Hello there"}]
-        self._by_message = self._template is not None and (
-            self._encode_by_message(probe) == self.encode_text(self._render(probe, True)))
 
     def encode_text(self, text: str) -> list[int]:
         """Ids of a plain prompt, as vLLM's completions endpoint sees it (no special tokens)."""
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        """Ids of chat messages rendered with the template and a generation prompt."""
-        if self._by_message:
-            return self._encode_by_message(messages)
-        if self._template is None:
-            return self.encode_text("".join(_content_text(m.get("content")) for m in messages))
-        return self.encode_text(self._render(messages, True))
-
-    def _render(self, messages: Sequence[dict[str, Any]], generation_prompt: bool) -> str:
-        assert self._template is not None
-        return str(self._template.render(messages=list(messages),
-                                         add_generation_prompt=generation_prompt,
-                                         **self._special))
-
-    def _encode_by_message(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """Ids of chat messages rendered as ChatML with a generation prompt."""
         ids: list[int] = []
         for message in messages:
-            ids += self._segment(self._render([message], False))
-        ids += self._segment(self._render([], True))  # the generation prompt
+            ids += self._segment(render_message(message))
+        ids += self._segment(GENERATION_PROMPT)
         return ids
 
     def _segment(self, text: str) -> list[int]:
@@ -133,3 +122,16 @@ class Vocabulary(HFTokenCounter):
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ids; a reply's text re-encodes to the same ids."""
         return str(self._tokenizer.decode(list(ids)))
+
+
+GENERATION_PROMPT = "<|im_start|>assistant\n"
+
+
+def render_message(message: dict[str, Any]) -> str:
+    """One message as CHATML_TEMPLATE renders it (the tiny model's template)."""
+    return f"<|im_start|>{message.get('role')}\n{content_text(message.get('content'))}<|im_end|>\n"
+
+
+def render_chat(messages: Sequence[dict[str, Any]]) -> str:
+    """A conversation with the generation prompt, as CHATML_TEMPLATE renders it."""
+    return "".join(render_message(m) for m in messages) + GENERATION_PROMPT

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from profiler.emulate.vocab import Vocabulary
+import jinja2
+
+from profiler.emulate.vocab import Vocabulary, render_chat
+from profiler.models.prepare import CHATML_TEMPLATE
+from proxy.tokens import content_text, token_counter
 
 
 def test_a_reply_re_encodes_to_its_own_ids(vocab: Vocabulary) -> None:
@@ -29,17 +33,20 @@ def test_the_next_turn_starts_with_the_previous_prompt_and_reply(vocab: Vocabula
 
 
 def test_counts_agree_with_the_proxy_counter(vocab: Vocabulary) -> None:
-    """The proxy, given the same directory, counts what the node will report."""
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
-    assert vocab.count_chat(messages) == len(vocab.encode_chat(messages))
+    """The proxy, given the same directory, counts a text as the node tokenizes it."""
+    text = "Hi! Where do rivers end?"
+    assert token_counter(vocab.directory).count(text) == len(vocab.encode_text(text))
 
 
 def test_chat_is_encoded_message_by_message_as_a_whole_would_be(vocab: Vocabulary) -> None:
-    """The per-message cache gives the ids of the fully rendered conversation."""
+    """The per-message cache gives the ids of the whole rendered conversation, which is what
+    the tiny model's own chat template renders."""
     messages = [{"role": "system", "content": "You answer in French."},
                 {"role": "user", "content": "Where is   the\nriver?\n\n"},
                 {"role": "assistant", "content": vocab.decode(vocab.reply_ids(9, "z"))},
-                {"role": "user", "content": " leading space and trailing  "}]
-    rendered = vocab._render(messages, True)
-    assert vocab._by_message
+                {"role": "user", "content": [{"type": "text", "text": " parts and  spaces "}]}]
+    rendered = render_chat(messages)
     assert vocab.encode_chat(messages) == vocab.encode_text(rendered)
+    template = jinja2.Environment().from_string(CHATML_TEMPLATE)
+    plain = [{"role": m["role"], "content": content_text(m["content"])} for m in messages]
+    assert template.render(messages=plain, add_generation_prompt=True) == rendered
