@@ -13,6 +13,7 @@ from typing import Any
 from quart import Quart, Response, request
 
 from profiler.emulate.openai_format import RequestError, parse
+from profiler.emulate.runtime import EngineFailed
 from profiler.emulate.service import NodeService
 
 EMULATOR_VERSION = "ppd-emulated"
@@ -79,7 +80,10 @@ def create_node_app(service: NodeService) -> Quart:
         if parsed.stream:
             return Response(running.sse(), content_type="text/event-stream",
                             headers={"Cache-Control": "no-cache"})
-        answer = await running.answer()
+        try:
+            answer = await running.answer()
+        except EngineFailed as exc:
+            return _error(RequestError(str(exc), 500, kind="InternalServerError"))
         return Response(json.dumps(answer), content_type="application/json")
 
     return app

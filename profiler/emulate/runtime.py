@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -26,6 +27,12 @@ from profiler.emulate.port import Job, NodeEngine, Tick
 HOLD_TIMEOUT_S = 120.0
 # A step delivered later than this after its modelled end counts as late.
 LATE_S = 0.005
+
+log = logging.getLogger("ppd.emulate")
+
+
+class EngineFailed(RuntimeError):
+    """The engine raised inside the step loop: the node cannot serve anymore."""
 
 
 @dataclass(slots=True)
@@ -57,14 +64,17 @@ class Stream:
     arrival: float
     cached_tokens: int = 0  # prompt tokens it found cached or received (known at the end)
     finished: bool = False
-    _queue: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
+    _queue: asyncio.Queue[int | BaseException | None] = field(default_factory=asyncio.Queue)
 
     async def tokens(self) -> AsyncIterator[int]:
-        """Numbers of tokens produced, step by step, until the job ends."""
+        """Numbers of tokens produced, step by step, until the job ends (EngineFailed if the
+        engine broke: a client never waits forever)."""
         while True:
             item = await self._queue.get()
             if item is None:
                 return
+            if isinstance(item, BaseException):
+                raise item
             yield item
 
 
@@ -82,6 +92,7 @@ class EmulatedNode:
         self._task: asyncio.Task[None] | None = None
         self._on_token = on_token
         self._on_pull = on_pull
+        self.failure: EngineFailed | None = None
 
     def now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -99,7 +110,9 @@ class EmulatedNode:
             self._task = None
 
     def submit(self, job: Job) -> Stream:
-        """Queue a job (JobRejected if it can never run on this node)."""
+        """Queue a job (JobRejected if it can never run here, EngineFailed if it broke)."""
+        if self.failure is not None:
+            raise self.failure
         stream = Stream(job, self.now())
         self.engine.submit(job, stream.arrival)
         self._streams[job.id] = stream
@@ -125,6 +138,16 @@ class EmulatedNode:
             self._wake.set()
 
     async def _run(self) -> None:
+        try:
+            await self._steps()
+        except Exception as exc:  # an engine bug must not leave clients waiting forever
+            log.exception("emulated node: the engine failed; failing its requests")
+            self.failure = EngineFailed(f"the emulated engine failed: {exc!r}")
+            for stream in self._streams.values():
+                stream._queue.put_nowait(self.failure)
+            self._streams.clear()
+
+    async def _steps(self) -> None:
         previous_end: float | None = None  # set while the engine stays busy step after step
         while True:
             if self.engine.next_step_time() is None:

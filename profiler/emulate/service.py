@@ -22,9 +22,9 @@ from typing import Any
 
 from profiler.emulate.link import SharedLink
 from profiler.emulate.metrics import NodeMetrics
-from profiler.emulate.openai_format import DONE, Envelope, Parsed, RequestError, usage
+from profiler.emulate.openai_format import DONE, Envelope, Parsed, RequestError, sse, usage
 from profiler.emulate.port import Job, JobRejected, NodeEngine
-from profiler.emulate.runtime import EmulatedNode, Stream
+from profiler.emulate.runtime import EmulatedNode, EngineFailed, Stream
 from profiler.emulate.vocab import Vocabulary
 from proxy.route import Role
 
@@ -131,6 +131,8 @@ class NodeService:
             stream = self.node.submit(prepared.job)
         except JobRejected as exc:
             raise RequestError(str(exc)) from None
+        except EngineFailed as exc:
+            raise RequestError(str(exc), 500, kind="InternalServerError") from None
         self.metrics.prompt_tokens.inc(len(prepared.job.prompt_ids))
         if prepared.job.remote_kv:
             self._pulling[prepared.job.id] = prepared
@@ -224,6 +226,10 @@ class Running:
                 yield envelope.chunk(text, "length" if done else None)
             if self.prepared.parsed.include_usage:
                 yield envelope.usage_chunk(self._usage())
+            yield DONE
+        except EngineFailed as exc:  # what vLLM streams when a request fails mid-answer
+            yield sse({"error": RequestError(str(exc), 500, kind="InternalServerError"
+                                             ).body()["error"]})
             yield DONE
         finally:
             await texts.aclose()

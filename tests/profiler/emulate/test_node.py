@@ -247,3 +247,17 @@ async def test_metrics_carry_vllms_names(nodes: list[HostedNode],
     assert m["vllm:time_to_first_token_seconds_count"] == 1
     assert m["vllm:inter_token_latency_seconds_count"] == 2
     assert m["vllm:generation_tokens_total"] == 3
+
+
+async def test_a_broken_engine_answers_500_not_a_hang(nodes: list[HostedNode],
+                                                      client: httpx.AsyncClient) -> None:
+    d = nodes[1]
+
+    def explode(now: float) -> Any:
+        raise RuntimeError("engine bug")
+
+    d.service.node.engine.step = explode  # type: ignore[method-assign]
+    for _ in range(2):  # the request that meets the failure, then one after it
+        response = await client.post(f"{d.url}/v1/chat/completions", json=chat())
+        assert response.status_code == 500
+        assert "engine bug" in response.json()["error"]["message"]

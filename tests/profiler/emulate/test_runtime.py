@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
+
 from profiler.emulate.port import EngineStats, Job, Tick
-from profiler.emulate.runtime import EmulatedNode
+from profiler.emulate.runtime import EmulatedNode, EngineFailed
 
 STEP_S = 0.004
 
@@ -96,3 +98,22 @@ async def test_an_aborted_job_leaves_the_engine() -> None:
     finally:
         await node.stop()
     assert engine.jobs == {}
+
+
+async def test_a_broken_engine_fails_its_requests_instead_of_hanging() -> None:
+    engine = ScriptedEngine()
+
+    def explode(now: float) -> Tick:
+        raise AssertionError("engine bug")
+
+    engine.step = explode  # type: ignore[method-assign]
+    node = EmulatedNode(engine)
+    await node.start()
+    try:
+        stream = node.submit(Job("a", [1], [9, 9]))
+        with pytest.raises(EngineFailed, match="engine bug"):
+            _ = [n async for n in stream.tokens()]
+        with pytest.raises(EngineFailed):
+            node.submit(Job("b", [1], [9]))
+    finally:
+        await node.stop()
