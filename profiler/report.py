@@ -48,6 +48,7 @@ class Run:
     label: str
     qps: float
     summary: dict[str, Any]
+    backend: str | None = None  # set when the run was not on vLLM (e.g. emulated nodes)
 
     @property
     def series(self) -> str:
@@ -66,7 +67,9 @@ def load_run(path: Path) -> Run:
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{file} is not a ppd replay summary ({exc})") from None
     label = str(document.get("label") or file.parent.name)
-    return Run(path=file.parent, label=label, qps=qps, summary=summary)
+    backend = document.get("backend")
+    return Run(path=file.parent, label=label, qps=qps, summary=summary,
+               backend=str(backend) if backend else None)
 
 
 def _value(run: Run, key: str) -> Any:
@@ -108,8 +111,14 @@ def write_compare_csv(runs: Sequence[Run], path: Path) -> None:
     for run in runs:
         scalars = {k: v for k, v in run.summary.items() if not isinstance(v, dict)}
         rows.append({"label": run.label, "series": run.series, "qps": run.qps,
-                     "path": str(run.path), **scalars})
+                     "path": str(run.path), "backend": run.backend or "vllm", **scalars})
     pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def _backend_note(runs: Sequence[Run]) -> str | None:
+    """A plot's note when some runs were not on vLLM (emulated nodes say so)."""
+    backends = sorted({run.backend for run in runs if run.backend})
+    return "; ".join(backends) if backends else None
 
 
 def _series(runs: Sequence[Run]) -> dict[str, list[Run]]:
@@ -151,6 +160,8 @@ def plot_latency_vs_qps(runs: Sequence[Run], path: Path) -> None:
             axis.set_xlabel("conversations / s")
             axis.grid(alpha=0.3)
         axes[0].legend()
+        if note := _backend_note(runs):
+            figure.suptitle(note, fontsize=9)
         figure.tight_layout()
         figure.savefig(path, dpi=110)
     finally:
@@ -179,7 +190,8 @@ def plot_ttft_vs_throughput(runs: Sequence[Run], path: Path) -> None:
                                   xytext=(4, 4), fontsize=8)
         axis.set_xlabel("output tokens / s")
         axis.set_ylabel("P99 TTFT (ms)")
-        axis.set_title("P99 TTFT vs throughput (labels: qps)")
+        note = _backend_note(runs)
+        axis.set_title("P99 TTFT vs throughput (labels: qps)" + (f"\n{note}" if note else ""))
         axis.grid(alpha=0.3)
         axis.legend()
         figure.tight_layout()
