@@ -4,9 +4,11 @@
 
 1. a real 1P1D vLLM-CPU cluster (the tiny model) behind `ppd proxy --policy fixed --x 0.5`,
    so turn 2 goes P->D in about half the conversations and local in the others;
-2. `ppd sim fit` on that run -> a LinearCost preset (OUT/cpu-tiny.json);
-3. an emulated 1P1D cluster timed by that preset, behind the same proxy policy, the same
-   conversations (same seed: same routes per conversation);
+2. `ppd sim fit` on that run -> a LinearCost preset (OUT/cpu-tiny.json), and the fixed part
+   of a P->D turn 1 (the fit's TTFT intercept: ExampleConnector's disk hand-off and both
+   nodes' request overhead) as the link's latency;
+3. an emulated 1P1D cluster timed by that preset and link, behind the same proxy policy, the
+   same conversations (same seed: same routes per conversation);
 4. per route, turn-2 TTFT and TPOT (median and mean) of both runs and the emulation's error.
 The fit is made on the run it is compared with (in-sample): it shows how well the engine
 model's structure (steps, prefix cache, P->D hand-off) reproduces the measurements once its
@@ -26,10 +28,10 @@ from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.emulate.cluster import start_emulated_cluster
 from profiler.emulate.label import emulated_backend
 from profiler.models.prepare import prepare_model
-from profiler.replay.client import ReplayConfig, ReplayResult, replay
+from profiler.replay.client import ReplayConfig, ReplayResult, RequestRecord, replay
 from profiler.replay.metrics import summarize
 from profiler.replay.output import write_run
-from profiler.sim.cli import run_fit
+from profiler.sim.fit import fit, read_runs, write_preset
 from profiler.traces.synthetic import named_workload
 from proxy.tokens import token_counter
 
@@ -50,6 +52,15 @@ def run(cluster: Cluster, args: argparse.Namespace, out: Path, backend: str | No
     write_run(out, result, summary, label=out.name, dataset=f"synthetic:{WORKLOAD}",
               backend=backend)
     return result
+
+
+def load_records(run_dir: Path) -> list[RequestRecord]:
+    """The records of a finished run (what per_route needs of them)."""
+    import pandas as pd
+
+    frame = pd.read_parquet(run_dir / "requests.parquet")
+    return [RequestRecord(**{**row, "itl_s": tuple(row["itl_s"])}) for row in
+            frame.astype(object).where(frame.notna(), None).to_dict("records")]
 
 
 def per_route(result: ReplayResult) -> dict[str, dict[str, float]]:
@@ -89,21 +100,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--base-port", type=int, default=18600)
     parser.add_argument("--out", type=Path, default=Path("runs/emulate-cpu"))
+    parser.add_argument("--reuse-real", action="store_true",
+                        help="compare with OUT/real from an earlier run (no vLLM this time)")
     args = parser.parse_args(argv)
     model = prepare_model("tiny")
     args.tokenizer = model
     layout = parse_layout("1P1D")
-    real_config = ClusterConfig(model=str(model), layout=layout, state_dir=args.out / "real-state",
-                                base_port=args.base_port, cores=default_cores(),
-                                startup_timeout_s=600)
-    with start_cluster(real_config, progress=print) as cluster:
-        real = run(cluster, args, args.out / "real", None)
+    if args.reuse_real and (args.out / "real" / "requests.csv").is_file():
+        real = ReplayResult(load_records(args.out / "real"), 0.0, None)  # type: ignore[arg-type]
+    else:
+        real_config = ClusterConfig(model=str(model), layout=layout,
+                                    state_dir=args.out / "real-state", base_port=args.base_port,
+                                    cores=default_cores(), startup_timeout_s=600)
+        with start_cluster(real_config, progress=print) as cluster:
+            real = run(cluster, args, args.out / "real", None)
     preset = args.out / "cpu-tiny.json"
-    print(run_fit([args.out / "real"], preset, "cpu-tiny"))
+    fitted = fit(read_runs([args.out / "real"]), name="cpu-tiny",
+                 source=f"ppd sim fit on {args.out / 'real'}")
+    write_preset(fitted, preset)
+    link = f"{fitted.ttft_intercept_ms:.1f}:3.125"
+    cost = fitted.cost
+    print(f"fitted: step = {cost.base_ms:.2f} ms + {cost.per_prefill_token_ms:.4f} ms/prompt "
+          f"token + {cost.per_decode_seq_ms:.3f} ms/decoding request; link {link} (ms:GB/s)")
     emulated_config = ClusterConfig(model="tiny", layout=layout,
                                     state_dir=args.out / "emulated-state",
                                     base_port=args.base_port + 10)
-    with start_emulated_cluster(emulated_config, str(preset.resolve()), "tcp-25g",
+    with start_emulated_cluster(emulated_config, str(preset.resolve()), link,
                                 progress=print) as cluster:
         emulated = run(cluster, args, args.out / "emulated",
                        emulated_backend(f"{preset.name} (fitted)"))

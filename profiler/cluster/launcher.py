@@ -329,7 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="emulated nodes timed by an engine model (h100, linear, ...) "
                     "instead of vLLM; see docs/emulated-nodes.md")
     up.add_argument("--link", default=None,
-                    help="with --emulate: P->D link preset (nvlink, rdma-400g, tcp-25g)")
+                    help="with --emulate: P->D link preset (nvlink, rdma-400g, tcp-25g) or "
+                    "LATENCY_MS:GBPS")
     up.add_argument("--with-proxy", action="store_true", help="start `ppd proxy` in front")
     up.add_argument("--policy", default=None, help="proxy policy (with --with-proxy)")
     up.add_argument("--proxy-port", type=int, default=DEFAULT_PROXY_PORT)

@@ -72,11 +72,9 @@ def resolve(hardware: str, model: str, link: str | None = None,
     try:
         shape = TINY if model == "tiny" else load_model_shape(model)
         cost = _cost(hardware, model)
-        chosen = LINKS.get(link or DEFAULT_LINK)
+        chosen = parse_link(link or DEFAULT_LINK)
     except (ValueError, ImportError) as exc:
         raise PresetError(str(exc)) from None
-    if chosen is None:
-        raise PresetError(f"unknown link {link!r}; known: {', '.join(LINKS)}")
     config = EngineConfig(max_model_len=max_model_len or 32768)
     if _is_file(hardware):
         # A fitted CPU preset: vLLM-CPU's 128-token blocks, whole prompts in one step (the
@@ -87,6 +85,22 @@ def resolve(hardware: str, model: str, link: str | None = None,
     if blocks is not None:
         config = replace(config, num_kv_blocks=blocks)
     return Preset(cost.name, shape, chosen, cost, config)
+
+
+def parse_link(spec: str) -> Link:
+    """A link preset name, or `LATENCY_MS:GBPS` for a measured one (e.g. vLLM-CPU's disk
+    hand-off: the fixed part of a P->D turn that `ppd sim fit` reports as its TTFT intercept)."""
+    if spec in LINKS:
+        return LINKS[spec]
+    latency, sep, bandwidth = spec.partition(":")
+    try:
+        latency_s, bandwidth_bytes = float(latency) / 1000, float(bandwidth) * 1e9
+    except ValueError:
+        latency_s = bandwidth_bytes = -1.0
+    if not sep or latency_s < 0 or bandwidth_bytes <= 0:
+        raise ValueError(f"unknown link {spec!r}; known: {', '.join(LINKS)}, or LATENCY_MS:GBPS")
+    return Link(spec, bandwidth_bytes, latency_s, f"given: {latency_s * 1000:g} ms, "
+                f"{bandwidth_bytes / 1e9:g} GB/s")
 
 
 def _is_file(hardware: str) -> bool:

@@ -14,6 +14,7 @@ from profiler.cli import main as ppd
 from profiler.cluster import procs
 from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.emulate.cluster import start_emulated_cluster
+from profiler.emulate.presets import parse_link
 
 BASE_PORT = 18320
 
@@ -59,3 +60,12 @@ def test_unknown_preset_and_link_are_clear_errors(tmp_path: Path,
     assert "--link needs --emulate" in capsys.readouterr().err
     assert ppd([*base[:2], "--model", "gpt-9", *base[4:], "--emulate", "linear"]) == 1
     assert "gpt-9" in capsys.readouterr().err
+
+
+def test_a_link_can_be_given_by_latency_and_bandwidth() -> None:
+    link = parse_link("250:3.125")
+    assert link.latency_s == 0.25 and link.bandwidth_bytes_per_s == 3.125e9
+    assert parse_link("nvlink").name == "nvlink"
+    for bad in ("250", "x:1", "-1:1", "5:0"):
+        with pytest.raises(ValueError, match="LATENCY_MS:GBPS"):
+            parse_link(bad)
