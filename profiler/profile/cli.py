@@ -108,6 +108,7 @@ def main(argv: list[str]) -> int:
             backend=emulated_backend(preset) if preset else "vllm (remote, via proxy)",
             grid=grid.as_meta(),
             weights={"w_ttft": args.w_ttft, "w_tpot": args.w_tpot},
+            extra={"emulated": preset} if preset else None,
         )
         profiler = Profiler(grid=grid, target=args.target, out_csv=args.out, meta=meta,
                             seed=args.seed, model=model, tokenizer=tokenizer,
