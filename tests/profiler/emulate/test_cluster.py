@@ -19,7 +19,9 @@ from profiler.emulate.presets import parse_link
 BASE_PORT = 18320
 
 
-def test_up_status_down(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_up_status_down(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PPD_CACHE_DIR", str(tmp_path / "cache"))  # the tokenizer is built here
     state = tmp_path / "state"
     config = ClusterConfig(model="llama-3.1-8b", layout=parse_layout("1P2D"),
                            base_port=BASE_PORT, state_dir=state)
@@ -33,7 +35,8 @@ def test_up_status_down(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
             f"http://127.0.0.1:{BASE_PORT + i}" for i in range(3)]
         assert {n["pid"] for n in doc["nodes"]} == {host.pid}  # one process hosts them all
         assert doc["emulated"]["preset"] == "linear:llama-3.1-8b"
-        assert (Path(doc["emulated"]["tokenizer"]) / "tokenizer.json").is_file()
+        tokenizer = Path(doc["emulated"]["tokenizer"])
+        assert (tokenizer / "tokenizer.json").is_file() and tmp_path in tokenizer.parents
         card = httpx.get(f"http://127.0.0.1:{BASE_PORT + 1}/v1/models").json()["data"][0]
         assert card["id"] == "llama-3.1-8b"
         assert ppd(["cluster", "status", "--state", str(state)]) == 0

@@ -59,7 +59,10 @@ def preset() -> Preset:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     config = ClusterConfig(model=MODEL, layout=parse_layout("1P2D"), base_port=BASE_PORT,
                            state_dir=tmp_path_factory.mktemp("emulated-1p2d"))
-    with start_emulated_cluster(config, "h100") as running:
+    with pytest.MonkeyPatch.context() as env:  # the tokenizer is built here, not in ~/.cache
+        env.setenv("PPD_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        running = start_emulated_cluster(config, "h100")
+    with running:
         running.start_proxy("local", port=PROXY_PORT)
         yield running
 
