@@ -3,7 +3,7 @@
 The runtime (runtime.py) knows nothing of batching, caching or costs; an engine knows nothing
 of HTTP or of the wall clock: its caller passes `now` in. The port follows profiler.sim's
 Engine (next_step_time / step(now) / kv_pulls / kv_arrived / release_kv), adapted by
-sim_engine.py; basic.py is a small self-contained implementation with a linear cost.
+sim_engine.py; the runtime tests drive it with a scripted engine.
 """
 
 from __future__ import annotations
