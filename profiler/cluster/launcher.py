@@ -319,7 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="KV transfer (default: shared-storage on cpu, nixl on cuda)")
     up.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT)
     up.add_argument("--host", default="127.0.0.1")
-    up.add_argument("--max-model-len", type=int, default=4096)
+    up.add_argument("--max-model-len", type=int, default=None,
+                    help="model length in tokens (default 4096; with --emulate 32768)")
     up.add_argument("--dtype", default=None,
                     help="vLLM --dtype (default: what the model asks for, else vLLM's auto)")
     up.add_argument("--kv-cache-gib", type=int, default=1, help="CPU KV cache per node")
@@ -373,14 +374,16 @@ def _up(args: argparse.Namespace) -> int:
     config = ClusterConfig(
         model=args.model, layout=args.layout, state_dir=args.state, device=args.device,
         connector=args.connector, host=args.host, base_port=args.base_port,
-        max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib, dtype=args.dtype,
+        max_model_len=args.max_model_len or 4096, kv_cache_gib=args.kv_cache_gib,
+        dtype=args.dtype,
         cores=default_cores() if args.device is Device.CPU else (),
         startup_timeout_s=args.startup_timeout, vllm_args=tuple(shlex.split(args.vllm_args)),
     )
     if args.emulate is not None:
         from profiler.emulate.cluster import start_emulated_cluster
 
-        cluster = start_emulated_cluster(config, args.emulate, args.link, progress)
+        cluster = start_emulated_cluster(config, args.emulate, args.link, progress,
+                                         max_model_len=args.max_model_len)
     elif args.link is not None:
         raise ClusterError("--link needs --emulate (vLLM's transfer is set by --connector)")
     else:

@@ -33,10 +33,13 @@ HOST_LOG = "emulated-nodes.log"
 
 
 def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | None = None,
-                           progress: Progress = _quiet) -> Cluster:
-    """Start config.layout as emulated nodes of preset hardware:config.model; write cluster.json."""
+                           progress: Progress = _quiet, max_model_len: int | None = None
+                           ) -> Cluster:
+    """Start config.layout as emulated nodes of preset hardware:config.model; write cluster.json.
+
+    max_model_len None: the preset's default (config.max_model_len is vLLM-CPU's 4096)."""
     try:
-        preset = resolve(hardware, config.model, link)
+        preset = resolve(hardware, config.model, link, max_model_len)
     except PresetError as exc:
         raise ClusterError(str(exc)) from None
     state_dir = config.state_dir.resolve()
@@ -48,7 +51,7 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
     log.unlink(missing_ok=True)
     argv = [sys.executable, "-m", "profiler.emulate.host", "--emulate", hardware,
             "--model", config.model, "--host", config.host, "--tokenizer", str(tokenizer),
-            "--link", preset.link.name]  # fmt: skip
+            "--link", preset.link.name, "--max-model-len", str(preset.max_model_len)]
     for spec in nodes:
         argv += ["--node", f"{spec.role.value}:{spec.port}"]
     first = procs.spawn("emulated-nodes", "", argv, os.environ, log, cwd=state_dir)

@@ -25,7 +25,7 @@ def test_up_status_down(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     state = tmp_path / "state"
     config = ClusterConfig(model="llama-3.1-8b", layout=parse_layout("1P2D"),
                            base_port=BASE_PORT, state_dir=state)
-    cluster = start_emulated_cluster(config, "linear")
+    cluster = start_emulated_cluster(config, "linear", max_model_len=2048)
     host = cluster.nodes[0].proc.process
     assert host is not None
     try:
@@ -38,7 +38,7 @@ def test_up_status_down(tmp_path: Path, capsys: pytest.CaptureFixture[str],
         tokenizer = Path(doc["emulated"]["tokenizer"])
         assert (tokenizer / "tokenizer.json").is_file() and tmp_path in tokenizer.parents
         card = httpx.get(f"http://127.0.0.1:{BASE_PORT + 1}/v1/models").json()["data"][0]
-        assert card["id"] == "llama-3.1-8b"
+        assert card["id"] == "llama-3.1-8b" and card["max_model_len"] == 2048
         assert ppd(["cluster", "status", "--state", str(state)]) == 0
         assert capsys.readouterr().out.count("healthy") == 3
     finally:
