@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.emulate.cluster import start_emulated_cluster
 from profiler.emulate.label import emulated_backend
 from profiler.models.prepare import prepare_model
-from profiler.replay.client import ReplayConfig, ReplayResult, RequestRecord, replay
+from profiler.replay.client import ReplayConfig, ReplayResult, replay
 from profiler.replay.metrics import summarize
 from profiler.replay.output import write_run
 from profiler.sim.fit import fit, read_runs, write_preset
@@ -54,26 +53,23 @@ def run(cluster: Cluster, args: argparse.Namespace, out: Path, backend: str | No
     return result
 
 
-def load_records(run_dir: Path) -> list[RequestRecord]:
-    """The records of a finished run (what per_route needs of them)."""
+def per_route(run_dir: Path) -> dict[str, dict[str, float]]:
+    """Turn-2 TTFT and TPOT (ms) per route, from a run's requests.parquet."""
     import pandas as pd
 
     frame = pd.read_parquet(run_dir / "requests.parquet")
-    return [RequestRecord(**{**row, "itl_s": tuple(row["itl_s"])}) for row in
-            frame.astype(object).where(frame.notna(), None).to_dict("records")]
-
-
-def per_route(result: ReplayResult) -> dict[str, dict[str, float]]:
+    for name in ("ttft", "tpot"):  # runs written before the columns moved to ms
+        if f"{name}_ms" not in frame and f"{name}_s" in frame:
+            frame[f"{name}_ms"] = frame[f"{name}_s"] * 1000
     out: dict[str, dict[str, float]] = {}
     for route in ("pd", "local"):
-        rows = [r for r in result.records if r.success and r.turn == 2 and r.route == route]
-        ttft = [r.ttft_s for r in rows if r.ttft_s is not None]
-        tpot = [r.tpot_s for r in rows if r.tpot_s is not None]
-        if ttft and tpot:
-            out[route] = {"n": len(rows), "ttft_p50": 1000 * statistics.median(ttft),
-                          "ttft_mean": 1000 * statistics.fmean(ttft),
-                          "tpot_p50": 1000 * statistics.median(tpot),
-                          "tpot_mean": 1000 * statistics.fmean(tpot)}
+        rows = frame[frame["success"].astype(bool) & (frame["turn"] == 2)
+                     & (frame["route"] == route)]
+        ttft, tpot = rows["ttft_ms"].dropna(), rows["tpot_ms"].dropna()
+        if len(ttft) and len(tpot):
+            out[route] = {"n": len(rows), "ttft_p50": float(ttft.median()),
+                          "ttft_mean": float(ttft.mean()), "tpot_p50": float(tpot.median()),
+                          "tpot_mean": float(tpot.mean())}
     return out
 
 
@@ -106,14 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     model = prepare_model("tiny")
     args.tokenizer = model
     layout = parse_layout("1P1D")
-    if args.reuse_real and (args.out / "real" / "requests.csv").is_file():
-        real = ReplayResult(load_records(args.out / "real"), 0.0, None)  # type: ignore[arg-type]
-    else:
+    if not (args.reuse_real and (args.out / "real" / "requests.parquet").is_file()):
         real_config = ClusterConfig(model=str(model), layout=layout,
                                     state_dir=args.out / "real-state", base_port=args.base_port,
                                     cores=default_cores(), startup_timeout_s=600)
         with start_cluster(real_config, progress=print) as cluster:
-            real = run(cluster, args, args.out / "real", None)
+            run(cluster, args, args.out / "real", None)
     preset = args.out / "cpu-tiny.json"
     fitted = fit(read_runs([args.out / "real"]), name="cpu-tiny",
                  source=f"ppd sim fit on {args.out / 'real'}")
@@ -127,9 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                                     base_port=args.base_port + 10)
     with start_emulated_cluster(emulated_config, str(preset.resolve()), link,
                                 progress=print) as cluster:
-        emulated = run(cluster, args, args.out / "emulated",
-                       emulated_backend(f"{preset.name} (fitted)"))
-    print(render(per_route(real), per_route(emulated)))
+        run(cluster, args, args.out / "emulated", emulated_backend(f"{preset.name} (fitted)"))
+    print(render(per_route(args.out / "real"), per_route(args.out / "emulated")))
     return 0
 
 
