@@ -311,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     from profiler.cli import HelpFormatter
 
     examples = {
-        "up": "example:\n  ppd cluster up --model tiny --layout 1P1D --with-proxy --policy pd",
+        "up": "examples:\n  ppd cluster up --model tiny --layout 1P1D --with-proxy --policy pd\n"
+              "  ppd cluster up --emulate h100 --model llama-3.1-8b --layout 1P3D --with-proxy",
         "status": "example:\n  ppd cluster status",
         "down": "example:\n  ppd cluster down",
     }
