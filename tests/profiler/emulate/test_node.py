@@ -261,3 +261,18 @@ async def test_a_broken_engine_answers_500_not_a_hang(nodes: list[HostedNode],
         response = await client.post(f"{d.url}/v1/chat/completions", json=chat())
         assert response.status_code == 500
         assert "engine bug" in response.json()["error"]["message"]
+
+
+async def test_a_replica_node_serves_whole_requests_and_rejects_a_kv_pull_to_a_p(
+    vocab: Vocabulary, client: httpx.AsyncClient
+) -> None:
+    preset = resolve("linear", MODEL, max_model_len=4096)
+    async with hosted(preset, [(Role.REPLICA, 0), (Role.PREFILL, 0)], vocab=vocab) as (r, p):
+        answer = (await client.post(f"{r.url}/v1/chat/completions", json=chat())).json()
+        assert answer["usage"]["completion_tokens"] == 8
+        # A P node never receives KV (vLLM's producer role): a D leg sent to it is refused.
+        params = {"do_remote_prefill": True, "remote_engine_id": "elsewhere"}
+        refused = await client.post(f"{p.url}/v1/chat/completions",
+                                    json=chat(kv_transfer_params=params))
+    assert refused.status_code == 400
+    assert "does not receive KV" in refused.json()["error"]["message"]
