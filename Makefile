@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.ppd-installed
 
-.PHONY: install test test-fast bench demo lint clean
+.PHONY: install test test-fast bench fuzz soak demo lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,14 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks
+
+# 10,000+ hostile requests per policy against the in-process proxy (tests/proxy/fuzz_cases.py).
+fuzz: $(STAMP)
+	$(PY) -m benchmarks.fuzz
+
+# 500 concurrent streaming conversations, 2 rounds of 30 s, fakes in another process.
+soak: $(STAMP)
+	$(PY) -m benchmarks.soak
 
 demo: $(STAMP)
 	$(VENV)/bin/ppd demo

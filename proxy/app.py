@@ -3,7 +3,7 @@
 Routes: POST /v1/chat/completions, POST /v1/completions (served ahead of Quart by
 `proxy.endpoints`, the hot path), GET /v1/models, GET /health
 (503 while no route can be served), GET /metrics (Prometheus), GET /stats (JSON counters),
-GET /sessions (admin).
+GET /sessions (admin: 404 while no --admin-key is set, 401 without it).
 
 Forcing header `x-ppd-route: pd|local` (the profiler uses it): needs `authorization: Bearer
 ADMIN_KEY` when an admin key is configured. Forcing `local` on a request that has nothing to
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import werkzeug.exceptions
 from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
@@ -84,8 +85,8 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
     router = Router(pool, ledger, policy, token_counter(config.tokenizer), metrics, load, clock,
                     config.max_in_flight)
     metrics.watch(pool.snapshot, lambda: router.admission.open)
-    discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock)
-                 if config.discovery else None)
+    discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock,
+                           config.discovery_token) if config.discovery else None)
     return ProxyState(config, pool, ledger, router, metrics, load, discovery, transport)
 
 
@@ -162,8 +163,11 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
 
     @app.get("/sessions")
     async def sessions() -> dict[str, Any]:
-        if config.admin_key and not bearer_matches(request.headers.get("authorization"),
-                                                   config.admin_key):
+        # Conversation ids and turn counts are other clients' data: only an admin sees them.
+        if not config.admin_key:
+            raise werkzeug.exceptions.NotFound(
+                "/sessions is off: start the proxy with --admin-key to enable it")
+        if not bearer_matches(request.headers.get("authorization"), config.admin_key):
             raise Unauthorized("/sessions needs authorization: Bearer ADMIN_KEY")
         return {"sessions": state.ledger.snapshot()}
 

@@ -107,6 +107,10 @@ class CompletionsApp:
         headers = {name.decode(): value.decode("latin-1") for name, value in scope["headers"]
                    if name in _WANTED}
         config = self._config
+        # The body is read (up to --max-body-bytes) even when the headers refuse the request:
+        # answering first lets the server close a connection the client is still writing to,
+        # and the reset can destroy the answer before the client reads it.
+        raw = await _read_body(receive, headers.get("content-length"), config.max_body_bytes)
         auth = headers.get("authorization")
         if config.api_key and not bearer_matches(auth, config.api_key, config.admin_key):
             raise Unauthorized("missing or invalid API key (authorization: Bearer KEY)")
@@ -116,8 +120,7 @@ class CompletionsApp:
                 raise BadRequest(f"x-ppd-route must be one of {sorted(FORCIBLE)}, got {forced!r}")
             if config.admin_key and not bearer_matches(auth, config.admin_key):
                 raise Unauthorized("x-ppd-route needs authorization: Bearer ADMIN_KEY")
-        body = parse_json_object(await _read_body(receive, headers.get("content-length"),
-                                                  config.max_body_bytes))
+        body = parse_json_object(raw)
         validate_body(endpoint, body)
         return Incoming(endpoint, body, headers.get("x-session-id"),
                         FORCIBLE[forced] if forced else None)

@@ -1,6 +1,7 @@
 """Running an ASGI app (the proxy, or a test's fake vLLM) on a loopback port.
 
-- `serve(config)`: blocking, for `ppd proxy`; SIGINT/SIGTERM shut it down cleanly.
+- `serve(config)`: blocking, for `ppd proxy`; SIGINT/SIGTERM stop accepting connections and
+  let open streams finish for up to `--shutdown-grace` seconds before they are cut.
 - `running(app, host, port)`: async context manager yielding a `Server` (url, port); port 0
   lets the OS choose, so tests and in-process demos never collide.
 - `ServerThread`: the same in a background thread with its own event loop, for synchronous
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import logging
 import signal
 import socket
 import threading
@@ -30,12 +32,17 @@ from typing import Any
 from proxy.config import ProxyConfig
 from proxy.lifespan import Lifespan
 
+log = logging.getLogger("ppd.proxy")
+
 # Every setting of the HTTP server lives here (a proxy in front of many short-lived clients):
-# - An idle keep-alive connection closes after KEEP_ALIVE_S (the timer runs only while a
-#   connection is idle, so it never cuts a slow first token); with 75 s, connections whose
-#   clients had gone piled up in CLOSE-WAIT under bursts.
-# - LISTEN_BACKLOG connections may wait for accept() (the kernel caps it at somaxconn).
-# - A graceful shutdown lets open streams finish for `grace` seconds (SHUTDOWN_GRACE_S here).
+# - An idle keep-alive connection closes after KEEP_ALIVE_S. The timer runs only while a
+#   connection is idle (a request in progress stops it), so it never cuts a slow first token;
+#   with 75 s, connections whose clients had gone piled up in CLOSE-WAIT under bursts
+#   (11 -> 999 descriptors over three rounds of 300 streams; accept() failed at the fd limit).
+# - LISTEN_BACKLOG connections may wait for accept() (the kernel caps it at
+#   net.core.somaxconn); hypercorn's 100 dropped requests on bursts of 500 new clients.
+# - A graceful shutdown lets open streams finish for `grace` seconds: `ppd proxy` passes
+#   --shutdown-grace (30 s by default); in-process servers (tests, demo) wait SHUTDOWN_GRACE_S.
 KEEP_ALIVE_S = 5.0
 LISTEN_BACKLOG = 2048
 SHUTDOWN_GRACE_S = 5.0
@@ -191,10 +198,12 @@ def run_loop(main: Coroutine[Any, Any, None]) -> None:
 class ServerThread:
     """Serve an app from a background thread (its own event loop) until stop()."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0,
+                 grace: float = SHUTDOWN_GRACE_S) -> None:
         self._app = app
         self._host = host
         self._port = port
+        self._grace = grace
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -221,7 +230,7 @@ class ServerThread:
         """Shut down gracefully and join the thread."""
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(SHUTDOWN_GRACE_S + 10)
+        self._thread.join(self._grace + 10)
 
     def _run(self) -> None:
         run_loop(self._main())
@@ -230,7 +239,7 @@ class ServerThread:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         try:
-            async with running(self._app, self._host, self._port) as server:
+            async with running(self._app, self._host, self._port, self._grace) as server:
                 self.server = server
                 self._ready.set()
                 await self._stop.wait()
@@ -251,23 +260,25 @@ def serve(config: ProxyConfig) -> None:
     """Run the proxy on config.host:config.port until SIGINT or SIGTERM (blocking)."""
     from proxy.app import create_app  # here, so fakes can use this module without the app
 
-    serve_app(create_app(config), config.host, config.port)
+    serve_app(create_app(config), config.host, config.port, config.shutdown_grace)
 
 
-def serve_app(app: Any, host: str, port: int,
+def serve_app(app: Any, host: str, port: int, grace: float = SHUTDOWN_GRACE_S,
               on_ready: Callable[[Server], None] | None = None) -> None:
-    """Run an ASGI app on host:port until SIGINT or SIGTERM (blocking); `on_ready` runs once
-    the socket is bound and the app started (so a busy port never gets announced)."""
-    run_loop(_serve_until_signal(app, host, port, on_ready))
+    """Run an ASGI app on host:port until SIGINT or SIGTERM (blocking), then drain open
+    streams for `grace` s; `on_ready` runs once the socket is bound and the app started (so a
+    busy port never gets announced)."""
+    run_loop(_serve_until_signal(app, host, port, grace, on_ready))
 
 
-async def _serve_until_signal(app: Any, host: str, port: int,
+async def _serve_until_signal(app: Any, host: str, port: int, grace: float,
                               on_ready: Callable[[Server], None] | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with running(app, host, port) as server:
+    async with running(app, host, port, grace) as server:
         if on_ready is not None:
             on_ready(server)
         await stop.wait()
+        log.info("stopping: no new connections; open streams get up to %.0f s", grace)
