@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any
 
 from proxy.config import ProxyConfig
+from proxy.errors import BadRequest
 from proxy.lifespan import Lifespan
 
 log = logging.getLogger("ppd.proxy")
@@ -85,6 +86,17 @@ def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
 def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float
              ) -> Coroutine[Any, Any, None]:
     import uvicorn
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class Protocol(HttpToolsProtocol):
+        def send_400_response(self, msg: str) -> None:
+            # A request the HTTP parser refuses (bad bytes in a header, a broken request
+            # line) gets the proxy's OpenAI-shaped error like every other refusal.
+            body = BadRequest(f"malformed HTTP request: {msg}").body_bytes()
+            self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json"
+                                 b"\r\ncontent-length: " + str(len(body)).encode()
+                                 + b"\r\nconnection: close\r\n\r\n" + body)
+            self.transport.close()
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
@@ -93,7 +105,7 @@ def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float
 
     # log_config None: uvicorn's messages go to the logging the caller configured.
     # proxy_headers off: nothing here reads the client address, and it costs per request.
-    config = uvicorn.Config(app, http="httptools", lifespan="off", access_log=False,
+    config = uvicorn.Config(app, http=Protocol, lifespan="off", access_log=False,
                             log_config=None, proxy_headers=False,
                             timeout_keep_alive=int(KEEP_ALIVE_S), backlog=LISTEN_BACKLOG,
                             timeout_graceful_shutdown=max(1, round(grace)))

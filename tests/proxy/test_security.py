@@ -156,7 +156,7 @@ async def test_api_and_admin_keys_are_compared_in_constant_time(
         compared.append(b)
         return real(a, b)
 
-    monkeypatch.setattr("proxy.app.hmac.compare_digest", spy)
+    monkeypatch.setattr("proxy.endpoints.hmac.compare_digest", spy)
     async with in_process(api_key="api-key", admin_key="admin-key") as (client, _):
         wrong = await client.post("/v1/chat/completions", json=chat_body("x"),
                                   headers={"authorization": "Bearer api-kez"})
