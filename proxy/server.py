@@ -71,7 +71,9 @@ class Server:
 
 def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and
+    # without it Nagle holds each small write of a reply for the client's delayed ACK (40 ms).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if reuse_port:  # several worker processes share the port; the kernel spreads connections
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
