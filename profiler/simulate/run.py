@@ -94,6 +94,15 @@ def cost_model(name: str) -> CostModel:
     return load_cost(name)
 
 
+@lru_cache(maxsize=8)
+def engine_config(cost: str, seed: int) -> EngineConfig:
+    """vLLM's defaults, with the KV cache the preset's GPU holds when the preset knows it."""
+    model = cost_model(cost)
+    blocks = getattr(model, "num_kv_blocks", None)
+    return EngineConfig(seed=seed, num_kv_blocks=blocks()) if callable(blocks) \
+        else EngineConfig(seed=seed)
+
+
 @lru_cache(maxsize=32)
 def _table(path: str) -> DecisionTable:
     return DecisionTable.load(path)
@@ -115,7 +124,7 @@ def setup_for(spec: RunSpec) -> SimSetup:
         layout=Layout.parse(spec.layout), cost=cost_model(spec.cost),
         policy=routing_policy(spec.policy), link=load_link(spec.link),
         kv_bytes_per_token=load_model_shape(spec.model_name).kv_bytes_per_token,
-        engine=EngineConfig(seed=spec.seed), timeout_s=spec.timeout_s,
+        engine=engine_config(spec.cost, spec.seed), timeout_s=spec.timeout_s,
         forced=force if forced is not None else None)
 
 
