@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="simulate a replay on a P/D cluster + the proxy (see run --help)")
     actions.add_parser("grid", add_help=False,
                        help="simulate layouts x workloads x qps x policies into one table")
+    actions.add_parser("paper", add_help=False,
+                       help="the PPD paper's tables and plots from a grid table")
 
     step = actions.add_parser("step", help="print the modelled time of one engine step")
     step.add_argument("--preset", required=True,
@@ -44,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] in ("run", "grid"):
+    if argv and argv[0] in ("run", "grid", "paper"):
         from profiler.simulate import cli as simulate_cli
 
         return int(getattr(simulate_cli, f"{argv[0]}_main")(argv[1:]))

@@ -45,6 +45,9 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
                         help="per-request timeout in seconds; a slower turn fails (default 30, "
                         "the paper's)")
     parser.add_argument("--seed", type=int, default=0, help="arrivals, workload and engine seed")
+    parser.add_argument("--load-window", type=float, default=30.0,
+                        help="the proxy's --load-window: seconds its turns-per-second meter "
+                        "averages over (default 30, the proxy's)")
 
 
 def build_run_parser() -> argparse.ArgumentParser:
@@ -85,7 +88,7 @@ def run_main(argv: list[str]) -> int:
                    policy=policy_from_args(args), cost=args.cost, model=args.model,
                    link=args.link, duration_s=args.duration, timeout_s=args.timeout,
                    seed=args.seed, max_turns=args.max_turns,
-                   max_context_tokens=args.max_context_tokens)
+                   max_context_tokens=args.max_context_tokens, load_window_s=args.load_window)
     started = time.perf_counter()
     result = simulate(spec)
     elapsed = time.perf_counter() - started
@@ -106,5 +109,11 @@ def run_main(argv: list[str]) -> int:
 
 def grid_main(argv: list[str]) -> int:
     from profiler.simulate.grid import main
+
+    return main(argv)
+
+
+def paper_main(argv: list[str]) -> int:
+    from profiler.simulate.paper import main
 
     return main(argv)

@@ -200,7 +200,8 @@ def main(argv: list[str]) -> int:
         raise ValueError(f"--qps takes numbers, got {args.qps!r}") from None
     base = RunSpec(layout="1P1D", dataset=datasets[0], qps=1.0, cost=args.cost,
                    model=args.model, link=args.link, duration_s=args.duration,
-                   timeout_s=args.timeout, seed=args.seed, max_turns=args.max_turns)
+                   timeout_s=args.timeout, seed=args.seed, max_turns=args.max_turns,
+                   load_window_s=args.load_window)
 
     def table_for(layout: str) -> Path | None:
         if args.table is not None:
