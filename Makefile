@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.ppd-installed
 
-.PHONY: install test test-fast bench demo lint clean
+.PHONY: install test test-fast bench demo lint clean paper
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks
+
+# The PPD paper's tables from the committed simulator grid (docs/paper-reproduction.md says
+# how that grid was made; rebuilding it is `ppd sim grid`, tens of minutes).
+paper: $(STAMP)
+	$(VENV)/bin/ppd sim paper docs/paper-reproduction/grid.parquet --out docs/paper-reproduction
 
 demo: $(STAMP)
 	$(VENV)/bin/ppd demo

@@ -177,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(the shipped tables; default tables/)")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per run")
     parser.add_argument("--max-turns", type=int, help="at most N turns per conversation")
+    parser.add_argument("--max-context-tokens", type=int,
+                        help="cut trace conversations to the turns whose context fits")
     add_cluster_flags(parser)
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1,
                         help="worker processes (default: one per core)")
@@ -201,7 +203,7 @@ def main(argv: list[str]) -> int:
     base = RunSpec(layout="1P1D", dataset=datasets[0], qps=1.0, cost=args.cost,
                    model=args.model, link=args.link, duration_s=args.duration,
                    timeout_s=args.timeout, seed=args.seed, max_turns=args.max_turns,
-                   load_window_s=args.load_window)
+                   load_window_s=args.load_window, max_context_tokens=args.max_context_tokens)
 
     def table_for(layout: str) -> Path | None:
         if args.table is not None:

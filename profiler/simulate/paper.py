@@ -191,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ppd sim paper",
         description="The PPD paper's Tables 1, 2, 4 and the ppd-vs-fixed comparison from a "
         "`ppd sim grid` table, beside the paper's figures (markdown + plots).")
-    parser.add_argument("grid", type=Path, help="a ppd sim grid table (.parquet or .csv)")
+    parser.add_argument("grid", type=Path, nargs="+",
+                        help="ppd sim grid tables (.parquet or .csv), read as one")
     parser.add_argument("--out", type=Path, required=True, help="directory for tables/plots")
     return parser
 
@@ -210,7 +211,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from profiler.simulate.paper_report import write_report
 
-    grid = load_grid(args.grid)
-    written = write_report(grid, args.out, source=args.grid)
+    grid = pd.concat([load_grid(path) for path in args.grid], ignore_index=True)
+    written = write_report(grid, args.out, source=" + ".join(map(str, args.grid)))
     print("\n".join(f"wrote {path}" for path in written))
     return 0

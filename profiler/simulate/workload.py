@@ -30,6 +30,8 @@ DEFAULT_MAX_TOKENS_CAP = 1024
 # Conversations generated per synthetic workload and cached: enough for 20 conversations/s
 # over 10 s (the paper's largest point) with a Poisson margin; more are generated on demand.
 _SYNTHETIC_BATCH = 320
+# Conversations sampled per trace file and cached (ShareGPT takes ~10 s to parse).
+_TRACE_BATCH = 600
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,13 +97,31 @@ def load_conversations(dataset: str, count: int, *, seed: int = 0,
         return [to_sim(c, tok, max_tokens_cap, max_turns)
                 for c in named_workload(name, count, seed=seed, tokenizer=tok)]
     path = sharegpt_package_file() if dataset == "sharegpt" else Path(dataset)
-    tok = tokenizer or ApproxTokenizer()
-    trace = load_trace(path, tokenizer=tok, sample=count, seed=seed,
+    if tokenizer is None:
+        # The first `count` of a larger seeded sample are the sample of `count` (the loader
+        # shuffles once and keeps in that order), so one cached load serves every load point.
+        cached = _trace(str(path), max(count, _TRACE_BATCH), seed, max_tokens_cap,
+                        max_context_tokens)
+        return [_cut(c, max_turns) for c in cached[:count]]
+    return list(_load(path, tokenizer, count, seed, max_tokens_cap, max_context_tokens,
+                      max_turns))
+
+
+@lru_cache(maxsize=8)
+def _trace(path: str, count: int, seed: int, max_tokens_cap: int,
+           max_context_tokens: int | None) -> tuple[SimConversation, ...]:
+    return _load(Path(path), ApproxTokenizer(), count, seed, max_tokens_cap, max_context_tokens,
+                 None)
+
+
+def _load(path: Path, tokenizer: TextTokenizer, count: int, seed: int, max_tokens_cap: int,
+          max_context_tokens: int | None, max_turns: int | None) -> tuple[SimConversation, ...]:
+    trace = load_trace(path, tokenizer=tokenizer, sample=count, seed=seed,
                        filters=TraceFilter(max_context_tokens=max_context_tokens))
     if not trace.conversations:
         raise ValueError(f"no conversation of {path} passes the filters "
                          f"({trace.records} records, format {trace.format})")
-    return [to_sim(c, tok, max_tokens_cap, max_turns) for c in trace.conversations]
+    return tuple(to_sim(c, tokenizer, max_tokens_cap, max_turns) for c in trace.conversations)
 
 
 def _cut(conversation: SimConversation, max_turns: int | None) -> SimConversation:
