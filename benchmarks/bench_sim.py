@@ -10,12 +10,16 @@ Rows:
 - linear: LinearCost, the floor for a cost call;
 - engine steps: a 64-request decode-heavy workload on one H100 engine (prefix cache, chunked
   prefill, mixed steps), in steps/s of wall time, and the virtual seconds simulated per
-  wall second.
+  wall second;
+- request-steps: 128 requests decoding together, one step after another: the engine's own
+  bookkeeping per request per step (a cluster simulator's inner loop), in request-steps/s.
+The machine's load average is printed: on a shared machine the rates move with it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import random
 import sys
@@ -60,6 +64,21 @@ def engine_run(cost, n_requests: int, rng: random.Random) -> tuple[int, float, f
     return result.num_steps, time.perf_counter() - start, result.end_time
 
 
+def decode_request_steps(n_steps: int = 300, batch: int = 128) -> float:
+    """Request-steps per second of a steady batch of decodes (cost model: LinearCost)."""
+    rng = random.Random(2)
+    engine = Engine(EngineConfig(max_num_batched_tokens=1 << 20),
+                    LinearCost("linear", "bench", 10.0, 0.1, 0.1))
+    for i in range(batch):
+        engine.submit(Request(f"r{i}", max_tokens=n_steps + 2, prompt_token_ids=[
+            rng.randrange(50_000) for _ in range(1000)]), 0.0)
+    engine.step(0.0)  # the prompts
+    start = time.perf_counter()
+    for _ in range(n_steps):
+        engine.step(0.0)
+    return n_steps * batch / (time.perf_counter() - start)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_sim", description=__doc__)
     parser.add_argument("--shapes", type=int, default=5000, help="batch shapes timed per row")
@@ -67,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rng = random.Random(0)
     print(f"ppd engine-model benchmark - {platform.processor() or platform.machine()}, "
-          f"Python {platform.python_version()}")
+          f"Python {platform.python_version()}, load average {os.getloadavg()[0]:.1f}")
     aic = load_preset("h100:llama-3.1-8b")
     aic.step_ms_uncached(BatchShape(1, 16))  # load the model (~2 s) outside the timing
     shapes = random_shapes(args.shapes, rng)
@@ -83,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         steps, wall, virtual = engine_run(cost, args.requests, random.Random(1))
         rows.append((f"engine steps/s, {label}", steps / wall))
         rows.append((f"virtual s per wall s, {label}", virtual / wall))
+    rows.append(("request-steps/s, 128 decoding", decode_request_steps()))
     width = max(len(label) for label, _ in rows)
     print(f"{'what':<{width}}  {'rate':>12}")
     print("-" * (width + 14))

@@ -7,10 +7,12 @@ turn count, last access, and `Held`: a fingerprint of the exact text D holds in 
 (the last prompt plus the reply the proxy streamed back) with its token count.
 
 A request is a *continuation* iff it strictly extends that text (chat: its messages start with
-the previous messages + {"role": "assistant", "content": reply}; completions: its prompt starts
-with the previous prompt + reply). Anything else (edited history, a retry, another user whose
-first message is the same) is a new branch and counts as turn 1. Hash-keyed sessions keep one
-session per branch, so two users with the same opening each continue their own conversation.
+the previous messages + `proxy.completion.assistant_message(reply)`, compared by role and text
+only, the reasoning of a reasoning model not included; completions: its prompt starts with the
+previous prompt + reply; docs/architecture.md, "Session tracking"). Anything else (edited
+history, a retry, another user whose first message is the same) is a new branch and counts as
+turn 1. Hash-keyed sessions keep one session per branch, so two users with the same opening
+each continue their own conversation.
 
 The ledger is bounded by an idle TTL and a max count (least recently used goes first). It only
 keeps books: which route a turn takes is the policies' business.
@@ -24,6 +26,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from proxy.completion import assistant_message
 
 # Hash-keyed branches examined per request; bounds the work a popular opening can cause.
 MAX_BRANCH_CANDIDATES = 32
@@ -127,7 +131,7 @@ class ChatTranscript(Transcript):
 
     def held_after(self, reply: str, tokens: int) -> Held:
         hasher = self._hasher.copy()
-        hasher.update(_canonical_message({"role": "assistant", "content": reply}))
+        hasher.update(_canonical_message(assistant_message(reply)))
         return Held(self.length + 1, hasher.hexdigest(), tokens)
 
 

@@ -62,6 +62,11 @@ class AicCost:
                        f"{BACKEND} {BACKEND_VERSION} kernel data, {self.model}, bf16, "
                        f"TP{self.tp_size}")
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable for worker processes: the native model is reloaded there on first use;
+        the memo travels."""
+        return {**self.__dict__, "_perf": None}
+
     def step_ms(self, shape: BatchShape) -> float:
         if shape.is_empty:
             return 0.0

@@ -52,6 +52,7 @@ class EngineStats:
     kv_usage: float  # fraction of blocks held by requests
     prefix_cache_queries: int
     prefix_cache_hits: int
+    external_prefix_cache_queries: int  # prompt tokens of requests whose KV came from a P
     external_prefix_cache_hits: int
     num_preemptions: int
     num_evictions: int
@@ -117,17 +118,11 @@ class Engine:
         """Drop a request wherever it is (client gone, timeout, transfer failed)."""
         seq = self._get(request_id)
         if seq.phase in (Phase.FINISHED, Phase.FAILED):
-            if self._kv_held.pop(request_id, None) is not None:
+            if self._kv_held.pop(request_id, None) is not None:  # a P whose D never came
                 self._scheduler.free(seq)
+                self._stalled = False
             return
-        scheduler = self._scheduler
-        if seq in scheduler.running:
-            scheduler.running.remove(seq)
-        elif seq.phase is Phase.WAITING_KV:
-            del scheduler.waiting_kv[request_id]
-        else:
-            scheduler.waiting.remove(seq)
-        scheduler.free(seq)
+        self._scheduler.drop(seq)
         seq.phase, seq.error, seq.finish_time = Phase.FAILED, reason, now
         self._stalled = False
 
@@ -151,26 +146,31 @@ class Engine:
         self._num_preemptions += len(self._scheduler.preempted)
         tokens: dict[str, int] = {}
         finished: list[str] = []
-        for seq, count in batch:
-            seq.num_computed += count
-            self._scheduler.register_computed(seq)
-            if seq.num_computed < seq.num_tokens:
+        block_size, vocab, draw = self.config.block_size, self.config.vocab_size, self._rng.random
+        for seq, count in batch:  # the hot loop: one pass per scheduled request per step
+            computed = seq.num_computed = seq.num_computed + count
+            if computed // block_size > len(seq.held_hashes):
+                self._scheduler.register_full_blocks(seq)
+            outputs = seq.output_token_ids
+            if computed < seq.num_prompt + len(outputs):
                 continue  # a prompt chunk that is not the last: nothing sampled yet
-            token = int(self._rng.random() * self.config.vocab_size)
-            seq.output_token_ids.append(token)
-            tokens[seq.id] = token
+            request = seq.request
+            given = request.output_token_ids
+            token = given[len(outputs)] if given is not None else int(draw() * vocab)
+            outputs.append(token)
+            tokens[request.id] = token
             if seq.first_token_time is None:
                 seq.first_token_time = end
-            if len(seq.output_token_ids) >= seq.request.max_tokens:
+            if len(outputs) >= request.max_tokens:
                 self._finish(seq, end)
-                finished.append(seq.id)
+                finished.append(request.id)
         return StepResult(start=start, end=end, shape=shape, tokens=tokens,
                           finished=tuple(finished),
                           preempted=tuple(self._scheduler.preempted),
                           kv_pulls=tuple(self._scheduler.kv_pulls))
 
     def _finish(self, seq: Sequence, now: float) -> None:
-        self._scheduler.running.remove(seq)
+        self._scheduler.running.remove(seq)  # still holds its blocks: P keeps them for the D
         seq.phase, seq.finish_time = Phase.FINISHED, now
         if seq.request.send_kv:
             self._kv_held[seq.id] = seq
@@ -197,6 +197,7 @@ class Engine:
             num_waiting_kv=len(scheduler.waiting_kv), kv_usage=scheduler.cache.usage,
             prefix_cache_queries=scheduler.prefix_queries,
             prefix_cache_hits=scheduler.prefix_hits,
+            external_prefix_cache_queries=scheduler.external_queries,
             external_prefix_cache_hits=scheduler.external_hits,
             num_preemptions=self._num_preemptions,
             num_evictions=scheduler.cache.num_evictions)

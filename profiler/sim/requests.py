@@ -37,6 +37,9 @@ class Request:
       the request waits in WAITING_KV until `Engine.kv_arrived(id)`, then decodes.
     - `send_kv`: this node is a P for the request: after it finishes, its KV blocks stay held
       for the D to read until `Engine.release_kv(id)` (vLLM's delayed free).
+    - `output_token_ids`: the ids to emit, in order (e.g. the text an emulator sends back,
+      which the next turn's prompt repeats, so the prefix cache sees the same blocks vLLM
+      would); at least `max_tokens` of them. Default: draws from the engine's seeded RNG.
     """
 
     id: str
@@ -46,6 +49,7 @@ class Request:
     block_hashes: tuple[int, ...] | None = None
     kv_from: str | None = None
     send_kv: bool = False
+    output_token_ids: SequenceOf[int] | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt_token_ids is None) == (self.prompt_len is None):
@@ -56,6 +60,9 @@ class Request:
             raise RequestRejected(f"request {self.id}: empty prompt")
         if self.max_tokens < 1:
             raise RequestRejected(f"request {self.id}: max_tokens must be at least 1")
+        if self.output_token_ids is not None and len(self.output_token_ids) < self.max_tokens:
+            raise ValueError(f"request {self.id}: {len(self.output_token_ids)} output token ids "
+                             f"for max_tokens {self.max_tokens}")
         if self.kv_from is not None and self.send_kv:
             raise ValueError("a request cannot both receive and send its KV")
 
@@ -104,8 +111,3 @@ class Sequence:
     @property
     def num_blocks_held(self) -> int:
         return len(self.held_hashes) + self.anon_blocks
-
-    @property
-    def is_prefilling(self) -> bool:
-        """More than a decode's single token left to compute (a prompt, or a recompute)."""
-        return self.num_tokens - self.num_computed > 1 or self.num_computed == 0

@@ -31,6 +31,7 @@ class Scheduler:
         # Counters in vLLM's metric terms (tokens).
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.external_queries = 0
         self.external_hits = 0
 
     def has_work(self) -> bool:
@@ -44,24 +45,36 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         if self.config.policy is SchedulePolicy.PREFILL_FIRST:
             batch = self._schedule_prefills(budget)
-            return batch if batch else self._schedule_running(budget, decode_only=True)
-        batch = self._schedule_running(budget)
-        budget -= sum(n for _, n in batch)
+            return batch if batch else self._schedule_running(budget, decode_only=True)[0]
+        batch, budget = self._schedule_running(budget)
         return batch + self._schedule_waiting(budget)
 
     def _schedule_prefills(self, budget: int) -> list[ScheduledItem]:
         """nano-vllm: ongoing prompt chunks, then new prompts; no decodes in the step."""
-        batch = self._schedule_running(budget, prefill_only=True)
-        budget -= sum(n for _, n in batch)
+        batch, budget = self._schedule_running(budget, prefill_only=True)
         return batch + self._schedule_waiting(budget)
 
     def _schedule_running(self, budget: int, *, decode_only: bool = False,
-                          prefill_only: bool = False) -> list[ScheduledItem]:
+                          prefill_only: bool = False) -> tuple[list[ScheduledItem], int]:
+        """The running requests' work in order, and the budget left."""
         batch: list[ScheduledItem] = []
+        running = self.running
+        block_size = self.config.block_size
         index = 0
-        while index < len(self.running) and budget > 0:
-            seq = self.running[index]
-            if (decode_only and seq.is_prefilling) or (prefill_only and not seq.is_prefilling):
+        while index < len(running) and budget > 0:
+            seq = running[index]
+            pending = seq.num_prompt + len(seq.output_token_ids) - seq.num_computed
+            is_decode = pending == 1 and seq.num_computed > 0
+            if is_decode and not prefill_only:
+                # The hot path: one token; a new block only at a block boundary.
+                if seq.num_computed >= seq.num_blocks_held * block_size \
+                        and not self._make_room(seq, seq.num_computed + 1):
+                    break
+                batch.append((seq, 1))
+                budget -= 1
+                index += 1
+                continue
+            if is_decode or decode_only:  # not this step's kind of work
                 index += 1
                 continue
             tokens = self._tokens_for(seq, budget)
@@ -70,7 +83,7 @@ class Scheduler:
             batch.append((seq, tokens))
             budget -= tokens
             index += 1
-        return batch
+        return batch, budget
 
     def _schedule_waiting(self, budget: int) -> list[ScheduledItem]:
         batch: list[ScheduledItem] = []
@@ -126,6 +139,7 @@ class Scheduler:
         seq.phase = Phase.WAITING_KV
         self.waiting_kv[seq.id] = seq
         seq.num_external = seq.num_prompt - seq.num_computed
+        self.external_queries += seq.num_prompt
         self.kv_pulls.append((seq.id, seq.num_external))
         return True
 
@@ -136,7 +150,7 @@ class Scheduler:
         self.external_hits += seq.num_external
         seq.kv_received = True
         seq.num_computed = seq.num_prompt
-        self._register_full_blocks(seq)
+        self.register_full_blocks(seq)
         seq.num_computed = seq.num_prompt - 1
         seq.phase = Phase.WAITING
         self.waiting.appendleft(seq)
@@ -167,10 +181,8 @@ class Scheduler:
         seq.anon_blocks += needed
         return True
 
-    def register_computed(self, seq: Sequence) -> None:
-        self._register_full_blocks(seq)
-
-    def _register_full_blocks(self, seq: Sequence) -> None:
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Hash the blocks the request's computed tokens filled, so others can hit them."""
         full = seq.num_computed // self.config.block_size
         for index in range(len(seq.held_hashes), full):
             block_hash = self._block_hash(seq, index)
@@ -212,6 +224,16 @@ class Scheduler:
         return block_hash
 
     def free(self, seq: Sequence) -> None:
+        self._drop_blocks(seq)
+
+    def drop(self, seq: Sequence) -> None:
+        """Take an unfinished request out of whichever queue holds it and free its blocks."""
+        if seq.phase is Phase.WAITING_KV:
+            del self.waiting_kv[seq.id]
+        elif seq.phase is Phase.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
         self._drop_blocks(seq)
 
     def _drop_blocks(self, seq: Sequence) -> None:

@@ -146,10 +146,12 @@ class SharedLink:
             if ready <= when:
                 del self._pending[transfer_id]
                 self._active[transfer_id] = num_bytes
-        # Tolerance: a byte's worth of float error must not leave a transfer dangling. Not
-        # less: 1e-6 bytes last ~1e-18 s on NVLink, below a float's resolution at t = 5 s, so
-        # time could no longer advance and the loop in advance() never ended.
-        done = [tid for tid, left in self._active.items() if left <= 1.0]
+        if not self._active:
+            return []
+        # Done when less than a nanosecond of bytes is left: float error in (now - then) x
+        # rate must not leave a transfer dangling on steps too small to move the clock.
+        slack = _TIME_EPSILON * self.link.bandwidth_bytes_per_s / len(self._active)
+        done = [tid for tid, left in self._active.items() if left <= slack]
         for transfer_id in done:
             del self._active[transfer_id]
         return done

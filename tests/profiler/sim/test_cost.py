@@ -1,16 +1,12 @@
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
 
 from profiler.sim import BatchShape, LinearCost, load_cost
-from profiler.sim.aic import AicCost, _bucket, load_preset
-
-
-@pytest.fixture(scope="module")
-def h100() -> AicCost:
-    return load_preset("h100:llama-3.1-8b")
+from profiler.sim.aic import _bucket, load_preset
 
 
 # The reference numbers of issue #12 (aiconfigurator-core 0.12, h100_sxm, vllm 0.24.0, bf16).
@@ -40,6 +36,13 @@ def test_aic_results_are_cached_by_bucket(h100):
     exact = h100.step_ms_uncached(BatchShape(0, 0, 0, 31, 65100))
     assert first == pytest.approx(exact, rel=0.01)
     assert h100.step_ms(BatchShape(0, 0, 0, 31, 4 * 65500)) > first
+
+
+def test_a_preset_pickles_for_worker_processes(h100):
+    h100.step_ms(BatchShape(1, 2048))
+    copy = pickle.loads(pickle.dumps(h100))
+    assert copy._perf is None and copy._cache == h100._cache
+    assert copy.step_ms_uncached(BatchShape(1, 512)) == h100.step_ms_uncached(BatchShape(1, 512))
 
 
 def test_bucket_keeps_small_values_and_six_significant_bits():

@@ -186,6 +186,7 @@ def test_decode_node_pulls_kv_then_decodes(cost):
     assert first.end == pytest.approx(1.5 + 0.011)
     stats = engine.stats()
     assert (stats.prefix_cache_hits, stats.external_prefix_cache_hits) == (8, 6)
+    assert stats.external_prefix_cache_queries == 14
 
 
 def test_rejections_and_abort(cost):
@@ -214,3 +215,46 @@ def test_output_tokens_extend_the_prefix_cache(cost):
     history = list(range(8)) + engine.sequence("t1").output_token_ids
     result = simulate(engine, [(1.0, req("t2", history + [7, 7, 7], 1))])
     assert result.outcomes["t2"].num_cached_prompt == 16  # blocks 0-3 complete; block 4 not
+
+
+def test_given_output_ids_are_emitted_and_cached(cost):
+    engine = make(cost)
+    answer = [900 + i for i in range(9)]
+    simulate(engine, [(0.0, req("t1", 8, 9, output_token_ids=answer))])
+    assert engine.sequence("t1").output_token_ids == answer
+    turn2 = list(range(8)) + answer + [7, 7, 7]
+    result = simulate(engine, [(1.0, req("t2", turn2, 1))])
+    assert result.outcomes["t2"].num_cached_prompt == 16
+    with pytest.raises(ValueError, match="output token ids"):
+        req("short", 4, 3, output_token_ids=[1, 2])
+
+
+def test_a_request_blocked_by_held_kv_waits_without_spinning(cost):
+    # P keeps a finished request's 3 blocks for its D; the next prompt needs 3 of the 4.
+    engine = make(cost, role=NodeRole.PREFILL, num_kv_blocks=4)
+    engine.submit(req("first", 10, 1, send_kv=True), now=0.0)
+    engine.step(0.0)
+    engine.submit(req("second", [100 + i for i in range(10)], 1, send_kv=True), now=0.1)
+    blocked = engine.step(0.1)
+    assert blocked.shape.is_empty and blocked.duration == 0.0
+    assert engine.next_step_time() is None  # nothing can change until the D reads the KV
+    engine.release_kv("first")
+    assert engine.next_step_time() is not None
+    assert engine.step(0.2).finished == ("second",)
+
+
+def test_abort_in_every_queue_frees_every_block(cost):
+    engine = make(cost, role=NodeRole.DECODE, num_kv_blocks=20)
+    engine.submit(req("running", 8, 5), now=0.0)
+    engine.submit(req("pulling", [100 + i for i in range(8)], 5, kv_from="p"), now=0.0)
+    engine.step(0.0)
+    engine.submit(req("queued", [200 + i for i in range(8)], 5), now=0.0)
+    phases = {rid: engine.sequence(rid).phase for rid in ("running", "pulling", "queued")}
+    assert phases == {"running": Phase.RUNNING, "pulling": Phase.WAITING_KV,
+                      "queued": Phase.WAITING}
+    for rid in phases:
+        engine.abort(rid, now=0.5)
+        assert engine.sequence(rid).phase is Phase.FAILED
+    stats = engine.stats()
+    assert (stats.num_running, stats.num_waiting, stats.num_waiting_kv) == (0, 0, 0)
+    assert stats.kv_usage == 0.0 and engine.next_step_time() is None

@@ -6,6 +6,8 @@ import pandas as pd
 import pytest
 
 from profiler.cli import main as ppd
+from profiler.replay.client import RequestRecord
+from profiler.replay.output import records_frame
 from profiler.sim import Engine, EngineConfig, LinearCost, Request, load_cost, simulate
 
 TRUTH = LinearCost("truth", "tests", base_ms=20.0, per_prefill_token_ms=0.5,
@@ -23,15 +25,21 @@ def replay_rows(seed: int = 5) -> pd.DataFrame:
                                     prompt_token_ids=[rng.randrange(1000) for _ in
                                                       range(rng.randint(50, 1500))])))
     result = simulate(engine, arrivals)
-    rows = []
+    records = []
     for (start, request), outcome in zip(arrivals, result.outcomes.values(), strict=True):
         assert outcome.finish is not None and outcome.ttft is not None
-        rows.append({"conversation_id": request.id, "turn": 1, "route": "replica",
-                     "start_s": start, "ttft_s": outcome.ttft, "tpot_s": outcome.tpot,
-                     "e2e_s": outcome.finish - start,
-                     "n_input_tokens": request.num_prompt_tokens,
-                     "n_output_tokens": request.max_tokens, "success": True})
-    return pd.DataFrame(rows)
+        times = outcome.token_times
+        records.append(RequestRecord(
+            conversation_id=request.id, turn=1, route="replica", decode=None, prefill=None,
+            start_s=start, ttft_s=outcome.ttft, tpot_s=outcome.tpot,
+            e2e_s=outcome.finish - start,
+            itl_s=tuple(b - a for a, b in zip(times, times[1:], strict=False)),
+            n_input_tokens=request.num_prompt_tokens, n_output_tokens=len(times),
+            success=True, error=None, status=200, max_tokens=request.max_tokens))
+    # the columns `ppd replay` writes (its CSV joins the ITLs with ';')
+    frame = records_frame(records)
+    frame["itl_s"] = [";".join(f"{gap:.6f}" for gap in gaps) for gaps in frame["itl_s"]]
+    return frame
 
 
 def test_fit_recovers_the_cost_that_made_the_rows(tmp_path, capsys):
