@@ -24,6 +24,7 @@ from profiler.tables.io import build_meta, write_table
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import Cell
 from proxy.route import RouteKind
+from proxy.tokens import TOKEN_DEFINITION
 
 
 def _spec(base: RunSpec, cell: Cell, route: RouteKind) -> RunSpec:
@@ -55,6 +56,7 @@ def profile_sim(grid: ProfileGrid, *, layout: str, cost: str, out_csv: Path, see
         backend=f"simulated: ppd engine model, cost preset {cost}, link {link}",
         grid=grid.as_meta(), weights=weights or {"w_ttft": 1.0, "w_tpot": 1.0},
         extra={"simulated": True, "cost": cost, "link": link, "seed": seed,
+               "token_definition": TOKEN_DEFINITION,
                "hardware": f"simulated ({cost})",
                "qps_unit": "requests (conversation turns) per second; 2-turn conversations "
                            "arriving at qps/2 per second",

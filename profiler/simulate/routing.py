@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.backends import Backend, BackendPool
+from proxy.completion import assistant_message
 from proxy.lease import Admission, Lease
 from proxy.load import RateMeter
 from proxy.policies import Decision, Reason, RoutingPolicy
@@ -61,7 +62,7 @@ def chat_messages(conversation_id: str, turn: int) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     for k in range(1, turn):
         messages.append({"role": "user", "content": f"{conversation_id}/{k}/user"})
-        messages.append({"role": "assistant", "content": reply_text(conversation_id, k)})
+        messages.append(assistant_message(reply_text(conversation_id, k)))
     messages.append({"role": "user", "content": f"{conversation_id}/{turn}/user"})
     return messages
 

@@ -22,7 +22,7 @@ from profiler.replay.client import arrival_times
 from profiler.traces.conversation import Conversation
 from profiler.traces.load import TraceFilter, load_trace, sharegpt_package_file
 from profiler.traces.synthetic import named_workload
-from profiler.traces.tokenizer import ApproxTokenizer, TextTokenizer
+from proxy.tokens import EstimateTokenCounter, TokenCounter
 
 SYNTHETIC_PREFIX = "synthetic:"
 # The replay's default cap on max_tokens (ppd replay --max-tokens-cap).
@@ -59,7 +59,7 @@ class Arrival:
     conversation: SimConversation
 
 
-def to_sim(conversation: Conversation, tokenizer: TextTokenizer, max_tokens_cap: int,
+def to_sim(conversation: Conversation, tokenizer: TokenCounter, max_tokens_cap: int,
            max_turns: int | None = None) -> SimConversation:
     """Token counts of a conversation, with max_tokens chosen as the replay client does."""
     turns = conversation.turns[:max_turns] if max_turns else conversation.turns
@@ -75,13 +75,13 @@ def to_sim(conversation: Conversation, tokenizer: TextTokenizer, max_tokens_cap:
 @lru_cache(maxsize=64)
 def _synthetic(name: str, count: int, seed: int, tokenizer_name: str) -> tuple[SimConversation,
                                                                                 ...]:
-    tokenizer = ApproxTokenizer()
+    tokenizer = EstimateTokenCounter()
     return tuple(to_sim(c, tokenizer, DEFAULT_MAX_TOKENS_CAP)
                  for c in named_workload(name, count, seed=seed, tokenizer=tokenizer))
 
 
 def load_conversations(dataset: str, count: int, *, seed: int = 0,
-                       tokenizer: TextTokenizer | None = None,
+                       tokenizer: TokenCounter | None = None,
                        max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
                        max_turns: int | None = None,
                        max_context_tokens: int | None = None) -> list[SimConversation]:
@@ -91,9 +91,9 @@ def load_conversations(dataset: str, count: int, *, seed: int = 0,
         name = dataset.removeprefix(SYNTHETIC_PREFIX)
         if tokenizer is None and max_tokens_cap == DEFAULT_MAX_TOKENS_CAP:
             batch = max(_SYNTHETIC_BATCH, count)
-            cached = _synthetic(name, batch, seed, ApproxTokenizer.name)
+            cached = _synthetic(name, batch, seed, EstimateTokenCounter.name)
             return [_cut(c, max_turns) for c in cached[:count]]
-        tok = tokenizer or ApproxTokenizer()
+        tok = tokenizer or EstimateTokenCounter()
         return [to_sim(c, tok, max_tokens_cap, max_turns)
                 for c in named_workload(name, count, seed=seed, tokenizer=tok)]
     path = sharegpt_package_file() if dataset == "sharegpt" else Path(dataset)
@@ -110,11 +110,11 @@ def load_conversations(dataset: str, count: int, *, seed: int = 0,
 @lru_cache(maxsize=8)
 def _trace(path: str, count: int, seed: int, max_tokens_cap: int,
            max_context_tokens: int | None) -> tuple[SimConversation, ...]:
-    return _load(Path(path), ApproxTokenizer(), count, seed, max_tokens_cap, max_context_tokens,
-                 None)
+    return _load(Path(path), EstimateTokenCounter(), count, seed, max_tokens_cap,
+                 max_context_tokens, None)
 
 
-def _load(path: Path, tokenizer: TextTokenizer, count: int, seed: int, max_tokens_cap: int,
+def _load(path: Path, tokenizer: TokenCounter, count: int, seed: int, max_tokens_cap: int,
           max_context_tokens: int | None, max_turns: int | None) -> tuple[SimConversation, ...]:
     trace = load_trace(path, tokenizer=tokenizer, sample=count, seed=seed,
                        filters=TraceFilter(max_context_tokens=max_context_tokens))
