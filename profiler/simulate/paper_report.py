@@ -98,7 +98,8 @@ def write_plots(grid: pd.DataFrame, out: Path) -> list[Path]:
                _kv_moved(grid, out / "kv_moved.png")]
     if "pd" in set(grid["policy"]):
         written.append(_winner_map(grid, out / "winner_map.png"))
-    if any(label in set(grid["policy"]) for label, _ in PPD_VARIANTS):
+    heavy = grid[(grid["layout"] == "1P3D") & grid["dataset"].str.endswith(PREFILL_HEAVY)]
+    if any(label in set(heavy["policy"]) for label, _ in PPD_VARIANTS):
         written.append(_tradeoff(grid, out / "wtpot_tradeoff.png"))
     return written
 
@@ -214,7 +215,8 @@ def _tradeoff(grid: pd.DataFrame, path: Path) -> Path:
     axis.set_ylabel("% change against x=0")
     axis.set_title("1P3D, prefill-heavy turn 2: the w_tpot trade-off")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=7)
+    if axis.get_legend_handles_labels()[0]:
+        axis.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

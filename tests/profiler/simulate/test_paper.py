@@ -81,3 +81,15 @@ def test_paper_command_names_a_missing_grid(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert ppd(["sim", "paper", str(tmp_path / "none.parquet"), "--out", str(tmp_path)]) == 1
     assert "ppd sim grid" in capsys.readouterr().err
+
+
+def test_the_committed_report_tables_regenerate_from_the_committed_grid(tmp_path: Path) -> None:
+    # `make paper` (the documented command) must reproduce docs/paper-reproduction/tables.md.
+    root = Path(__file__).resolve().parents[3]
+    grid = "docs/paper-reproduction/grid.parquet"
+    committed = (root / "docs/paper-reproduction/tables.md").read_text()
+    from profiler.simulate.paper import load_grid
+    from profiler.simulate.paper_report import write_report
+
+    write_report(load_grid(root / grid), tmp_path, source=grid)
+    assert (tmp_path / "tables.md").read_text() == committed
