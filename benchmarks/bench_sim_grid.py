@@ -21,10 +21,10 @@ import time
 
 from profiler.sim.cost import BatchShape
 from profiler.simulate.grid import (
-    GridCell,
     PAPER_LAYOUTS,
     PAPER_POLICIES,
     PAPER_QPS,
+    GridCell,
     grid_cells,
     paper_datasets,
     run_cell,
