@@ -48,7 +48,8 @@ def read_runs(paths: Sequence[Path]) -> pd.DataFrame:
                 else path / "requests.csv"
         if not path.is_file():
             raise ValueError(f"no requests.csv or requests.parquet at {path}")
-        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+        frame = _in_seconds(pd.read_parquet(path) if path.suffix == ".parquet"
+                            else pd.read_csv(path))
         missing = {"turn", "start_s", "ttft_s", "tpot_s", "e2e_s", "n_input_tokens",
                    "n_output_tokens", "success"} - set(frame.columns)
         if missing:
@@ -57,6 +58,14 @@ def read_runs(paths: Sequence[Path]) -> pd.DataFrame:
     if not frames:
         raise ValueError("give at least one replay run")
     return pd.concat(frames, ignore_index=True)
+
+
+def _in_seconds(frame: pd.DataFrame) -> pd.DataFrame:
+    """Replay runs write times in ms (`*_ms`); runs made before that wrote seconds (`*_s`)."""
+    for name in ("start", "ttft", "tpot", "e2e"):
+        if f"{name}_ms" in frame.columns and f"{name}_s" not in frame.columns:
+            frame[f"{name}_s"] = frame[f"{name}_ms"] / 1000.0
+    return frame
 
 
 def fit(rows: pd.DataFrame, name: str, source: str) -> Fit:

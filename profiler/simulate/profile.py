@@ -92,7 +92,7 @@ def _pool_map(base: RunSpec, cells: Sequence[Cell], processes: int) -> list[dict
 
 
 
-def profile_from_args(args: Any, grid: ProfileGrid, argv: Sequence[str]) -> Any:
+def profile_from_args(args: Any, grid: ProfileGrid, command: str) -> Any:
     """`ppd profile --backend sim ...`: the table as the profiler's normalized frame."""
     from profiler.tables.io import normalize
 
@@ -101,6 +101,6 @@ def profile_from_args(args: Any, grid: ProfileGrid, argv: Sequence[str]) -> Any:
     rows = profile_sim(grid, layout=args.layout, cost=args.cost, out_csv=args.out,
                        seed=args.seed, model=None if args.model is None else args.model,
                        processes=args.processes,
-                       command="ppd profile " + " ".join(argv),
+                       command=command,
                        weights={"w_ttft": args.w_ttft, "w_tpot": args.w_tpot})
     return normalize(rows)

@@ -36,9 +36,9 @@ def replay_rows(seed: int = 5) -> pd.DataFrame:
             itl_s=tuple(b - a for a, b in zip(times, times[1:], strict=False)),
             n_input_tokens=request.num_prompt_tokens, n_output_tokens=len(times),
             success=True, error=None, status=200, max_tokens=request.max_tokens))
-    # the columns `ppd replay` writes (its CSV joins the ITLs with ';')
+    # the columns `ppd replay` writes (ms; its CSV joins the ITLs with ';')
     frame = records_frame(records)
-    frame["itl_s"] = [";".join(f"{gap:.6f}" for gap in gaps) for gaps in frame["itl_s"]]
+    frame["itl_ms"] = [";".join(f"{gap:.3f}" for gap in gaps) for gaps in frame["itl_ms"]]
     return frame
 
 
