@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.ppd-installed
 
-.PHONY: install test test-fast bench demo lint clean paper
+.PHONY: install test test-fast bench fuzz soak demo lint clean paper
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,8 +32,16 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks
 
+# 10,000+ hostile requests per policy against the in-process proxy (tests/proxy/fuzz_cases.py).
+fuzz: $(STAMP)
+	$(PY) -m benchmarks.fuzz
+
+# 500 concurrent streaming conversations, 2 rounds of 30 s, fakes in another process.
+soak: $(STAMP)
+	$(PY) -m benchmarks.soak
+
 # The PPD paper's tables from the committed simulator grid (docs/paper-reproduction.md says
-# how that grid was made; rebuilding it is `ppd sim grid`, tens of minutes).
+# how that grid was made; rebuilding it is `ppd sim grid`, about 10 minutes).
 paper: $(STAMP)
 	$(VENV)/bin/ppd sim paper docs/paper-reproduction/grid.parquet --out docs/paper-reproduction
 
