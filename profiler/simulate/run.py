@@ -164,6 +164,7 @@ def write_sim_run(out_dir: Path, spec: RunSpec, result: SimResult, summary: dict
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "simulated": True,
         "cost": spec.cost,
+        "backend": f"simulated ({spec.cost}, {spec.link})",
         "config": spec.config(),
         "nodes": result.node_stats,
         "summary": summary,
