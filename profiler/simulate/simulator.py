@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from profiler.replay.client import RequestRecord
@@ -324,8 +324,6 @@ class Simulator:
 
 
 def _node_config(base: EngineConfig, spec: SimNode) -> EngineConfig:
-    from dataclasses import replace
-
     return replace(base, role=_ENGINE_ROLE[spec.role], seed=hash_seed(base.seed, spec.name))
 
 
