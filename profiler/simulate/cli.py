@@ -58,7 +58,10 @@ def build_run_parser() -> argparse.ArgumentParser:
     parser.add_argument("--layout", required=True, help="e.g. 1P3D, 2P2D, 3P1D, 4R")
     parser.add_argument("--dataset", required=True,
                         help="synthetic:NAME, sharegpt, or a trace file (as `ppd replay`)")
-    parser.add_argument("--qps", type=float, required=True, help="conversations started per s")
+    rate = parser.add_mutually_exclusive_group(required=True)
+    rate.add_argument("--conversation-rate", "--qps", dest="qps", type=float, metavar="R",
+                      help="new conversations per second (as `ppd replay`; --qps is the "
+                      "paper's name for the same number)")
     parser.add_argument("--duration", type=float, default=10.0,
                         help="seconds during which conversations start (default 10)")
     parser.add_argument("--max-turns", type=int, help="simulate at most N turns per conversation")
@@ -100,7 +103,7 @@ def run_main(argv: list[str]) -> int:
     write_sim_run(out, spec, result, summary, label=label)
     title = (f"ppd sim run: {label} on {spec.layout} ({spec.cost}, {spec.link}), "
              f"{args.dataset}")
-    print(summary_table(summary, title=title))
+    print(summary_table({**summary, "conversation_rate": spec.qps}, title=title))
     print(f"  {'KV moved P->D':<33} {result.kv_bytes_moved / 1e9:.2f} GB")
     print(f"simulated {result.wall_time_s:.1f} s of cluster time in {elapsed:.2f} s; "
           f"outputs in {out}/")

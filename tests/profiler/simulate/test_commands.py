@@ -100,7 +100,7 @@ def test_profile_backend_sim_writes_a_table_the_proxy_loads(
     out = tmp_path / "table.csv"
     assert ppd(["profile", "--backend", "sim", "--layout", "1P1D", "--cost", hand_preset,
                 "--model", "llama-3.1-8b", "--contexts", "small", "--workloads",
-                "tiny,big_paste", "--qps", "2", "--duration", "4", "--out", str(out),
+                "tiny,big_paste", "--request-rate", "2", "--duration", "4", "--out", str(out),
                 "--no-progress"]) == 0
     table = DecisionTable.load(out)
     assert len(table) == 2 and table.meta["simulated"] is True
