@@ -31,7 +31,8 @@ from proxy.metrics import ProxyMetrics
 from proxy.policies import Decision, Reason, RoutingPolicy
 from proxy.relay import Relay
 from proxy.route import Role, RouteKind, Workload
-from proxy.sessions import Lookup, SessionLedger, Transcript
+from proxy.session_store import SessionStore
+from proxy.sessions import Lookup, Transcript
 from proxy.tokens import TokenCounter
 from proxy.validate import Endpoint
 
@@ -104,11 +105,11 @@ class _Turn:
 class Router:
     """Routes completion requests; owns no HTTP server, only the upstream legs."""
 
-    def __init__(self, pool: BackendPool, ledger: SessionLedger, policy: RoutingPolicy,
+    def __init__(self, pool: BackendPool, sessions: SessionStore, policy: RoutingPolicy,
                  counter: TokenCounter, metrics: ProxyMetrics, load: RateMeter,
                  clock: Callable[[], float], max_in_flight: int | None = None) -> None:
         self.pool = pool
-        self.ledger = ledger
+        self.sessions = sessions
         self.policy = policy
         self.counter = counter
         self.metrics = metrics
@@ -135,7 +136,8 @@ class Router:
         self._check_model(incoming.body.get("model"))
         transcript = self._transcript(incoming)
         explicit = incoming.body.get("conversation_id", incoming.session_id)
-        lookup = self.ledger.resolve(transcript, None if explicit is None else str(explicit))
+        lookup = await self.sessions.resolve(transcript,
+                                             None if explicit is None else str(explicit))
         self.load.record()
         turn = _Turn(incoming, transcript, lookup, self._workload(incoming, transcript, lookup),
                      started, Failover(self.pool, lease, self.metrics))
@@ -150,7 +152,7 @@ class Router:
             self.metrics.routed(incoming.endpoint.value, served.route, decision, lookup.turn)
             self.metrics.first_byte(served.route, self.clock() - started)
         self.metrics.responded(served.result.status)
-        return self._reply(turn, served, lease)
+        return await self._reply(turn, served, lease)
 
     def _check_model(self, model: Any) -> None:
         known = self.pool.models()
@@ -253,7 +255,7 @@ class Router:
             raise RuntimeError("the router has no HTTP client (is the app serving?)")
         return self.client
 
-    def _reply(self, turn: _Turn, served: _Served, lease: Lease) -> Reply:
+    async def _reply(self, turn: _Turn, served: _Served, lease: Lease) -> Reply:
         headers = turn.headers()
         if served.decode is not None:
             headers["x-ppd-decode"] = served.decode.url
@@ -264,7 +266,7 @@ class Router:
         if isinstance(result, Answer):
             if not result.rejected:
                 capture.feed(result.body)
-                self._record(turn, capture.finish())
+                await self._record(turn, capture.finish())
             return Reply(result.status, headers, result.body, result.content_type)
         assert served.decode is not None  # a stream always comes from the node that answers
         node, relay_lease = served.decode, lease.hand_over()
@@ -279,7 +281,7 @@ class Router:
                       lambda captured: self._record(turn, captured), on_failure)
         return Reply(result.status, headers, relay, result.content_type)
 
-    def _record(self, turn: _Turn, captured: forward.Captured) -> None:
+    async def _record(self, turn: _Turn, captured: forward.Captured) -> None:
         if not captured.complete:
             return  # D holds an unknown part; the session keeps what it knew
         usage = captured.usage or {}
@@ -291,4 +293,4 @@ class Router:
             prompt = turn.workload.n_ctx + turn.workload.n_in
         self.expected_output.add(completion)
         held = turn.transcript.held_after(captured.text, prompt + completion)
-        self.ledger.record_turn(turn.lookup, held)
+        await self.sessions.record(turn.lookup, held)
