@@ -65,6 +65,7 @@ class ProxyState:
     transport: httpx.AsyncBaseTransport | None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     client: httpx.AsyncClient | None = None
+    exposition: Callable[[], bytes] | None = None  # /metrics; a worker's covers every worker
 
     def required_roles(self) -> tuple[Role, ...]:
         """The roles that must have a healthy node for any request to be served."""
@@ -186,7 +187,8 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(state.metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
+        exposition = state.exposition or state.metrics.exposition
+        return Response(exposition(), content_type=CONTENT_TYPE_LATEST)
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:

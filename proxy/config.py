@@ -146,7 +146,7 @@ class ProxyConfig:
             raise ConfigError("--breaker-cooldown must be >= 0")
         if self.max_sessions < 1:
             raise ConfigError("--max-sessions must be >= 1")
-        _check_scale_out(self.session_store, self.workers)
+        _check_scale_out(self.session_store, self.workers, self.discovery)
         if self.max_body_bytes < 1:
             raise ConfigError("--max-body-bytes must be >= 1")
         if self.max_in_flight is not None and self.max_in_flight < 1:
@@ -171,7 +171,7 @@ class ProxyConfig:
         return Role.PREFILL in roles and Role.DECODE in roles
 
 
-def _check_scale_out(store: str, workers: int) -> None:
+def _check_scale_out(store: str, workers: int, discovery: str | None) -> None:
     if store != "memory" and not store.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError("--session-store must be memory or redis://HOST:PORT/DB "
                           f"(rediss://, unix:///PATH also work), got {store!r}")
@@ -181,6 +181,9 @@ def _check_scale_out(store: str, workers: int) -> None:
         raise ConfigError(f"--workers {workers} needs a shared session store: each worker "
                           "would know only its own sessions (add --session-store "
                           "redis://HOST:PORT/DB)")
+    if workers > 1 and discovery is not None:
+        raise ConfigError("--workers > 1 cannot be combined with --discovery (one discovery "
+                          "socket per port); list the nodes, or run one worker per replica")
 
 
 _NODE_KEYS = {"prefill": Role.PREFILL, "decode": Role.DECODE, "replica": Role.REPLICA}

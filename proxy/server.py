@@ -41,10 +41,12 @@ class Server:
         return f"http://{self.host}:{self.port}"
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # several worker processes share the port; the kernel spreads connections
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -65,9 +67,10 @@ def _hypercorn_config(sock: socket.socket) -> HypercornConfig:
 
 
 @contextlib.asynccontextmanager
-async def running(app: Any, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[Server]:
+async def running(app: Any, host: str = "127.0.0.1", port: int = 0,
+                  reuse_port: bool = False) -> AsyncIterator[Server]:
     """Serve app in a background task for the duration of the block."""
-    sock = _listen(host, port)
+    sock = _listen(host, port, reuse_port)
     server = Server(host, sock.getsockname()[1])
     stop = asyncio.Event()
     task = asyncio.create_task(hypercorn_serve(app, _hypercorn_config(sock),
@@ -167,15 +170,15 @@ def serve(config: ProxyConfig) -> None:
     serve_app(create_app(config), config.host, config.port)
 
 
-def serve_app(app: Any, host: str, port: int) -> None:
+def serve_app(app: Any, host: str, port: int, reuse_port: bool = False) -> None:
     """Run an ASGI app on host:port until SIGINT or SIGTERM (blocking)."""
-    asyncio.run(_serve_until_signal(app, host, port))
+    asyncio.run(_serve_until_signal(app, host, port, reuse_port))
 
 
-async def _serve_until_signal(app: Any, host: str, port: int) -> None:
+async def _serve_until_signal(app: Any, host: str, port: int, reuse_port: bool) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with running(app, host, port):
+    async with running(app, host, port, reuse_port):
         await stop.wait()
