@@ -298,6 +298,10 @@ class RedisStore(SessionStore):
 
     async def _check(self) -> None:
         try:
+            if not self._up and self._client is not None:
+                # Pooled connections from before the loss are dead: drop them all, or each
+                # would fail one request after the store is back.
+                await self._client.connection_pool.disconnect()
             self._live = int(await self._run("live", [self._prefix, 0]))
         except _ERRORS as exc:
             self._lost(exc)

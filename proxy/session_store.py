@@ -53,9 +53,11 @@ class SessionStore(ABC):
 
     async def start(self) -> None:
         """Connect, start background work (called once the event loop runs)."""
+        return None  # nothing to start in this process
 
     async def close(self) -> None:
         """Stop background work and disconnect."""
+        return None
 
 
 class MemoryStore(SessionStore):
