@@ -3,7 +3,7 @@
 Rows (one run, same machine, same moment):
 - classify + lookup + policy: `RoutingPolicy.decide` under policy ppd on a full table
   (2 context classes x 9 shapes x 3 qps points), for random turn-2 workloads;
-- token counting of a turn's new messages with the model's tokenizer and chat template
+- token counting of a turn's new messages with the model's tokenizer (proxy.tokens, text-v1)
   (the other per-request cost of an exact decision);
 - a whole non-streamed chat request through the proxy (pd: P leg + D leg; local: D leg) to
   in-process fake vLLM nodes, and the same request sent straight to a fake node: the
@@ -77,14 +77,14 @@ def bench_decide(n: int, rng: random.Random) -> np.ndarray:
 def bench_tokens(n: int, tokenizer_dir: Path | None) -> np.ndarray | None:
     if tokenizer_dir is None:
         return None
-    from proxy.tokens import token_counter
+    from proxy.tokens import new_input_tokens, token_counter
 
     counter = token_counter(tokenizer_dir)
     words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "proxy", "turns"]
     rng = random.Random(1)
     question = " ".join(rng.choice(words) for _ in range(100))  # ~ a mid_bal turn
-    messages = [{"role": "user", "content": question}]
-    return time_calls(lambda: counter.count_chat(messages), n)
+    body = {"messages": [{"role": "user", "content": question}]}
+    return time_calls(lambda: new_input_tokens(counter, body, 0, chat=True), n)
 
 
 async def bench_requests(n: int) -> dict[str, np.ndarray]:
@@ -142,7 +142,7 @@ def run(n_decide: int = 20_000, n_requests: int = 200) -> list[tuple[str, np.nda
     tokenizer_dir = _tiny_tokenizer()
     tokens = bench_tokens(n_decide // 4, tokenizer_dir)
     if tokens is not None:
-        rows.append(("count a ~100-word turn (HF tokenizer + chat template)", tokens))
+        rows.append(("count a ~100-word turn (HF tokenizer)", tokens))
     rows += list(asyncio.run(bench_requests(n_requests)).items())
     return rows
 

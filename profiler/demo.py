@@ -37,7 +37,7 @@ from profiler.traces.conversation import Conversation, Turn
 POLICIES = ("pd", "local")
 SYSTEM_PROMPT = "You are a helpful assistant who answers briefly."
 DOC_MODULES = ("re", "json", "argparse", "csv", "statistics", "http.cookies", "itertools",
-               "unittest", "heapq", "random")  # fmt: skip
+               "unittest", "heapq", "random")
 FOLLOW_UPS = (
     "Name one function or class from it and say what it does.",
     "Write a one-line Python example that uses it.",
@@ -102,10 +102,10 @@ def demo_conversations(config: DemoConfig, run_tag: str) -> list[Conversation]:
         name = DOC_MODULES[i % len(DOC_MODULES)]
         first = (f"Here is the documentation of Python's `{name}` module:\n\n"
                  f"{module_document(name, config.doc_chars)}\n\n"
-                 "In two sentences, what is this module for?")  # fmt: skip
+                 "In two sentences, what is this module for?")
         users = [first, *FOLLOW_UPS[: config.turns - 1]]
         turns = tuple(Turn(user=u, reference_answer=None, n_out_tokens=config.max_tokens)
-                      for u in users)  # fmt: skip
+                      for u in users)
         conversations.append(Conversation(
             id=f"demo-{run_tag}-{i}", turns=turns, system=f"[{run_tag}] {SYSTEM_PROMPT}"))
     return conversations
@@ -117,7 +117,7 @@ def _replay(url: str, model: str, conversations: list[Conversation], config: Dem
         target=url, qps=config.qps, duration_s=10 * len(conversations) / config.qps,
         max_conversations=len(conversations), model=model, max_tokens_cap=config.max_tokens,
         timeout_s=config.timeout_s, seed=config.seed,
-    )  # fmt: skip
+    )
     result = asyncio.run(replay(conversations, replay_config))
     return summarize(result.records, result.wall_time_s)
 
@@ -144,11 +144,11 @@ def replay_policy(cluster: Cluster, policy: str, config: DemoConfig, say: Say) -
     url = cluster.start_proxy(policy, port=config.proxy_port)
     conversations = demo_conversations(config, run_tag=f"run-{policy}-{config.seed}")
     say(f"replaying {len(conversations)} conversations x {config.turns} turns "
-        f"under policy {policy} ...")  # fmt: skip
+        f"under policy {policy} ...")
     started = time.monotonic()
     summary = _replay(url, cluster.model, conversations, config)
     say(f"  done in {time.monotonic() - started:.0f} s: {summary['n_success']}/"
-        f"{summary['n_requests']} ok, routes {summary['routes']}")  # fmt: skip
+        f"{summary['n_requests']} ok, routes {summary['routes']}")
     return summary
 
 
@@ -191,7 +191,7 @@ def run_demo(config: DemoConfig, say: Say) -> dict[str, dict[str, Any]]:
     cluster_config = ClusterConfig(
         model=config.model, layout=parse_layout("1P1D"), state_dir=config.state_dir,
         base_port=config.base_port, cores=default_cores(),
-    )  # fmt: skip
+    )
     say(f"starting a 1P1D vLLM cluster on the CPU (logs in {config.state_dir}) ...")
     with start_cluster(cluster_config, say) as cluster:
         warm_up(cluster, config, say)
@@ -208,7 +208,7 @@ def run_demo(config: DemoConfig, say: Say) -> dict[str, dict[str, Any]]:
         verdict = "lower" if local_ttft < pd_ttft else "NOT lower"
         print(f"\nturn-2+ TTFT under local is {verdict} than under pd: "
               f"{local_ttft:.0f} ms vs {pd_ttft:.0f} ms "
-              f"(demo took {time.monotonic() - started:.0f} s)")  # fmt: skip
+              f"(demo took {time.monotonic() - started:.0f} s)")
     return summaries
 
 
@@ -238,7 +238,7 @@ def main(argv: list[str]) -> int:
         model=args.model, conversations=args.conversations, turns=args.turns, qps=args.qps,
         max_tokens=args.max_tokens, doc_chars=args.doc_chars, base_port=args.base_port,
         proxy_port=args.proxy_port, state_dir=args.state, seed=args.seed,
-    )  # fmt: skip
+    )
 
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)

@@ -32,7 +32,7 @@ class ConfigError(ValueError):
 
 
 class Policy(enum.StrEnum):
-    """The routing policies (DESIGN "How a request flows")."""
+    """The routing policies (docs/architecture.md, "Request flow")."""
 
     PD = "pd"
     LOCAL = "local"
@@ -98,8 +98,8 @@ class ProxyConfig:
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(8000, "port to listen on")
     tokenizer: Path | None = option(
-        None, "local HF tokenizer dir (tokenizer.json + chat template) for exact token "
-        "counts; without it ~4 characters per token", metavar="DIR")
+        None, "local HF tokenizer dir (its tokenizer.json) for exact token counts; without "
+        "it ~4 characters per token", metavar="DIR")
     discovery: str | None = option(None, "bind a ZMQ ROUTER here for node heartbeats",
                                    metavar="tcp://HOST:PORT")
     heartbeat_timeout: float = option(

@@ -1,6 +1,6 @@
 """Failover: one turn's tries over the nodes of a role, and the one rule for a failed leg.
 
-DESIGN "Backends": a request does not wait for the health checks. A leg that fails on a node
+docs/architecture.md: a request does not wait for the health checks. A leg that fails on a node
 (refused, reset, timed out, 5xx, a read error before the first byte) is charged to that node
 and the turn moves on to another node of the role; the router decides what is retried (a D
 failure redoes the whole P->D turn, so D never gets kv_transfer_params twice). A node is never

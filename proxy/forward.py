@@ -7,8 +7,8 @@
 - `open_stream`: a streamed D, local or replica leg. It returns once the first body chunk has
   arrived, so every failure that can still be hidden from the client (refused, reset, 5xx, a
   read error before any byte) surfaces as an exception the router can fail over on.
-- `UpstreamStream.chunks()` then passes the bytes through unchanged while `ReplyCapture`
-  parses them on the side for the reply text and usage the session ledger needs.
+- `UpstreamStream.chunks()` then passes the bytes through unchanged while
+  `proxy.completion.ReplyCapture` parses them on the side for what the session ledger needs.
 An upstream 4xx is the client's request at fault, not a failure: it comes back as an `Answer`
 that goes to the client as is.
 
@@ -168,91 +168,3 @@ async def open_stream(client: httpx.AsyncClient, base_url: str, endpoint: Endpoi
         await response.aclose()
         raise
     return UpstreamStream(response, first, rest, url)
-
-
-@dataclass(frozen=True, slots=True)
-class Captured:
-    """What a finished response told us: reply text, usage, and whether it completed."""
-
-    text: str
-    usage: dict[str, Any] | None
-    complete: bool
-
-
-class ReplyCapture:
-    """Parses a passthrough body on the side: SSE events when streamed, else one JSON."""
-
-    def __init__(self, endpoint: Endpoint, stream: bool) -> None:
-        self._chat = endpoint is Endpoint.CHAT
-        self._stream = stream
-        self._buffer = bytearray()
-        self._parts: list[str] = []
-        self._usage: dict[str, Any] | None = None
-        self._done = False
-        self._failed = False
-
-    def feed(self, chunk: bytes) -> None:
-        """Take the next body bytes."""
-        self._buffer += chunk
-        if not self._stream:
-            return
-        while True:
-            end, size = self._event_end()
-            if end < 0:
-                return
-            event = bytes(self._buffer[:end])
-            del self._buffer[: end + size]
-            self._event(event)
-
-    def _event_end(self) -> tuple[int, int]:
-        candidates = [(i, len(sep)) for sep in (b"\r\n\r\n", b"\n\n")
-                      if (i := self._buffer.find(sep)) >= 0]
-        return min(candidates) if candidates else (-1, 0)
-
-    def _event(self, event: bytes) -> None:
-        for line in event.splitlines():
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                self._done = True
-                continue
-            try:
-                payload = json.loads(data)
-            except ValueError:
-                self._failed = True
-                continue
-            self._payload(payload, delta=True)
-
-    def _payload(self, payload: Any, delta: bool) -> None:
-        if not isinstance(payload, dict) or "error" in payload:
-            self._failed = True
-            return
-        if isinstance(payload.get("usage"), dict):
-            self._usage = payload["usage"]
-        for choice in payload.get("choices") or []:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            if self._chat:
-                message = choice.get("delta" if delta else "message") or {}
-                text = message.get("content") if isinstance(message, dict) else None
-            else:
-                text = choice.get("text")
-            if isinstance(text, str):
-                self._parts.append(text)
-            if not delta and choice.get("finish_reason") is not None:
-                self._done = True
-
-    @property
-    def stream_done(self) -> bool:
-        """A streamed reply has sent `[DONE]`: everything the session needs has arrived."""
-        return self._stream and self._done
-
-    def finish(self) -> Captured:
-        """The reply once the body ended (complete=False when it was cut or malformed)."""
-        if not self._stream:
-            try:
-                self._payload(json.loads(self._buffer), delta=False)
-            except ValueError:
-                self._failed = True
-        return Captured("".join(self._parts), self._usage, self._done and not self._failed)

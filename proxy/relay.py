@@ -18,11 +18,10 @@ import inspect
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from proxy.backends import Backend
+from proxy.completion import SSE_EVENT_ENDS, Captured, ReplyCapture
 from proxy.errors import ProxyError
-from proxy.forward import Captured, ReplyCapture, UpstreamStream
+from proxy.forward import UpstreamStream
 from proxy.lease import Lease
-
-_EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
 
 def error_event(exc: ProxyError) -> bytes:
@@ -39,7 +38,7 @@ class SseFramer:
     def feed(self, chunk: bytes) -> bytes:
         """The complete events the bytes so far end with (possibly none)."""
         data = self._pending + chunk
-        end = max((data.rfind(sep) + len(sep) for sep in _EVENT_ENDS if sep in data), default=0)
+        end = max((data.rfind(sep) + len(sep) for sep in SSE_EVENT_ENDS if sep in data), default=0)
         self._pending = data[end:]
         return data[:end]
 

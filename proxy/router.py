@@ -2,7 +2,7 @@
 
 No HTTP framework types here: the app hands in an `Incoming` and sends back the `Reply`.
 Each request holds a `Lease` (admission + node slots) from admission until its body is done.
-Failover (`proxy.failover`) follows DESIGN "Backends": a failing P is skipped for another P; a
+Failover (`proxy.failover`) follows docs/architecture.md: a failing P is skipped for another P; a
 D (or local D, or replica) that fails before the client got anything is skipped, and the turn
 is redone as P->D on another usable D - P included, so a D never gets kv_transfer_params that
 another D may already have consumed. Non-streamed replies are read whole before the status is
@@ -21,10 +21,11 @@ import httpx
 
 from proxy import forward, wire
 from proxy.backends import Backend, BackendPool
+from proxy.completion import Captured, ReplyCapture
 from proxy.config import Policy
 from proxy.errors import NotFound, Overloaded, ProxyError
 from proxy.failover import Failover, charge
-from proxy.forward import Answer, ReplyCapture, UpstreamStream
+from proxy.forward import Answer, UpstreamStream
 from proxy.lease import Admission, Lease
 from proxy.load import RateMeter, RunningMean
 from proxy.metrics import ProxyMetrics
@@ -33,7 +34,12 @@ from proxy.relay import Relay
 from proxy.route import Role, RouteKind, Workload
 from proxy.session_store import SessionStore
 from proxy.sessions import Lookup, Transcript
-from proxy.tokens import TokenCounter
+from proxy.tokens import (
+    TokenCounter,
+    new_input_tokens,
+    requested_output_tokens,
+    turn_usage,
+)
 from proxy.validate import Endpoint
 
 log = logging.getLogger("ppd.proxy")
@@ -166,19 +172,11 @@ class Router:
         return Transcript.from_prompt(incoming.body["prompt"])
 
     def _workload(self, incoming: Incoming, transcript: Transcript, lookup: Lookup) -> Workload:
-        body = incoming.body
         held = lookup.session.held if lookup.continuation else None
-        start = held.length if held is not None else 0
         # Only what is new is counted: D's part comes from the session (vLLM's usage).
-        if incoming.endpoint is Endpoint.CHAT:
-            n_in = self.counter.count_chat(body["messages"][start:])
-        elif isinstance(body["prompt"], str):
-            n_in = self.counter.count_text(body["prompt"][start:])
-        else:
-            n_in = sum(self.counter.count_text(p) if isinstance(p, str) else 1
-                       for p in body["prompt"])
-        limit = body.get("max_completion_tokens") or body.get("max_tokens")
-        n_out = int(limit) if limit else round(self.expected_output.value)
+        n_in = new_input_tokens(self.counter, incoming.body, held.length if held else 0,
+                                chat=incoming.endpoint is Endpoint.CHAT)
+        n_out = requested_output_tokens(incoming.body) or round(self.expected_output.value)
         return Workload(lookup.turn, n_in, lookup.cached_tokens, n_out, self.load.rate())
 
     def _decide(self, turn: _Turn) -> Decision:
@@ -262,7 +260,7 @@ class Router:
         if served.prefill is not None:
             headers["x-ppd-prefill"] = served.prefill.url
         result = served.result
-        capture = ReplyCapture(turn.incoming.endpoint, turn.incoming.stream)
+        capture = ReplyCapture(turn.incoming.stream)
         if isinstance(result, Answer):
             if not result.rejected:
                 capture.feed(result.body)
@@ -281,16 +279,10 @@ class Router:
                       lambda captured: self._record(turn, captured), on_failure)
         return Reply(result.status, headers, relay, result.content_type)
 
-    async def _record(self, turn: _Turn, captured: forward.Captured) -> None:
+    async def _record(self, turn: _Turn, captured: Captured) -> None:
         if not captured.complete:
             return  # D holds an unknown part; the session keeps what it knew
-        usage = captured.usage or {}
-        completion = usage.get("completion_tokens")
-        if not isinstance(completion, int):
-            completion = self.counter.count_text(captured.text)
-        prompt = usage.get("prompt_tokens")
-        if not isinstance(prompt, int):
-            prompt = turn.workload.n_ctx + turn.workload.n_in
-        self.expected_output.add(completion)
-        held = turn.transcript.held_after(captured.text, prompt + completion)
+        usage = turn_usage(self.counter, captured, turn.workload.n_ctx + turn.workload.n_in)
+        self.expected_output.add(usage.completion_tokens)
+        held = turn.transcript.held_after(captured.text, usage.held_tokens)
         await self.sessions.record(turn.lookup, held)

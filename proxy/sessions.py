@@ -7,10 +7,12 @@ turn count, last access, and `Held`: a fingerprint of the exact text D holds in 
 (the last prompt plus the reply the proxy streamed back) with its token count.
 
 A request is a *continuation* iff it strictly extends that text (chat: its messages start with
-the previous messages + {"role": "assistant", "content": reply}; completions: its prompt starts
-with the previous prompt + reply). Anything else (edited history, a retry, another user whose
-first message is the same) is a new branch and counts as turn 1. Hash-keyed sessions keep one
-session per branch, so two users with the same opening each continue their own conversation.
+the previous messages + `proxy.completion.assistant_message(reply)`, compared by role and text
+only, the reasoning of a reasoning model not included; completions: its prompt starts with the
+previous prompt + reply; docs/architecture.md, "Session tracking"). Anything else (edited
+history, a retry, another user whose first message is the same) is a new branch and counts as
+turn 1. Hash-keyed sessions keep one session per branch, so two users with the same opening
+each continue their own conversation.
 
 This module is the vocabulary (transcripts, fingerprints, sessions, lookups). Where sessions
 live is `proxy.session_store` (in memory by default, `proxy.redis_store` for several
@@ -25,6 +27,8 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from proxy.completion import assistant_message
 
 # Completions fallback key: the prompt's opening ends after the first of these separators ...
 TURN_SEPARATORS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "\n")
@@ -145,7 +149,7 @@ class ChatTranscript(Transcript):
 
     def held_after(self, reply: str, tokens: int) -> Held:
         hasher = self._hasher.copy()
-        hasher.update(_canonical_message({"role": "assistant", "content": reply}))
+        hasher.update(_canonical_message(assistant_message(reply)))
         return Held(self.length + 1, hasher.hexdigest(), tokens)
 
 

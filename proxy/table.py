@@ -1,4 +1,4 @@
-"""Decision tables (DESIGN "Decision tables"): raw measurements of both routes per cell.
+"""Decision tables (docs/architecture.md, "Table format"): raw measurements of both routes.
 
 One row per cell (context_class, workload, qps) with TABLE_COLUMNS. The verdict is computed
 here, never stored, so operators can change weights without re-profiling:
@@ -12,7 +12,8 @@ Success-rate guard first: a route whose success rate is below the other's by mor
 (empty or NaN) for a route is decided for the other route; with none for both it is missing.
 
 CSV needs only the csv module; Parquet imports pyarrow lazily. `NAME.meta.json` beside the
-table is read if present; it is informative (a model mismatch is a warning, not an error).
+table is read if present; it is informative (a model mismatch is a warning, not an error), except
+for its `token_definition` (proxy.tokens), which must be this proxy's.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from proxy.discretize import WORKLOAD_SHAPES, Cell, ContextClass, nearest_qps
 from proxy.route import RouteKind
+from proxy.tokens import TOKEN_DEFINITION
 
 TABLE_COLUMNS: tuple[str, ...] = (
     "context_class", "workload", "qps",
@@ -62,7 +64,7 @@ class TableRow:
         return math.isfinite(ttft) and math.isfinite(tpot) and ttft > 0 and tpot > 0
 
     def score(self, w_ttft: float, w_tpot: float) -> float:
-        """The DESIGN score (> 0 favours local); NaN when a route was not measured."""
+        """The score of the module docstring (> 0 favours local); NaN when a route is unmeasured."""
         if not (self._measured("pd") and self._measured("local")):
             return math.nan
         delta_ttft = (self.pd_ttft_ms - self.local_ttft_ms) / self.pd_ttft_ms
@@ -177,7 +179,13 @@ class DecisionTable:
             meta = json.loads(meta_path.read_text())
         except json.JSONDecodeError as exc:
             raise TableError(f"{meta_path} is not valid JSON: {exc}") from exc
-        return meta if isinstance(meta, dict) else {}
+        meta = meta if isinstance(meta, dict) else {}
+        counted = meta.get("token_definition", TOKEN_DEFINITION)
+        if counted != TOKEN_DEFINITION:
+            # Its cells hold turns counted another way: every lookup would land off by some.
+            raise TableError(f"{path} was profiled with token definition {counted!r}; this "
+                             f"proxy counts tokens as {TOKEN_DEFINITION!r}: re-profile it")
+        return meta
 
     def __len__(self) -> int:
         return len(self._rows)

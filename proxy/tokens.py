@@ -1,146 +1,169 @@
-"""Token accounting: how many tokens a prompt (or part of one) is, without torch/transformers.
+"""The one token definition shared by the proxy, the profiler and the synthetic workloads.
 
-`HFTokenCounter` reads a local Hugging Face tokenizer directory: `tokenizer.json` through the
-`tokenizers` package and the chat template (`chat_template` in tokenizer_config.json, or
-chat_template.jinja) rendered with jinja2 the way transformers does (sandboxed, trim_blocks,
-lstrip_blocks, add_generation_prompt=True). `EstimateTokenCounter` is the fallback: about
-4 characters per token plus a few tokens of template overhead per chat message.
+A decision-table cell only means the same thing to the side that measures it (the profiler,
+whose synthetic turns have exactly n_in tokens) and the side that looks it up (the router) if
+both count the same way. `TOKEN_DEFINITION` names that way; the table's meta records it
+(docs/architecture.md, "Token definition").
 
-On the hot path the router counts only what is new: D's held tokens come from the session
-(vLLM's reported usage of the previous turn), and only the new messages are counted.
+text-v1:
+- n_in, a turn's new input: the tokens of the text the turn adds beyond what D holds - chat: the
+  `content` text of the messages after the held ones; completions: the prompt's new suffix (a
+  token-id prompt counts its ids) - as plain text, no chat template, no special tokens. A
+  template rendered over a fragment of a conversation does not count what the fragment adds
+  (many templates insert a default system prompt or a BOS when the first message is not a
+  system one), and the few role-marker tokens per message are a constant the table absorbs.
+- n_out: the request's `max_completion_tokens` / `max_tokens`; without one, the caller's
+  running estimate.
+- n_ctx, the context D holds after a turn: vLLM's usage, prompt + completion tokens (the served
+  model's own count, template included), minus the reasoning tokens, which the next turn's
+  history does not carry (proxy.completion). Without usage: the turn's n_ctx + n_in + the reply.
+
+Counters: `HFTokenCounter` reads a local Hugging Face `tokenizer.json` through the `tokenizers`
+package (exact for the served model, no hub access); `EstimateTokenCounter` is ceil(chars / 4)
+when none is given. Both can also cut a text to a token count, which is how synthetic prompts
+reach an exact n_in.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import jinja2
-import jinja2.sandbox
-from tokenizers import Tokenizer
+if TYPE_CHECKING:
+    from proxy.completion import Captured
 
-CHARS_PER_TOKEN = 4.0
-MESSAGE_OVERHEAD_TOKENS = 4  # role markers and separators a chat template adds per message
+TOKEN_DEFINITION = "text-v1"
+CHARS_PER_TOKEN = 4
 
 
+@runtime_checkable
 class TokenCounter(Protocol):
-    """Counts tokens of prompts as the served model would see them."""
+    """Counts the tokens of a text as the served model's tokenizer would (no special tokens)."""
 
-    def count_text(self, text: str) -> int:
-        """Tokens of a plain text (a completions prompt or a reply)."""
+    name: str
+
+    def count(self, text: str) -> int:
+        """Tokens of text."""
         ...
 
-    def count_chat(self, messages: Sequence[dict[str, Any]]) -> int:
-        """Tokens of chat messages rendered with the chat template and a generation prompt."""
+    def truncate(self, text: str, n_tokens: int) -> str:
+        """A prefix of text with at most n_tokens tokens (as close to n_tokens as possible)."""
         ...
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict)
-                       and isinstance(p.get("text", ""), str))
-    return "" if content is None else json.dumps(content)
-
-
-class EstimateTokenCounter:
-    """~4 characters per token, plus MESSAGE_OVERHEAD_TOKENS per chat message."""
-
-    def count_text(self, text: str) -> int:
-        """Estimated tokens of a text (0 for an empty one)."""
-        return math.ceil(len(text) / CHARS_PER_TOKEN)
-
-    def count_chat(self, messages: Sequence[dict[str, Any]]) -> int:
-        """Estimated tokens of chat messages."""
-        return sum(self.count_text(_content_text(m.get("content"))) + MESSAGE_OVERHEAD_TOKENS
-                   for m in messages)
 
 
 class TokenizerError(ValueError):
     """A tokenizer directory cannot be used; the message says why."""
 
 
-def _token_string(value: Any) -> str:
-    # tokenizer_config.json stores special tokens as strings or as {"content": ...} objects.
-    if isinstance(value, dict):
-        return str(value.get("content", ""))
-    return "" if value is None else str(value)
+class EstimateTokenCounter:
+    """ceil(characters / 4): the usual rule of thumb when the model's tokenizer is not at hand."""
 
+    name = "approx-4-chars"
 
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
+    def count(self, text: str) -> int:
+        """Estimated tokens of a text (0 for an empty one)."""
+        return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+    def truncate(self, text: str, n_tokens: int) -> str:
+        """The first 4 * n_tokens characters."""
+        return text[: max(n_tokens, 0) * CHARS_PER_TOKEN]
 
 
 class HFTokenCounter:
-    """Exact counts from a local HF tokenizer directory (tokenizer.json + chat template)."""
+    """Exact counts from a local HF tokenizer: a model directory or its tokenizer.json."""
 
-    def __init__(self, directory: Path) -> None:
-        path = Path(directory) / "tokenizer.json"
-        if not path.is_file():
-            raise TokenizerError(f"no tokenizer.json in {directory}")
+    def __init__(self, path: str | Path) -> None:
+        from tokenizers import Tokenizer  # here: commands that count nothing do not load it
+
+        path = Path(path)
+        file = path / "tokenizer.json" if path.is_dir() else path
+        if not file.is_file():
+            raise TokenizerError(f"no tokenizer.json in {path} (give a model directory)")
         try:
-            self._tokenizer = Tokenizer.from_file(str(path))
+            self._tokenizer = Tokenizer.from_file(str(file))
         except Exception as exc:  # the Rust library raises plain Exception subclasses
-            raise TokenizerError(f"cannot load {path}: {exc}") from exc
-        config_path = Path(directory) / "tokenizer_config.json"
-        config: dict[str, Any] = {}
-        if config_path.is_file():
-            config = json.loads(config_path.read_text())
-        self._special = {name: _token_string(config.get(name))
-                         for name in ("bos_token", "eos_token", "unk_token", "pad_token")}
-        self._template = self._load_template(Path(directory), config)
+            raise TokenizerError(f"cannot load {file}: {exc}") from exc
+        self.name = str(path)
 
-    @staticmethod
-    def _load_template(directory: Path, config: dict[str, Any]) -> jinja2.Template | None:
-        source = config.get("chat_template")
-        if isinstance(source, list):  # named templates: use "default"
-            named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
-            source = named.get("default") or next(iter(named.values()), None)
-        jinja_file = directory / "chat_template.jinja"
-        if source is None and jinja_file.is_file():
-            source = jinja_file.read_text()
-        if not isinstance(source, str):
-            return None
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise_exception
-        env.filters["tojson"] = lambda value, **kw: json.dumps(value, ensure_ascii=False, **kw)
-        try:
-            return env.from_string(source)
-        except jinja2.TemplateError as exc:
-            raise TokenizerError(f"chat template of {directory} does not compile: {exc}") from exc
-
-    @property
-    def has_chat_template(self) -> bool:
-        """Whether chat messages are rendered with the model's own template."""
-        return self._template is not None
-
-    def count_text(self, text: str) -> int:
+    def count(self, text: str) -> int:
         """Exact tokens of a text, without added special tokens."""
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def count_chat(self, messages: Sequence[dict[str, Any]]) -> int:
-        """Tokens of messages rendered with the chat template (a generation prompt added).
-
-        Without a template, or when the template rejects a partial list (some insist on a
-        system or user message first), each message is counted as its text plus a fixed
-        overhead.
-        """
-        if self._template is not None:
-            try:
-                text = self._template.render(messages=list(messages), add_generation_prompt=True,
-                                             **self._special)
-            except jinja2.TemplateError:
-                pass
-            else:
-                return self.count_text(text)
-        return sum(self.count_text(_content_text(m.get("content"))) + MESSAGE_OVERHEAD_TOKENS
-                   for m in messages)
+    def truncate(self, text: str, n_tokens: int) -> str:
+        """The text decoded from its first n_tokens tokens (the text itself if shorter)."""
+        ids = self._tokenizer.encode(text, add_special_tokens=False).ids
+        if len(ids) <= n_tokens:
+            return text
+        return str(self._tokenizer.decode(ids[: max(n_tokens, 0)], skip_special_tokens=True))
 
 
-def token_counter(directory: Path | None) -> TokenCounter:
-    """The counter for a configured tokenizer directory, or the estimate without one."""
-    return EstimateTokenCounter() if directory is None else HFTokenCounter(directory)
+def token_counter(path: str | Path | None) -> TokenCounter:
+    """The counter for a tokenizer directory (or tokenizer.json), or the estimate without one."""
+    return EstimateTokenCounter() if path is None else HFTokenCounter(path)
+
+
+def content_text(content: Any) -> str:
+    """The text of a chat message's content: a string, text parts joined, or nothing."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part["text"] for part in content
+                       if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return "" if content is None else json.dumps(content)
+
+
+def new_input_tokens(counter: TokenCounter, body: Mapping[str, Any], held_length: int, *,
+                     chat: bool) -> int:
+    """n_in of a chat or completions request whose first held_length units D holds (messages
+    or characters)."""
+    if chat:
+        return sum(counter.count(content_text(message.get("content")))
+                   for message in body["messages"][held_length:])
+    prompt = body["prompt"]
+    if isinstance(prompt, str):
+        return counter.count(prompt[held_length:])
+    # A list prompt is token ids (one token each) or a batch of texts; it never continues.
+    return sum(counter.count(item) if isinstance(item, str) else 1 for item in prompt)
+
+
+def requested_output_tokens(body: Mapping[str, Any]) -> int | None:
+    """n_out a request asks for (`max_completion_tokens`, else `max_tokens`), None if neither."""
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    return int(limit) if limit else None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnUsage:
+    """A finished turn in tokens: what it generated, and the context D holds after it."""
+
+    completion_tokens: int
+    held_tokens: int
+
+
+def _int_field(mapping: Any, *keys: str) -> int | None:
+    for key in keys:
+        mapping = mapping.get(key) if isinstance(mapping, dict) else None
+    return mapping if isinstance(mapping, int) and not isinstance(mapping, bool) else None
+
+
+def turn_usage(counter: TokenCounter, captured: Captured, prompt_estimate: int) -> TurnUsage:
+    """The turn's usage by vLLM's report, counted with counter where the report is missing.
+
+    prompt_estimate: the turn's n_ctx + n_in, used when the reply carried no usage.
+    """
+    usage = captured.usage or {}
+    completion = _int_field(usage, "completion_tokens")
+    if completion is None:
+        completion = counter.count(captured.text) + counter.count(captured.reasoning)
+    prompt = _int_field(usage, "prompt_tokens")
+    if prompt is None:
+        prompt = prompt_estimate
+    reasoning = _int_field(usage, "completion_tokens_details", "reasoning_tokens")
+    if reasoning is None:
+        reasoning = counter.count(captured.reasoning) if captured.reasoning else 0
+    return TurnUsage(completion, prompt + max(completion - reasoning, 0))
+

@@ -1,4 +1,4 @@
-"""Request validation: exactly what DESIGN's HTTP contract promises, before any backend is used.
+"""Request validation: what the proxy relies on (docs/architecture.md), before any backend is used.
 
 Only what the proxy itself relies on is checked; every other field passes through to vLLM.
 """

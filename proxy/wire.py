@@ -1,4 +1,4 @@
-"""vLLM's P/D wire protocol as pure functions (DESIGN "vLLM wire protocol").
+"""vLLM's P/D wire protocol as pure functions (docs/architecture.md, "Wire protocol").
 
 Bodies are built from the client's body and never mutate it, so every leg of a failover
 retry starts from the original request. Only the proxy sets `kv_transfer_params`: a client's

@@ -113,7 +113,7 @@ class Cluster:
         if not procs.port_free(host, port):
             raise ClusterError(f"proxy port {port} is in use; choose another --proxy-port")
         argv = [sys.executable, "-m", "profiler.cli", "proxy", "--cluster", str(self.cluster_file),
-                "--host", host, "--port", str(port)]  # fmt: skip
+                "--host", host, "--port", str(port)]
         if policy is not None:
             argv += ["--policy", policy]
         if self.model_path is not None:
@@ -200,13 +200,13 @@ def start_cluster(config: ClusterConfig, progress: Progress = _quiet) -> Cluster
                 spec.name, node_url(config, spec),
                 node_command(config, model, spec),
                 node_env(config, spec, os.environ), log, cwd=state_dir,
-            )  # fmt: skip
+            )
             started.append(Node(spec.role, proc))
             progress(f"starting {spec.name} on {proc.url} (log {log})")
         procs.wait_ready(
             [n.proc for n in started], "/v1/models", config.startup_timeout_s,
             on_ready=lambda p, s: progress(f"{p.name} ready after {s:.0f} s"),
-        )  # fmt: skip
+        )
     except StartupError as exc:
         procs.stop([n.proc for n in started])
         raise ClusterError(str(exc)) from None
@@ -214,7 +214,7 @@ def start_cluster(config: ClusterConfig, progress: Progress = _quiet) -> Cluster
         procs.stop([n.proc for n in started])
         raise
     cluster = Cluster(model.name, config.layout, state_dir, started, model.path,
-                      progress=progress)  # fmt: skip
+                      progress=progress)
     doc = cluster_document(
         model.name, config.layout, [(n.role, n.url, n.proc.pid, n.proc.log) for n in started]
     )
@@ -274,7 +274,7 @@ def cluster_status(state_dir: Path = DEFAULT_STATE_DIR) -> list[NodeHealth]:
             NodeHealth(p.name, role, p.url, p.pid, procs.group_alive(p.pid),
                        procs.answers(client, p.url + path))
             for p, role, path in checks
-        ]  # fmt: skip
+        ]
 
 
 def _refuse_running(state_dir: Path) -> None:
@@ -361,7 +361,7 @@ def _up(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib, dtype=args.dtype,
         cores=default_cores() if args.device is Device.CPU else (),
         startup_timeout_s=args.startup_timeout, vllm_args=tuple(shlex.split(args.vllm_args)),
-    )  # fmt: skip
+    )
     if args.model in {m.value for m in ModelName} and not is_ready(
         default_model_dir(ModelName(args.model))
     ):

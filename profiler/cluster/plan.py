@@ -1,7 +1,7 @@
 """What a local vLLM P/D cluster consists of, before any process starts (pure, testable).
 
 A layout such as `1P2D` or `2R` becomes a list of nodes (role, port, core); each node gets the
-command line and environment DESIGN.md prescribes: one OpenAI server per node, prefix caching
+command line and environment a P/D node needs: one OpenAI server per node, prefix caching
 on, eager mode, and a KV transfer config per role - ExampleConnector with a shared directory as
 kv_producer (P) / kv_consumer (D) on CPU, NixlConnector as kv_both on GPUs, none on replicas.
 """
@@ -206,7 +206,7 @@ def node_command(config: ClusterConfig, model: ServedModel, node: NodePlan) -> l
         "--max-model-len", str(config.max_model_len),
         "--enable-prefix-caching",
         "--enforce-eager",
-    ]  # fmt: skip
+    ]
     if model.dtype is not None:
         argv += ["--dtype", model.dtype]
     transfer = kv_transfer_config(config, node.role)
@@ -248,7 +248,7 @@ def node_url(config: ClusterConfig, node: NodePlan) -> str:
 def cluster_document(
     served_name: str, layout: Layout, nodes: Sequence[tuple[Role, str, int, Path]]
 ) -> dict[str, object]:
-    """DESIGN's cluster.json: model, layout and one {role, url, pid, log} per node."""
+    """The cluster.json the proxy reads: model, layout and one {role, url, pid, log} per node."""
     return {
         "model": served_name,
         "layout": str(layout),

@@ -49,7 +49,7 @@ def spawn(name: str, url: str, argv: Sequence[str], env: Mapping[str, str], log:
         process = subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             env=dict(env), cwd=cwd, start_new_session=True,
-        )  # fmt: skip
+        )
     return ManagedProcess(name, url, process.pid, log, process)
 
 

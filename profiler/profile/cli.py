@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import yaml
 from profiler.profile.runner import ProfileGrid, Profiler, grid_from_mapping
 from profiler.replay.client import first_model
 from profiler.tables.io import build_meta
+from proxy.tokens import TokenCounter, token_counter
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,9 +91,13 @@ def main(argv: list[str]) -> int:
     tokenizer = _load_tokenizer(args.tokenizer)
     started = time.monotonic()
     if args.cluster:
-        from profiler.profile.on_cluster import profile_on_local_cluster
+        from profiler.profile.on_cluster import ClusterProfileJob, profile_on_local_cluster
 
-        frame = profile_on_local_cluster(args, grid, tokenizer)
+        job = ClusterProfileJob(
+            layout=args.cluster, out=args.out, model=args.model or "tiny", seed=args.seed,
+            w_ttft=args.w_ttft, w_tpot=args.w_tpot, base_port=args.base_port,
+            progress=not args.no_progress, command=shlex.join(["ppd", "profile", *argv]))
+        frame = profile_on_local_cluster(job, grid, tokenizer)
     else:
         model = args.model or asyncio.run(served_model(args.target))
         meta = build_meta(
@@ -110,12 +116,9 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _load_tokenizer(path: Path | None) -> Any:
-    if path is None:
-        return None
-    from profiler.traces.tokenizer import load_tokenizer
-
-    return load_tokenizer(path)
+def _load_tokenizer(path: Path | None) -> TokenCounter | None:
+    # None: the --cluster run counts with the served model's tokenizer once it is prepared.
+    return None if path is None else token_counter(path)
 
 
 async def served_model(target: str) -> str:

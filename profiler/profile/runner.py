@@ -8,9 +8,14 @@ goes P->D: it only builds the context D holds.
 
 Bias control: cells run in a seeded random order and the two routes of a cell in a seeded random
 order, so slow drift (thermal, page cache, a filling prefix cache) does not favour one route;
-every (cell, route) replay uses its own conversations, so one route never reuses the other's
-cached turn 1. The output CSV is rewritten after every cell, and a re-run skips the cells it
-already holds (resumable).
+every (cell, route, phase) replay uses its own conversations, so one route never reuses the
+other's cached turn 1. The output CSV is rewritten after every cell, and a re-run skips the cells
+it already holds (resumable). Conversations are drawn from `conversation_seed(seed, cell, route,
+phase)`, a hash of what they are for: a resumed run draws for a cell exactly what a fresh run
+would have drawn.
+
+Token counts follow proxy.tokens (TOKEN_DEFINITION, recorded in the table's meta with the
+tokenizer used): a synthetic turn 2 made for a cell is the turn the proxy files under that cell.
 
 Units: a qps point is requests (conversation turns) per second, the unit of the proxy's load
 meter, so the proxy's measured load maps onto the table's points. Each conversation has
@@ -19,6 +24,9 @@ TURNS_PER_CONVERSATION turns, so conversations arrive at qps / TURNS_PER_CONVERS
 
 from __future__ import annotations
 
+import enum
+import hashlib
+import json
 import math
 import random
 import sys
@@ -32,10 +40,11 @@ import numpy as np
 import pandas as pd
 
 from profiler.replay.client import ReplayConfig, RequestRecord, replay
-from profiler.tables.io import KEY_COLUMNS, normalize, read_table, write_table
+from profiler.tables.io import KEY_COLUMNS, meta_path, normalize, read_table, write_table
 from profiler.traces.synthetic import two_turn_conversations
 from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES, Cell, ContextClass
 from proxy.route import RouteKind
+from proxy.tokens import TOKEN_DEFINITION, EstimateTokenCounter, TokenCounter
 
 PROFILED_ROUTES: tuple[RouteKind, RouteKind] = (RouteKind.PD, RouteKind.LOCAL)
 TURNS_PER_CONVERSATION = 2
@@ -159,7 +168,7 @@ def _p99(values: Sequence[float]) -> float:
 
 
 def cell_row(cell: Cell, pd_stats: RouteStats, local_stats: RouteStats) -> dict[str, Any]:
-    """One table row: DESIGN's columns plus the extras, from both routes' stats."""
+    """One table row: TABLE_COLUMNS plus the extras, from both routes' stats."""
     row: dict[str, Any] = {
         "context_class": str(cell.context_class),
         "workload": cell.workload,
@@ -182,6 +191,25 @@ def cell_key(context_class: str, workload: str, qps: float) -> tuple[str, str, f
 
 def measured_keys(frame: pd.DataFrame) -> set[tuple[str, str, float]]:
     return {cell_key(*values) for values in frame[list(KEY_COLUMNS)].itertuples(index=False)}
+
+
+class Phase(enum.StrEnum):
+    """What a replay of a (cell, route) is for."""
+
+    WARMUP = "warmup"
+    MEASURE = "measure"
+
+
+def conversation_seed(seed: int, cell: Cell, route: RouteKind, phase: Phase) -> int:
+    """The seed of the conversations one (cell, route, phase) replays.
+
+    A hash of the run's seed and what the conversations are for - not of the cell's place in
+    the run - so resuming, reordering or a smaller grid never changes a cell's conversations,
+    and no two (cell, route, phase) replays share a conversation.
+    """
+    key = (f"ppd-profile:{seed}:{cell.context_class}:{cell.workload}:{float(cell.qps)!r}:"
+           f"{route}:{phase}")
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
 
 
 def run_order(cells: Sequence[Cell], seed: int) -> list[tuple[Cell, tuple[RouteKind, ...]]]:
@@ -207,7 +235,7 @@ class Profiler:
     meta: dict[str, Any]
     seed: int = 0
     model: str | None = None
-    tokenizer: Any = None
+    tokenizer: TokenCounter | None = None
     admin_key: str | None = None
     progress: bool = True
     transport: httpx.AsyncBaseTransport | None = None
@@ -217,6 +245,7 @@ class Profiler:
     async def run(self) -> pd.DataFrame:
         done: set[tuple[str, str, float]] = set()
         if self.out_csv.exists():
+            _check_token_definition(meta_path(self.out_csv))
             previous = read_table(self.out_csv)
             self.rows = previous.to_dict("records")
             done = measured_keys(previous)
@@ -225,14 +254,16 @@ class Profiler:
             for cell, routes in run_order(self.grid.cells(), self.seed)
             if cell_key(*cell) not in done
         ]
+        meta = {**self.meta, "token_definition": TOKEN_DEFINITION,
+                "tokenizer": (self.tokenizer or EstimateTokenCounter()).name}
         bar = _progress_bar(len(plans), enabled=self.progress)
         try:
-            for index, (cell, routes) in enumerate(plans):
+            for cell, routes in plans:
                 bar.set_postfix_str(f"{cell.context_class}/{cell.workload}@{cell.qps:g}")
-                stats = {route: await self._measure(cell, route, index) for route in routes}
+                stats = {route: await self._measure(cell, route) for route in routes}
                 row = cell_row(cell, stats[RouteKind.PD], stats[RouteKind.LOCAL])
                 self.rows.append(row)
-                write_table(self.rows, self.out_csv, self.meta)
+                write_table(self.rows, self.out_csv, meta)
                 if self.on_cell is not None:
                     self.on_cell(cell, row)
                 bar.update(1)
@@ -240,13 +271,11 @@ class Profiler:
             bar.close()
         if not self.rows:
             raise RuntimeError("nothing was measured: the grid is empty")
-        write_table(self.rows, self.out_csv, self.meta)
+        write_table(self.rows, self.out_csv, meta)
         return normalize(self.rows)
 
-    async def _measure(self, cell: Cell, route: RouteKind, cell_index: int) -> RouteStats:
+    async def _measure(self, cell: Cell, route: RouteKind) -> RouteStats:
         turn1 = TURN1_PROFILES[cell.context_class]
-        # Distinct seeds per (cell, route, phase): no conversation text is ever sent twice.
-        base_seed = self.seed * 1_000_003 + cell_index * 16 + (1 if route is RouteKind.LOCAL else 0)
         conversation_rate = cell.qps / TURNS_PER_CONVERSATION
         count = math.ceil(conversation_rate * self.grid.duration_s * 1.5) + 5
         if self.grid.max_conversations is not None:
@@ -254,13 +283,15 @@ class Profiler:
         if self.grid.warmup_conversations:
             warm = two_turn_conversations(
                 turn1, cell.workload, self.grid.warmup_conversations,
-                seed=base_seed + 4, tokenizer=self.tokenizer,
+                seed=conversation_seed(self.seed, cell, route, Phase.WARMUP),
+                tokenizer=self.tokenizer,
             )
             await replay(warm, self._config(route, conversation_rate, max_conversations=len(warm),
                                             duration_s=self.grid.duration_s),
                          transport=self.transport)
         conversations = two_turn_conversations(
-            turn1, cell.workload, count, seed=base_seed + 8, tokenizer=self.tokenizer
+            turn1, cell.workload, count,
+            seed=conversation_seed(self.seed, cell, route, Phase.MEASURE), tokenizer=self.tokenizer,
         )
         result = await replay(
             conversations,
@@ -299,6 +330,18 @@ class Profiler:
             max_conversations=max_conversations,
             headers_for_turn=headers_for_turn,
         )
+
+
+def _check_token_definition(path: Path) -> None:
+    """Resume only a table whose cells were counted the way this run counts them."""
+    try:
+        counted = json.loads(path.read_text()).get("token_definition", TOKEN_DEFINITION)
+    except (OSError, ValueError, AttributeError):
+        return  # no readable meta: nothing says the cells mean something else
+    if counted != TOKEN_DEFINITION:
+        raise ValueError(f"{path.name}: the table was measured with token definition "
+                         f"{counted!r}, this run counts {TOKEN_DEFINITION!r}; resuming would "
+                         "mix cells that mean different things (write to another --out)")
 
 
 class _NoProgress:

@@ -15,15 +15,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from profiler.replay.client import ReplayConfig, replay
+from profiler.replay.dataset import DatasetSpec, load_dataset
 from profiler.replay.metrics import summarize
 from profiler.replay.output import summary_table, write_run
-from profiler.traces.conversation import Conversation
 from profiler.traces.formats import TraceFormat
-from profiler.traces.load import TraceFilter, load_trace, sharegpt_package_file
-from profiler.traces.synthetic import named_workload, synthetic_names
-from profiler.traces.tokenizer import TextTokenizer, load_tokenizer
-
-SYNTHETIC_PREFIX = "synthetic:"
+from profiler.traces.load import TraceFilter
+from profiler.traces.synthetic import synthetic_names
+from proxy.tokens import token_counter
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,24 +94,14 @@ def conversations_needed(qps: float, duration_s: float, max_conversations: int |
     return min(needed, max_conversations) if max_conversations else needed
 
 
-def load_dataset(args: argparse.Namespace, tokenizer: TextTokenizer,
-                 count: int) -> list[Conversation]:
-    """The conversations the run replays, from a file, the sharegpt package or a generator."""
-    if args.dataset.startswith(SYNTHETIC_PREFIX):
-        name = args.dataset.removeprefix(SYNTHETIC_PREFIX)
-        return named_workload(name, count, seed=args.seed, tokenizer=tokenizer)
-    path = sharegpt_package_file() if args.dataset == "sharegpt" else Path(args.dataset)
+def dataset_spec(args: argparse.Namespace) -> DatasetSpec:
+    """The dataset the flags describe."""
     filters = TraceFilter(
         min_turns=args.min_turns,
         languages=frozenset(args.language) if args.language else None,
         max_context_tokens=args.max_context_tokens,
     )
-    trace = load_trace(path, fmt=TraceFormat(args.format), tokenizer=tokenizer,
-                       filters=filters, sample=count, seed=args.seed)
-    if not trace.conversations:
-        raise ValueError(f"no conversation of {path} passes the filters "
-                         f"({trace.records} records, format {trace.format})")
-    return trace.conversations
+    return DatasetSpec(args.dataset, TraceFormat(args.format), filters, args.seed)
 
 
 def default_label(out: Path | None, dataset: str, qps: float) -> str:
@@ -143,9 +131,9 @@ def main(argv: list[str]) -> int:
         headers_for_turn=headers_for_turn if forced else None,
         progress=not args.no_progress,
     )
-    tokenizer = load_tokenizer(args.tokenizer)
+    tokenizer = token_counter(args.tokenizer)
     count = conversations_needed(args.qps, args.duration, args.max_conversations)
-    conversations = load_dataset(args, tokenizer, count)
+    conversations = load_dataset(dataset_spec(args), tokenizer, count)
     result = asyncio.run(replay(conversations, config))
     summary = summarize(result.records, result.wall_time_s, slo=slo)
     label = args.label or default_label(args.out, args.dataset, args.qps)

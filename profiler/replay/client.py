@@ -22,8 +22,9 @@ from typing import Literal
 
 import httpx
 
-from profiler.replay.wire import Api, History, error_message, parse_event
+from profiler.replay.wire import Api, History, error_message
 from profiler.traces.conversation import Conversation
+from proxy.completion import parse_data
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class RequestRecord:
     ttft_s: float | None
     tpot_s: float | None  # (e2e - ttft) / (output tokens - 1); None below 2 tokens
     e2e_s: float | None
-    itl_s: tuple[float, ...]  # gaps between successive streamed chunks with text
+    itl_s: tuple[float, ...]  # gaps between successive streamed chunks with text or reasoning
     n_input_tokens: int | None  # from usage
     n_output_tokens: int  # usage when present, else chunks with text
     success: bool  # HTTP 200, >= 1 token, no error, within the timeout
@@ -206,18 +207,17 @@ class _Replayer:
                     async for line in response.aiter_lines():
                         if not line.startswith("data:"):
                             continue
-                        data = line[5:].strip()
-                        if data == "[DONE]":
+                        delta = parse_data(line[5:])
+                        if delta.done:
                             break
-                        chunk = parse_event(data)
-                        if chunk.error:
-                            s.error = chunk.error
+                        if delta.error:
+                            s.error = delta.error
                             break
-                        if chunk.text:
+                        if delta.has_tokens:  # reasoning tokens count for TTFT and ITL too
                             s.chunk_times.append(self.clock())
-                            s.text.append(chunk.text)
-                        if chunk.usage:
-                            s.usage = chunk.usage
+                            s.text.append(delta.text)
+                        if delta.usage:
+                            s.usage = delta.usage
         except TimeoutError:
             s.error = f"timeout after {self.config.timeout_s:g} s"
         except httpx.HTTPError as exc:

@@ -1,17 +1,20 @@
-"""What the replay client sends and how it reads the stream: OpenAI chat and completions.
+"""What the replay client sends: OpenAI chat and completions request bodies.
 
 `History` keeps one conversation's state between turns. The text sent with turn k+1 holds the
 model's *actual* reply to turn k - never the dataset's reference answer - so the decode node's
-prefix cache (and the proxy's session fingerprint) can match the history exactly.
+prefix cache (and the proxy's session fingerprint) can match the history exactly. Replies are
+read with `proxy.completion` and go back into the history by its rule (the reply text, not the
+reasoning), the rule the proxy's continuation check expects.
 """
 
 from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from proxy.completion import assistant_message
 
 # Completions API rendering: a plain-text transcript. Turn k+1's prompt is turn k's prompt +
 # the reply + the next user block, the proxy's completions continuation rule.
@@ -50,8 +53,8 @@ class History:
         self.prompt += f"{opening}{USER_PREFIX}{text}{TURN_SEPARATOR}{ASSISTANT_PREFIX}"
 
     def add_reply(self, text: str) -> None:
-        """Append the model's reply to the last user turn, exactly as it was streamed."""
-        self.messages.append({"role": "assistant", "content": text})
+        """Append the model's reply text (its reasoning is not sent back), as streamed."""
+        self.messages.append(assistant_message(text))
         self.prompt += text
 
     @property
@@ -73,40 +76,6 @@ class History:
         if ignore_eos:
             body["ignore_eos"] = True  # vLLM extension: generate exactly max_tokens
         return body
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """What one `data:` event of an OpenAI stream carries for the replay."""
-
-    text: str
-    usage: Mapping[str, Any] | None
-    error: str | None
-
-
-def parse_event(data: str) -> Chunk:
-    """Parse one SSE `data:` payload (not `[DONE]`); a malformed payload is an error chunk."""
-    try:
-        event = json.loads(data)
-    except json.JSONDecodeError:
-        return Chunk("", None, f"malformed stream event: {data[:80]!r}")
-    if not isinstance(event, dict):
-        return Chunk("", None, f"malformed stream event: {data[:80]!r}")
-    if "error" in event:  # vLLM reports errors that happen mid-stream this way
-        error = event["error"]
-        message = error.get("message") if isinstance(error, dict) else error
-        return Chunk("", None, f"stream error: {message}")
-    text = ""
-    for choice in event.get("choices") or []:
-        if not isinstance(choice, dict):
-            continue
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            text += (delta.get("content") or "") + (delta.get("reasoning_content") or "")
-        elif isinstance(choice.get("text"), str):
-            text += choice["text"]
-    usage = event.get("usage")
-    return Chunk(text, usage if isinstance(usage, dict) else None, None)
 
 
 def error_message(status: int, body: bytes) -> str:

@@ -1,9 +1,10 @@
 """Decision tables on disk: CSV and Parquet via pandas, plus the informative NAME.meta.json.
 
 The proxy reads tables with its own light loader (proxy.table, no pandas); this module is the
-profiler's side: it writes what the proxy reads, and reads it back for `ppd table` and for
-resuming a profile run. Columns are DESIGN.md's, in that order, followed by the extras the
-profiler also measures (p99s and per-route request counts) so nothing measured is thrown away.
+profiler's side: it writes what the proxy reads, and reads it back for `ppd table` and for resuming
+a profile run. Columns are proxy.table.TABLE_COLUMNS, in that order (docs/architecture.md, "Table
+format"), followed by the extras the profiler also measures (p99s and per-route request counts) so
+nothing measured is thrown away.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def meta_path(table_path: Path) -> Path:
 
 
 def read_table(path: Path) -> pd.DataFrame:
-    """A table as a DataFrame with at least DESIGN's columns; a clear error otherwise."""
+    """A table as a DataFrame with at least TABLE_COLUMNS; a clear error otherwise."""
     if not path.exists():
         raise FileNotFoundError(f"table not found: {path}")
     if path.suffix == ".parquet":
@@ -98,7 +99,8 @@ def build_meta(
     weights: Mapping[str, float],
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The informative meta record DESIGN.md lists (model, layout, hardware, backend, ...)."""
+    """The informative meta record (model, layout, hardware, backend, ...; docs/architecture.md,
+    "Table format")."""
     return {
         "model": model,
         "layout": layout,

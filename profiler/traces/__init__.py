@@ -15,20 +15,15 @@ from profiler.traces.synthetic import (
     named_workload,
     two_turn_conversations,
 )
-from profiler.traces.tokenizer import ApproxTokenizer, HFTokenizer, TextTokenizer, load_tokenizer
 
 __all__ = [
-    "ApproxTokenizer",
     "Conversation",
-    "HFTokenizer",
     "LoadedTrace",
-    "TextTokenizer",
     "TraceFileError",
     "TraceFilter",
     "TraceFormat",
     "Turn",
     "load_conversations",
-    "load_tokenizer",
     "load_trace",
     "multi_turn_conversations",
     "named_workload",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from profiler.traces.tokenizer import TextTokenizer
+from proxy.tokens import TokenCounter
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,7 @@ class Conversation:
     system: str | None = None
     language: str | None = None
 
-    def context_tokens(self, tokenizer: TextTokenizer) -> list[int]:
+    def context_tokens(self, tokenizer: TokenCounter) -> list[int]:
         """Cumulative context size after each turn: system + every user and reference answer.
 
         This is what the serving side holds once turn k is answered with a reply of the
@@ -54,7 +54,7 @@ class Conversation:
         return sizes
 
 
-def with_token_counts(conversation: Conversation, tokenizer: TextTokenizer) -> Conversation:
+def with_token_counts(conversation: Conversation, tokenizer: TokenCounter) -> Conversation:
     """The conversation with every reference answer's n_out_tokens counted by tokenizer."""
     turns = tuple(
         replace(turn, n_out_tokens=tokenizer.count(turn.reference_answer))
@@ -92,7 +92,7 @@ def canonical_role(role: str) -> str | None:
 def from_messages(
     conversation_id: str,
     messages: Iterable[tuple[str, str]],
-    tokenizer: TextTokenizer | None,
+    tokenizer: TokenCounter | None,
     *,
     language: str | None = None,
 ) -> Conversation | None:

@@ -22,7 +22,7 @@ from profiler.traces.conversation import (
 )
 from profiler.traces.formats import TraceFormat, detect_format, raw_conversations
 from profiler.traces.records import ReadStats, TraceFileError, iter_records
-from profiler.traces.tokenizer import ApproxTokenizer, TextTokenizer
+from proxy.tokens import EstimateTokenCounter, TokenCounter
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def _conversations(path: Path, fmt: TraceFormat, stats: ReadStats) -> tuple[
 
 
 def _fit_context(
-    conversation: Conversation, tokenizer: TextTokenizer, max_context_tokens: int | None
+    conversation: Conversation, tokenizer: TokenCounter, max_context_tokens: int | None
 ) -> Conversation | None:
     if max_context_tokens is None:
         return conversation
@@ -126,7 +126,7 @@ def load_trace(
     path: str | Path,
     *,
     fmt: TraceFormat = TraceFormat.AUTO,
-    tokenizer: TextTokenizer | None = None,
+    tokenizer: TokenCounter | None = None,
     filters: TraceFilter | None = None,
     sample: int | None = None,
     seed: int = 0,
@@ -136,7 +136,7 @@ def load_trace(
     sample: keep at most this many, drawn with a seeded shuffle; None keeps all in file order.
     """
     path = Path(path)
-    tok = tokenizer or ApproxTokenizer()
+    tok = tokenizer or EstimateTokenCounter()
     flt = filters or TraceFilter()
     stats = ReadStats()
     actual, stream = _conversations(path, fmt, stats)
@@ -160,7 +160,7 @@ def load_conversations(
     path: str | Path,
     *,
     fmt: TraceFormat = TraceFormat.AUTO,
-    tokenizer: TextTokenizer | None = None,
+    tokenizer: TokenCounter | None = None,
     filters: TraceFilter | None = None,
     sample: int | None = None,
     seed: int = 0,

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from profiler.traces.synthetic import exact_text
-from profiler.traces.tokenizer import ApproxTokenizer
+from proxy.tokens import EstimateTokenCounter
 
 SAMPLE_FILES = ("sharegpt_sample.json", "wildchat_sample.jsonl", "lmsys_sample.jsonl",
                 "openai_sample.json")
 
 
 def _dialogue(rng: random.Random, n_turns: int) -> list[tuple[str, str]]:
-    tokenizer = ApproxTokenizer()
+    tokenizer = EstimateTokenCounter()
     pairs = []
     for _ in range(n_turns):
         question = exact_text(rng, rng.randint(8, 40), tokenizer).capitalize() + "?"

@@ -3,7 +3,9 @@
 Prompts are random English words, seeded per conversation, so every conversation's text is
 different from its first token on (prefix caches never cross-hit between conversations) and the
 same seed always gives the same workload. With a tokenizer, each user message has exactly the
-requested number of tokens of that tokenizer (chat-template tokens come on top, as in any chat).
+requested number of tokens of that tokenizer: the turn's n_in under the token definition the
+proxy counts with (proxy.tokens, text-v1), so the cell a turn is made for is the cell the proxy
+files it under.
 
 Named workloads for `ppd replay --dataset synthetic:NAME`:
 - `small-mid_bal`, `large-huge_paste`, ...: a turn-1 profile (small 128/128, large 1024/1024)
@@ -19,8 +21,8 @@ import random
 from collections.abc import Sequence
 
 from profiler.traces.conversation import Conversation, Turn
-from profiler.traces.tokenizer import ApproxTokenizer, TextTokenizer
 from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES, ContextClass, Shape
+from proxy.tokens import EstimateTokenCounter, TokenCounter
 
 # Common short words: natural enough that real tokenizers give about one token per word.
 _WORD_TEXT = (
@@ -42,7 +44,7 @@ _WORDS = tuple(_WORD_TEXT.split())
 _MAX_ADJUSTMENTS = 12
 
 
-def exact_text(rng: random.Random, n_tokens: int, tokenizer: TextTokenizer) -> str:
+def exact_text(rng: random.Random, n_tokens: int, tokenizer: TokenCounter) -> str:
     """Random words cut to exactly n_tokens tokens of tokenizer (closest reachable if not)."""
     if n_tokens <= 0:
         return ""
@@ -80,7 +82,7 @@ def two_turn_conversations(
     count: int,
     *,
     seed: int,
-    tokenizer: TextTokenizer | None = None,
+    tokenizer: TokenCounter | None = None,
 ) -> list[Conversation]:
     """`count` two-turn conversations: turn 1 of shape turn1, turn 2 of the named shape."""
     if turn2_shape not in WORKLOAD_SHAPES:
@@ -99,7 +101,7 @@ def multi_turn_conversations(
     n_turns: int,
     count: int,
     seed: int,
-    tokenizer: TextTokenizer | None = None,
+    tokenizer: TokenCounter | None = None,
 ) -> list[Conversation]:
     """`count` conversations of n_turns turns: turn 1 of shape turn1, each later turn of a shape
     drawn (seeded) from later_shapes."""
@@ -108,7 +110,7 @@ def multi_turn_conversations(
     unknown = [name for name in later_shapes if name not in WORKLOAD_SHAPES]
     if unknown or (n_turns > 1 and not later_shapes):
         raise ValueError(f"later_shapes must be names from {', '.join(WORKLOAD_SHAPES)}")
-    tok = tokenizer or ApproxTokenizer()
+    tok = tokenizer or EstimateTokenCounter()
     shapes_tag = "any" if set(later_shapes) == set(WORKLOAD_SHAPES) else "+".join(later_shapes)
     tag = f"{turn1.n_in}x{turn1.n_out}-{shapes_tag}-{n_turns}"
     conversations = []
@@ -141,7 +143,7 @@ def synthetic_names() -> list[str]:
 
 
 def named_workload(
-    name: str, count: int, *, seed: int, tokenizer: TextTokenizer | None = None
+    name: str, count: int, *, seed: int, tokenizer: TokenCounter | None = None
 ) -> list[Conversation]:
     """The synthetic workload called name (see the module docstring), `count` conversations."""
     shapes = list(WORKLOAD_SHAPES)

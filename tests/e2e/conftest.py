@@ -38,7 +38,7 @@ def _cluster(layout: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFac
         model=str(tiny_model), layout=parse_layout(layout),
         state_dir=tmp_path_factory.mktemp(f"cluster-{layout}"), base_port=BASE_PORTS[layout],
         cores=default_cores(), startup_timeout_s=420.0,
-    )  # fmt: skip
+    )
     with start_cluster(config) as cluster:
         yield cluster
 

@@ -65,7 +65,7 @@ def filler(n_words: int, seed: int) -> str:
 def proxy_for(cluster: Cluster, policy: str, tokenizer: Path) -> Iterator[str]:
     """A ppd proxy (in-process, OS-chosen port) in front of cluster; yields its URL."""
     config = config_from_args(["--cluster", str(cluster.cluster_file), "--policy", policy,
-                               "--port", "0", "--tokenizer", str(tokenizer)])  # fmt: skip
+                               "--port", "0", "--tokenizer", str(tokenizer)])
     with ServerThread(create_app(config)) as server:
         yield server.url
 
@@ -97,9 +97,9 @@ class Conversation:
         """Send the next user message with the whole history; remember the reply."""
         self.messages.append({"role": "user", "content": text})
         body = {"model": self.model, "messages": self.messages, "max_tokens": self.max_tokens,
-                "temperature": 0, "ignore_eos": True, **extra}  # fmt: skip
+                "temperature": 0, "ignore_eos": True, **extra}
         response = httpx.post(f"{self.proxy_url}/v1/chat/completions", json=body,
-                              headers={"x-session-id": self.session}, timeout=120)  # fmt: skip
+                              headers={"x-session-id": self.session}, timeout=120)
         assert response.status_code == 200, response.text
         data = response.json()
         content = data["choices"][0]["message"]["content"]
@@ -107,4 +107,4 @@ class Conversation:
         h = response.headers
         return Turn(h["x-ppd-route"], int(h["x-ppd-turn"]), h["x-ppd-decode"],
                     h.get("x-ppd-prefill"), content, data["usage"]["prompt_tokens"],
-                    data["usage"]["completion_tokens"])  # fmt: skip
+                    data["usage"]["completion_tokens"])

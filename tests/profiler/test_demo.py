@@ -41,9 +41,9 @@ def test_module_document_is_cut_at_a_line_boundary() -> None:
 def test_comparison_table() -> None:
     pd = {"turn1_ttft_ms_mean": 4000.0, "turn2plus_ttft_ms_mean": 2000.0,
           "turn2plus_ttft_ms_p50": 1800.0, "tpot_ms_mean": 90.0, "success_rate": 1.0,
-          "n_requests": 18}  # fmt: skip
+          "n_requests": 18}
     local = {**pd, "turn2plus_ttft_ms_mean": 500.0, "tpot_ms_mean": 99.0,
-             "turn2plus_ttft_ms_p50": None, "success_rate": 0.5}  # fmt: skip
+             "turn2plus_ttft_ms_p50": None, "success_rate": 0.5}
     lines = demo.comparison_table({"pd": pd, "local": local}).splitlines()
     assert lines[0].split() == ["pd", "local", "local", "vs", "pd"]
     rows = {line[:24].strip(): line[24:].split() for line in lines[2:]}
@@ -58,7 +58,7 @@ def test_comparison_table() -> None:
     ("kw", "match"),
     [({"conversations": 0}, "conversations"), ({"turns": 1}, "turns"),
      ({"turns": 9}, "turns"), ({"qps": 0}, "qps")],
-)  # fmt: skip
+)
 def test_config_validation(kw: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         DemoConfig(**kw)  # type: ignore[arg-type]

@@ -81,9 +81,9 @@ TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['cont
             "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-def make_tokenizer(directory: Path, template: str | None = TEMPLATE,
-                   as_jinja_file: bool = False) -> Path:
-    """A word-level tokenizer trained on a few words, saved like a HF model directory."""
+def make_tokenizer(directory: Path) -> Path:
+    """A word-level tokenizer trained on a few words, saved like a HF model directory (with a
+    chat template, which the proxy's token definition ignores)."""
     tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     trainer = trainers.WordLevelTrainer(special_tokens=["[UNK]", "<s>"])
@@ -91,9 +91,6 @@ def make_tokenizer(directory: Path, template: str | None = TEMPLATE,
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(directory / "tokenizer.json"))
     config: dict[str, object] = {"bos_token": {"content": "<s>"}, "eos_token": "</s>"}
-    if template and as_jinja_file:
-        (directory / "chat_template.jinja").write_text(template)
-    elif template:
-        config["chat_template"] = template
+    config["chat_template"] = TEMPLATE
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     return directory

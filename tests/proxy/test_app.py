@@ -160,14 +160,16 @@ async def test_tokenizer_dir_counts_the_new_messages_exactly(
     from proxy.tokens import EstimateTokenCounter, HFTokenCounter
 
     directory = make_tokenizer(tmp_path / "tok")
-    new = [{"role": "user", "content": "next"}]
-    exact = HFTokenCounter(directory).count_chat(new)
-    assert exact != EstimateTokenCounter().count_chat(new)  # the test can tell them apart
+    new = "how are you today"
+    exact = HFTokenCounter(directory).count(new)
+    assert exact != EstimateTokenCounter().count(new)  # the test can tell them apart
     routes = []
     for limit in (exact, exact - 1):
         config = replace(config_for(cluster, Policy.THRESHOLD, non_cached_tokens=limit),
                          tokenizer=directory)
         async with serve_proxy(config) as proxy:
-            _, second = await two_turns(proxy.client)
+            first = await proxy.client.post("/v1/chat/completions", json=chat_body("Hello"))
+            second = await proxy.client.post("/v1/chat/completions", json=chat_body(
+                "Hello", reply_text(first), new))
         routes.append(second.headers["x-ppd-route"])
     assert routes == ["local", "pd"]

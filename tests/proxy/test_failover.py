@@ -1,4 +1,4 @@
-"""Failover, mid-stream failures and client disconnects (DESIGN "Backends"), on loopback."""
+"""Failover, mid-stream failures and client disconnects (docs/architecture.md, "Failover")."""
 
 from __future__ import annotations
 

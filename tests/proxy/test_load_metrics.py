@@ -1,15 +1,11 @@
-"""The load meter, the running mean, reply capture and the metrics' JSON counters."""
+"""The load meter, the running mean and the metrics' JSON counters."""
 
 from __future__ import annotations
 
-import json
-
-from proxy.forward import ReplyCapture
 from proxy.load import RateMeter, RunningMean
 from proxy.metrics import ProxyMetrics
 from proxy.policies import Decision, Reason
 from proxy.route import RouteKind
-from proxy.validate import Endpoint
 from tests.proxy.helpers import FakeClock
 
 
@@ -32,46 +28,6 @@ def test_running_mean_uses_its_prior_until_it_has_data() -> None:
     mean.add(10)
     mean.add(30)
     assert mean.value == 20
-
-
-def sse(*payloads: object) -> bytes:
-    return b"".join(f"data: {json.dumps(p)}\n\n".encode() for p in payloads) + b"data: [DONE]\n\n"
-
-
-def test_capture_chat_stream_split_anywhere() -> None:
-    data = sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
-               {"choices": [{"index": 0, "delta": {"content": "Hel"}}]},
-               {"choices": [{"index": 1, "delta": {"content": "other choice"}}]},
-               {"choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}]},
-               {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}})
-    for split in (1, 7, len(data) // 2):
-        capture = ReplyCapture(Endpoint.CHAT, stream=True)
-        for i in range(0, len(data), split):
-            capture.feed(data[i:i + split])
-        captured = capture.finish()
-        assert (captured.text, captured.complete) == ("Hello", True)
-        assert captured.usage == {"prompt_tokens": 5, "completion_tokens": 2}
-
-
-def test_capture_incomplete_and_error_streams() -> None:
-    cut = ReplyCapture(Endpoint.COMPLETIONS, stream=True)
-    cut.feed(b'data: {"choices": [{"index": 0, "text": "Hi"}]}\n\n')
-    assert cut.finish().complete is False
-    errored = ReplyCapture(Endpoint.COMPLETIONS, stream=True)
-    errored.feed(b'data: {"error": {"message": "boom"}}\n\ndata: [DONE]\n\n')
-    assert errored.finish().complete is False
-
-
-def test_capture_plain_json() -> None:
-    capture = ReplyCapture(Endpoint.COMPLETIONS, stream=False)
-    capture.feed(b'{"choices": [{"index": 0, "text": "Yes", "finish_reason": "stop"}],')
-    capture.feed(b' "usage": {"prompt_tokens": 3, "completion_tokens": 1}}')
-    captured = capture.finish()
-    assert (captured.text, captured.complete, captured.usage["completion_tokens"]) == (
-        "Yes", True, 1)
-    broken = ReplyCapture(Endpoint.CHAT, stream=False)
-    broken.feed(b"{not json")
-    assert broken.finish().complete is False
 
 
 def test_stats_local_share_and_errors() -> None:

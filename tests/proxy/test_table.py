@@ -97,6 +97,15 @@ def test_load_csv_with_meta(tmp_path: Path) -> None:
     assert warning is not None and "m1" in warning and "m2" in warning
 
 
+def test_a_table_counted_with_another_token_definition_is_refused(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "t.csv", [row()])
+    (tmp_path / "t.meta.json").write_text(json.dumps({"token_definition": "text-v1"}))
+    assert DecisionTable.load(path).meta["token_definition"] == "text-v1"
+    (tmp_path / "t.meta.json").write_text(json.dumps({"token_definition": "template-v0"}))
+    with pytest.raises(TableError, match="token definition 'template-v0'.*re-profile"):
+        DecisionTable.load(path)
+
+
 def test_load_parquet(tmp_path: Path) -> None:
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq

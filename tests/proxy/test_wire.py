@@ -1,4 +1,4 @@
-"""The vLLM P/D wire bodies, exactly as DESIGN describes them."""
+"""The vLLM P/D wire bodies, exactly as docs/architecture.md ("Wire protocol") describes them."""
 
 from __future__ import annotations
 

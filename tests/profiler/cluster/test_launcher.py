@@ -97,7 +97,7 @@ def running(model_dir: Path, fake_python: str, tmp_path: Path, record_dir: Path
     ("text", "layout"),
     [("1P1D", Layout(1, 1)), ("1p2d", Layout(1, 2)), ("2P2D", Layout(2, 2)),
      ("1R", Layout(replica=1)), (" 2r ", Layout(replica=2))],
-)  # fmt: skip
+)
 def test_parse_layout(text: str, layout: Layout) -> None:
     assert parse_layout(text) == layout
     assert str(layout) == text.strip().upper()
@@ -113,7 +113,7 @@ def test_plan_ports_roles_and_round_robin_cores(tmp_path: Path) -> None:
     config = ClusterConfig("tiny", parse_layout("1P2D"), tmp_path, base_port=9000, cores=(0, 1))
     nodes = plan_nodes(config)
     assert [(n.name, n.port, n.core) for n in nodes] == [
-        ("prefill-0", 9000, 0), ("decode-0", 9001, 1), ("decode-1", 9002, 0)]  # fmt: skip
+        ("prefill-0", 9000, 0), ("decode-0", 9001, 1), ("decode-1", 9002, 0)]
     no_pin = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path)
     assert [n.core for n in plan_nodes(no_pin)] == [None, None]
     assert node_env(no_pin, plan_nodes(no_pin)[0], {})["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
@@ -127,7 +127,7 @@ def _transfer(argv: list[str]) -> dict[str, object] | None:
 
 def test_cpu_commands_use_example_connector_with_one_shared_dir(tmp_path: Path) -> None:
     config = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path / "st", cores=(0, 1),
-                           vllm_args=("--max-num-seqs", "8"))  # fmt: skip
+                           vllm_args=("--max-num-seqs", "8"))
     p, d = plan_nodes(config)
     argv_p = node_command(config, MODEL, p)
     argv_d = node_command(config, MODEL, d)
@@ -142,9 +142,9 @@ def test_cpu_commands_use_example_connector_with_one_shared_dir(tmp_path: Path) 
     assert fp32[fp32.index("--dtype") + 1] == "float32"
     shared = {"shared_storage_path": str((tmp_path / "st").resolve() / "kv")}
     assert _transfer(argv_p) == {"kv_connector": "ExampleConnector", "kv_role": "kv_producer",
-                                 "kv_connector_extra_config": shared}  # fmt: skip
+                                 "kv_connector_extra_config": shared}
     assert _transfer(argv_d) == {"kv_connector": "ExampleConnector", "kv_role": "kv_consumer",
-                                 "kv_connector_extra_config": shared}  # fmt: skip
+                                 "kv_connector_extra_config": shared}
     # ExampleConnector stores partial KV for a chunked prefill: whole-prompt prefills only.
     for argv in (argv_p, argv_d):
         assert "--no-enable-chunked-prefill" in argv
@@ -157,7 +157,7 @@ def test_cpu_commands_use_example_connector_with_one_shared_dir(tmp_path: Path) 
 
 def test_cuda_uses_nixl_kv_both_one_gpu_and_side_channel_per_node(tmp_path: Path) -> None:
     config = ClusterConfig("tiny", parse_layout("2P2D"), tmp_path, device=Device.CUDA,
-                           base_port=9000)  # fmt: skip
+                           base_port=9000)
     nodes = plan_nodes(config)
     for node in nodes:
         argv = node_command(config, MODEL, node)
@@ -172,14 +172,14 @@ def test_cuda_uses_nixl_kv_both_one_gpu_and_side_channel_per_node(tmp_path: Path
 def test_replicas_get_no_kv_transfer(tmp_path: Path) -> None:
     config = ClusterConfig("tiny", parse_layout("2R"), tmp_path, connector=Connector.NIXL)
     assert [_transfer(node_command(config, MODEL, n)) for n in plan_nodes(config)
-            ] == [None, None]  # fmt: skip
+            ] == [None, None]
 
 
 @pytest.mark.parametrize(
     ("kw", "match"),
     [({"base_port": 0}, "base port"), ({"max_model_len": 8}, "max model length"),
      ({"kv_cache_gib": 0}, "KV cache"), ({"startup_timeout_s": 0}, "timeout")],
-)  # fmt: skip
+)
 def test_config_validation(kw: dict[str, object], match: str, tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match=match):
         ClusterConfig("tiny", parse_layout("1P1D"), tmp_path, **kw)  # type: ignore[arg-type]
@@ -219,7 +219,7 @@ def test_up_writes_cluster_json_and_down_stops_everything(
         running.url(Role.REPLICA)
     # Each node got its role's connector and its own core.
     records = [json.loads((record_dir / f"{n['url'].rsplit(':', 1)[1]}.json").read_text())
-               for n in doc["nodes"]]  # fmt: skip
+               for n in doc["nodes"]]
     roles = [_transfer(r["argv"])["kv_role"] for r in records]  # type: ignore[index]
     assert roles == ["kv_producer", "kv_consumer", "kv_consumer"]
     assert [r["env"]["VLLM_CPU_OMP_THREADS_BIND"] for r in records] == ["0", "1", "0"]
@@ -290,7 +290,7 @@ def test_busy_port_is_reported_before_anything_starts(
         holder.listen()
         port = holder.getsockname()[1]
         config = ClusterConfig(str(model_dir), parse_layout("1R"), tmp_path / "s",
-                               base_port=port, python=fake_python)  # fmt: skip
+                               base_port=port, python=fake_python)
         with pytest.raises(ClusterError, match=rf"port\(s\) \[{port}\] in use"):
             start_cluster(config)
     assert not (tmp_path / "s" / "replica-0.log").exists()
@@ -314,4 +314,4 @@ def test_cli_down_without_cluster_is_a_clear_error(tmp_path: Path) -> None:
 def test_cli_policy_needs_with_proxy(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match="--policy needs --with-proxy"):
         cluster_mod.main(["up", "--model", "tiny", "--layout", "1P1D", "--policy", "pd",
-                          "--state", str(tmp_path)])  # fmt: skip
+                          "--state", str(tmp_path)])

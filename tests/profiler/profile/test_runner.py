@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from profiler.profile.runner import (
+    Phase,
     ProfileGrid,
+    Profiler,
     RouteStats,
     cell_row,
+    conversation_seed,
     grid_from_mapping,
     run_order,
     turn2_stats,
 )
-from profiler.replay.client import RequestRecord
+from profiler.replay.client import ReplayResult, RequestRecord
 from proxy.discretize import Cell, ContextClass
 from proxy.route import RouteKind
 
@@ -102,3 +107,67 @@ def test_cli_rejects_a_non_csv_output(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="NAME.csv"):
         main(["--target", "http://127.0.0.1:9", "--out", str(tmp_path / "t.parquet"),
               "--workloads", "tiny", "--qps", "1"])
+
+
+class _Interrupted(Exception):
+    """Stands for Ctrl-C after the first cell."""
+
+
+async def _drawn(monkeypatch: pytest.MonkeyPatch, out: Path, grid: ProfileGrid, *,
+                 stop_after_first: bool = False) -> dict[tuple[str, float, str], list[str]]:
+    """The turn-1 texts a profile run draws per (workload, qps, route); nothing is sent."""
+    import profiler.profile.runner as runner
+
+    drawn: dict[tuple[str, float, str], list[str]] = {}
+
+    async def fake_replay(conversations: Any, config: Any, **kwargs: Any) -> ReplayResult:
+        # Synthetic ids are syn-{turn 1}-{workload}-{turns}-s{seed}-{index}.
+        workload = conversations[0].id.rsplit("-s", 1)[0].split("-")[2]
+        key = (workload, config.qps, config.headers_for_turn(2)["x-ppd-route"])
+        drawn.setdefault(key, []).extend(c.turns[0].user for c in conversations)
+        return ReplayResult(records=[], wall_time_s=0.0, config=config)
+
+    def on_cell(cell: Cell, row: dict[str, Any]) -> None:
+        if stop_after_first:
+            raise _Interrupted
+
+    monkeypatch.setattr(runner, "replay", fake_replay)
+    profiler = Profiler(grid=grid, target="http://proxy", out_csv=out, meta={}, seed=5,
+                        progress=False, on_cell=on_cell)
+    with contextlib.suppress(_Interrupted):
+        await profiler.run()
+    return drawn
+
+
+async def test_a_resumed_run_draws_the_same_conversations_as_a_fresh_one(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    grid = ProfileGrid(contexts=(ContextClass.SMALL,), workloads=("tiny", "mid_bal"),
+                       qps=(1.0, 2.0), duration_s=2.0, warmup_conversations=1)
+    fresh = await _drawn(monkeypatch, tmp_path / "fresh.csv", grid)
+    first = await _drawn(monkeypatch, tmp_path / "resumed.csv", grid, stop_after_first=True)
+    resumed = await _drawn(monkeypatch, tmp_path / "resumed.csv", grid)
+    assert len(fresh) == 2 * len(grid.cells()) and len(first) == 2
+    assert not set(first) & set(resumed)  # the resumed run skipped the cell already measured
+    assert resumed == {key: fresh[key] for key in resumed}
+    # Every (cell, route) replay has conversations of its own.
+    openings = [text for texts in fresh.values() for text in texts]
+    assert len(set(openings)) == len(openings)
+
+
+def test_conversation_seeds_depend_on_what_they_are_for_only() -> None:
+    cell = Cell(ContextClass.SMALL, "tiny", 1.0)
+    seeds = {conversation_seed(0, c, r, p) for c in (cell, cell._replace(qps=2.0))
+             for r in RouteKind for p in Phase}
+    assert len(seeds) == 2 * len(RouteKind) * len(Phase)
+    assert conversation_seed(0, cell, RouteKind.PD, Phase.MEASURE) == conversation_seed(
+        0, Cell(ContextClass("small"), "tiny", 1), RouteKind("pd"), Phase("measure"))
+
+
+async def test_a_table_of_another_token_definition_is_not_resumed(tmp_path: Path) -> None:
+    grid = ProfileGrid(contexts=(ContextClass.SMALL,), workloads=("tiny",), qps=(1.0,))
+    out = tmp_path / "t.csv"
+    out.write_text("context_class,workload,qps\n")
+    (tmp_path / "t.meta.json").write_text('{"token_definition": "template-v0"}')
+    profiler = Profiler(grid=grid, target="http://proxy", out_csv=out, meta={}, progress=False)
+    with pytest.raises(ValueError, match="token definition 'template-v0'"):
+        await profiler.run()

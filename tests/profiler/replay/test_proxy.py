@@ -45,3 +45,22 @@ async def test_routes_follow_the_policy(api: str, policy: Policy, later_route: s
     assert summary["local_share"] == (1.0 if later_route == "local" else 0.0)
     # P saw only the prefill legs: turn 1 always, turn 2+ only under the pd policy
     assert len(p.completions) == (3 if later_route == "local" else 9)
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+async def test_a_reasoning_model_conversation_continues_its_session(field: str) -> None:
+    # The replay and the proxy read the reply with one parser and one history rule: the
+    # reasoning is not sent back, so turn 2's history is what the proxy fingerprinted.
+    async with FakeVLLM("p") as p, FakeVLLM("d", reasoning="First I think hard.",
+                                            reasoning_field=field) as d:
+        config = ProxyConfig(nodes=(NodeSpec(p.url, Role.PREFILL), NodeSpec(d.url, Role.DECODE)),
+                             policy=PolicyConfig(kind=Policy.LOCAL), port=0)
+        async with running(create_app(config)) as proxy:
+            result = await replay(_conversations(1, turns=3), ReplayConfig(
+                target=proxy.url, qps=30.0, duration_s=0.2, max_conversations=1,
+                timeout_s=10.0))
+    records = result.records
+    assert [r.success for r in records] == [True, True, True], [r.error for r in records]
+    assert [(r.proxy_turn, r.route) for r in records] == [(1, "pd"), (2, "local"), (3, "local")]
+    replied = d.completions[-1].body["messages"][1]
+    assert replied == {"role": "assistant", "content": d.reply}  # the thinking stayed out

@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 
 from profiler.traces import (
-    ApproxTokenizer,
     TraceFileError,
     TraceFilter,
     TraceFormat,
@@ -17,6 +16,7 @@ from profiler.traces import (
     load_trace,
 )
 from profiler.traces import load as load_module
+from proxy.tokens import EstimateTokenCounter
 from tests.exports import assert_exports
 
 
@@ -68,7 +68,7 @@ def test_sharegpt_merges_parts_maps_roles_and_drops_empty(tmp_path: Path) -> Non
     assert solo.system == "be brief"
     assert [(t.user, t.reference_answer) for t in solo.turns] == [("q1", "a1"), ("q2", "a2")]
     # n_out_tokens is the reference answer's length under the (default 4-char) tokenizer
-    assert merged.turns[0].n_out_tokens == ApproxTokenizer().count("hi! how can I help?")
+    assert merged.turns[0].n_out_tokens == EstimateTokenCounter().count("hi! how can I help?")
 
 
 def test_sharegpt_parts_merge_in_part_order_even_when_not_adjacent(tmp_path: Path) -> None:
@@ -245,7 +245,6 @@ def test_public_exports_are_sorted_and_resolve() -> None:
     import profiler.traces as traces
 
     assert_exports(traces, {
-        "ApproxTokenizer", "Conversation", "HFTokenizer", "LoadedTrace", "TextTokenizer",
-        "TraceFileError", "TraceFilter", "TraceFormat", "Turn", "load_conversations",
-        "load_tokenizer", "load_trace", "multi_turn_conversations", "named_workload",
+        "Conversation", "LoadedTrace", "TraceFileError", "TraceFilter", "TraceFormat", "Turn",
+        "load_conversations", "load_trace", "multi_turn_conversations", "named_workload",
         "sharegpt_package_file", "two_turn_conversations"})

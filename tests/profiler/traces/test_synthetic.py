@@ -7,36 +7,23 @@ from pathlib import Path
 import pytest
 
 from profiler.traces import (
-    ApproxTokenizer,
-    HFTokenizer,
     multi_turn_conversations,
     named_workload,
     two_turn_conversations,
 )
 from profiler.traces.synthetic import synthetic_names
 from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES, ContextClass, Shape
+from proxy.tokens import EstimateTokenCounter, HFTokenCounter
+from tests.bpe import train_bpe
 
 
 @pytest.fixture(scope="module")
 def bpe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small byte-level BPE tokenizer trained here (no hub), saved as tokenizer.json."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    corpus = ["the quick brown fox jumps over the lazy dog and then some more words " * 4,
-              "serving large language models with prefill and decode nodes " * 4]
-    tokenizer.train_from_iterator(corpus, trainer)
-    directory = tmp_path_factory.mktemp("bpe")
-    tokenizer.save(str(directory / "tokenizer.json"))
-    return directory
+    return train_bpe(tmp_path_factory.mktemp("bpe"))
 
 
 def test_two_turn_exact_token_counts_with_a_real_tokenizer(bpe_dir: Path) -> None:
-    tokenizer = HFTokenizer(bpe_dir)
+    tokenizer = HFTokenCounter(bpe_dir)
     turn1 = TURN1_PROFILES[ContextClass.SMALL]
     for shape_name in ("tiny", "mid_paste", "huge_paste"):
         conversations = two_turn_conversations(turn1, shape_name, 3, seed=1, tokenizer=tokenizer)
@@ -51,7 +38,7 @@ def test_two_turn_exact_token_counts_with_a_real_tokenizer(bpe_dir: Path) -> Non
 
 
 def test_approx_tokenizer_counts_are_exact_for_the_estimate() -> None:
-    approx = ApproxTokenizer()
+    approx = EstimateTokenCounter()
     conversations = two_turn_conversations(Shape(1024, 1024), "big_paste", 2, seed=0)
     for conversation in conversations:
         assert approx.count(conversation.turns[0].user) == 1024
@@ -75,7 +62,7 @@ def test_multi_turn_shapes_come_from_the_given_set() -> None:
     conversations = multi_turn_conversations(
         Shape(128, 128), ["tiny", "mid_bal"], n_turns=5, count=4, seed=0
     )
-    approx = ApproxTokenizer()
+    approx = EstimateTokenCounter()
     for conversation in conversations:
         assert len(conversation.turns) == 5
         for turn in conversation.turns[1:]:

@@ -1,0 +1,167 @@
+"""The one reader of completion responses: streamed (SSE) or whole JSON, chat or completions.
+
+The proxy's relay feeds a `ReplyCapture` the bytes it passes through, to learn what D now holds;
+the replay client (profiler/replay) parses each `data:` event with `parse_data` and builds the
+next turn's history with `assistant_message`. Both sides read a reply the same way, so the
+history a client sends back is the history the proxy fingerprinted.
+
+What a reply is: choice 0's text - chat `delta.content` / `message.content`, completions
+`text` - and, apart, its reasoning: `reasoning` (vLLM since its late-2025 rename, OpenAI's
+guidance for gpt-oss, OpenRouter) or `reasoning_content` (DeepSeek's name, older vLLM). A server
+that sends both for compatibility sends the same text twice: it is taken once.
+
+The history rule (docs/architecture.md, "Session tracking"): a later turn's history holds each
+earlier reply as `assistant_message(reply)` = {"role": "assistant", "content": reply text};
+the reasoning is not sent back (OpenAI's and vLLM's advice for reasoning models; their chat
+templates drop earlier turns' reasoning anyway). For the completions API the prompt grows by
+the reply text. The proxy's continuation check (proxy/sessions.py) compares a message's role and
+text only, so a client that echoes extra fields (a `reasoning_content`, `refusal: null`) still
+continues its session; a client that pastes the reasoning into `content` starts a new branch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+REASONING_FIELDS = ("reasoning", "reasoning_content")
+# What ends an SSE event: a blank line, in any of the three line endings the spec allows.
+SSE_EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """What one payload (an SSE `data:` event, or a whole JSON answer) says about choice 0.
+
+    done: the payload was `[DONE]`. error: a message when the payload is an error or malformed.
+    """
+
+    text: str = ""
+    reasoning: str = ""
+    usage: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    done: bool = False
+
+    @property
+    def has_tokens(self) -> bool:
+        """The payload carries generated text (reply or reasoning): a token arrived."""
+        return bool(self.text or self.reasoning)
+
+
+DONE = Delta(done=True)
+
+
+def _string(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def parse_payload(payload: Any) -> Delta:
+    """Choice 0's reply, reasoning and finish reason, and the usage, of one decoded payload."""
+    if not isinstance(payload, dict):
+        return Delta(error=f"malformed completion payload: {str(payload)[:80]!r}")
+    if "error" in payload:  # vLLM reports failures that happen mid-stream this way
+        error = payload["error"]
+        message = error.get("message") if isinstance(error, dict) else error
+        return Delta(error=f"upstream error: {message}")
+    usage = payload.get("usage")
+    text = reasoning = ""
+    finish_reason = None
+    choices = payload.get("choices")
+    for choice in choices if isinstance(choices, list) else []:
+        if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            continue
+        message = choice.get("delta", choice.get("message"))
+        if isinstance(message, dict):  # chat: a streamed delta or a whole message
+            text += _string(message.get("content"))
+            reasoning += next(filter(None, (_string(message.get(f)) for f in REASONING_FIELDS)),
+                              "")
+        else:  # completions
+            text += _string(choice.get("text"))
+        if isinstance(choice.get("finish_reason"), str):
+            finish_reason = choice["finish_reason"]
+    return Delta(text, reasoning, usage if isinstance(usage, dict) else None, finish_reason)
+
+
+def parse_data(data: str | bytes) -> Delta:
+    """One SSE `data:` payload (the text after `data:`): `[DONE]`, or a JSON payload."""
+    data = data.strip()
+    if data in ("[DONE]", b"[DONE]"):
+        return DONE
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        shown = data if isinstance(data, str) else data.decode("utf-8", "replace")
+        return Delta(error=f"malformed stream event: {shown[:80]!r}")
+    return parse_payload(payload)
+
+
+def assistant_message(reply_text: str) -> dict[str, str]:
+    """The message a later turn's history holds for a reply (reasoning is not sent back)."""
+    return {"role": "assistant", "content": reply_text}
+
+
+@dataclass(frozen=True, slots=True)
+class Captured:
+    """A finished response: reply text, reasoning, usage, and whether it completed whole."""
+
+    text: str
+    reasoning: str
+    usage: dict[str, Any] | None
+    finish_reason: str | None
+    complete: bool
+
+
+class ReplyCapture:
+    """Reads a response body fed in arbitrary chunks: SSE events when streamed, else one JSON."""
+
+    def __init__(self, stream: bool) -> None:
+        self._stream = stream
+        self._buffer = bytearray()
+        self._text: list[str] = []
+        self._reasoning: list[str] = []
+        self._usage: dict[str, Any] | None = None
+        self._finish_reason: str | None = None
+        self._done = False
+        self._failed = False
+
+    def feed(self, chunk: bytes) -> None:
+        """Take the next body bytes."""
+        self._buffer += chunk
+        if not self._stream:
+            return
+        while True:
+            ends = [(i, len(sep)) for sep in SSE_EVENT_ENDS if (i := self._buffer.find(sep)) >= 0]
+            if not ends:
+                return
+            end, size = min(ends)
+            event = bytes(self._buffer[:end])
+            del self._buffer[: end + size]
+            for line in event.splitlines():
+                if line.startswith(b"data:"):
+                    self._take(parse_data(line[5:]))
+
+    def _take(self, delta: Delta) -> None:
+        if delta.error is not None:
+            self._failed = True
+            return
+        self._done = self._done or delta.done
+        self._text.append(delta.text)
+        self._reasoning.append(delta.reasoning)
+        self._usage = delta.usage or self._usage
+        self._finish_reason = delta.finish_reason or self._finish_reason
+
+    @property
+    def stream_done(self) -> bool:
+        """A streamed reply has sent `[DONE]`: everything the session needs has arrived."""
+        return self._stream and self._done
+
+    def finish(self) -> Captured:
+        """The reply once the body ended (complete=False when it was cut or malformed)."""
+        if not self._stream:
+            self._take(parse_data(bytes(self._buffer)))
+            # A whole answer is complete once it names why it stopped.
+            self._done = self._finish_reason is not None
+        return Captured("".join(self._text), "".join(self._reasoning), self._usage,
+                        self._finish_reason, self._done and not self._failed)

@@ -1,0 +1,99 @@
+"""The one completion-response reader: SSE or JSON, chat or completions, reasoning apart."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from proxy.completion import (
+    Captured,
+    ReplyCapture,
+    assistant_message,
+    parse_data,
+    parse_payload,
+)
+
+
+def sse(*payloads: object) -> bytes:
+    return b"".join(f"data: {json.dumps(p)}\n\n".encode() for p in payloads) + b"data: [DONE]\n\n"
+
+
+def test_capture_chat_stream_split_anywhere() -> None:
+    data = sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+               {"choices": [{"index": 0, "delta": {"content": "Hel"}}]},
+               {"choices": [{"index": 1, "delta": {"content": "other choice"}}]},
+               {"choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}]},
+               {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}})
+    for split in (1, 7, len(data) // 2):
+        capture = ReplyCapture(stream=True)
+        for i in range(0, len(data), split):
+            capture.feed(data[i:i + split])
+        captured = capture.finish()
+        assert (captured.text, captured.complete, captured.finish_reason) == (
+            "Hello", True, "stop")
+        assert captured.usage == {"prompt_tokens": 5, "completion_tokens": 2}
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_reasoning_is_read_apart_from_the_reply(field: str) -> None:
+    capture = ReplyCapture(stream=True)
+    capture.feed(sse({"choices": [{"index": 0, "delta": {field: "Let me "}}]},
+                     {"choices": [{"index": 0, "delta": {field: "think."}}]},
+                     {"choices": [{"index": 0, "delta": {"content": "42"},
+                                   "finish_reason": "stop"}]}))
+    captured = capture.finish()
+    assert (captured.text, captured.reasoning, captured.complete) == ("42", "Let me think.", True)
+    whole = parse_payload({"choices": [{"index": 0, "finish_reason": "stop",
+                                        "message": {"role": "assistant", "content": "42",
+                                                    field: "Let me think."}}]})
+    assert (whole.text, whole.reasoning, whole.has_tokens) == ("42", "Let me think.", True)
+
+
+def test_a_server_sending_both_reasoning_fields_is_read_once() -> None:
+    both = parse_data(json.dumps({"choices": [{"index": 0, "delta": {
+        "reasoning": "Hmm.", "reasoning_content": "Hmm.", "content": None}}]}))
+    assert (both.text, both.reasoning) == ("", "Hmm.")
+    assert parse_payload({"choices": {"index": 0}}).has_tokens is False  # not a list
+
+
+def test_capture_incomplete_and_error_streams() -> None:
+    cut = ReplyCapture(stream=True)
+    cut.feed(b'data: {"choices": [{"index": 0, "text": "Hi"}]}\n\n')
+    assert cut.finish().complete is False
+    errored = ReplyCapture(stream=True)
+    errored.feed(b'data: {"error": {"message": "boom"}}\n\ndata: [DONE]\n\n')
+    assert errored.finish().complete is False
+
+
+def test_capture_plain_json() -> None:
+    capture = ReplyCapture(stream=False)
+    capture.feed(b'{"choices": [{"index": 0, "text": "Yes", "finish_reason": "stop"}],')
+    capture.feed(b' "usage": {"prompt_tokens": 3, "completion_tokens": 1}}')
+    captured = capture.finish()
+    assert (captured.text, captured.complete, captured.usage) == (
+        "Yes", True, {"prompt_tokens": 3, "completion_tokens": 1})
+    broken = ReplyCapture(stream=False)
+    broken.feed(b"{not json")
+    assert broken.finish().complete is False
+
+
+def test_parse_data_says_done_error_or_what_arrived() -> None:
+    assert parse_data(" [DONE]").done
+    assert "malformed" in (parse_data("{not json").error or "")
+    assert parse_data('["a list"]').error is not None
+    assert parse_data('{"error": {"message": "boom"}}').error == "upstream error: boom"
+    role_only = parse_data('{"choices": [{"index": 0, "delta": {"role": "assistant"}}]}')
+    assert not role_only.has_tokens and role_only.error is None
+
+
+def test_the_history_holds_the_reply_text_only() -> None:
+    assert assistant_message("42") == {"role": "assistant", "content": "42"}
+
+
+@pytest.mark.parametrize("end", ["\n\n", "\r\n\r\n", "\r\r"])
+def test_capture_takes_every_sse_line_ending(end: str) -> None:
+    capture = ReplyCapture(stream=True)
+    events = ['data: {"choices": [{"index": 0, "text": "Hi"}]}', "data: [DONE]"]
+    capture.feed("".join(event + end for event in events).encode())
+    assert capture.finish() == Captured("Hi", "", None, None, True)
