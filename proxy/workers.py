@@ -33,7 +33,7 @@ from pathlib import Path
 from quart import Quart, Response
 
 from proxy.config import ProxyConfig
-from proxy.server import SHUTDOWN_GRACE_S, serve_app
+from proxy.server import SHUTDOWN_GRACE_S, _listen, serve_app
 from proxy.worker_metrics import PUBLISH_INTERVAL_S, WorkerMetrics
 
 log = logging.getLogger("ppd.proxy")
@@ -47,16 +47,7 @@ LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 def reserve_port(host: str, port: int) -> socket.socket:
     """A socket bound (not listening) to host:port with SO_REUSEPORT: it keeps the port for
     the workers, which bind it too, and tells which port 0 picked."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-    return sock
+    return _listen(host, port, reuse_port=True)
 
 
 def attach_worker(app: Quart, worker: int, metrics_dir: Path, parent: int | None) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import httpx
 
 from tests.fakes.fake_vllm import FakeVLLM
+from tests.proxy.helpers import reply_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +63,7 @@ class Conversations:
         stream = c % 2 == 0
         body = {"model": "fake-model", "messages": messages, "max_tokens": 8, "stream": stream}
         response = await client.post("/v1/chat/completions", json=body)
-        text = _reply_text(response) if response.status_code == 200 else ""
+        text = reply_text(response) if response.status_code == 200 else ""
         turn = Turn(c, k, response.status_code, dict(response.headers), text)
         if response.status_code == 200:
             messages.append({"role": "assistant", "content": text})
@@ -71,17 +71,6 @@ class Conversations:
             messages.pop()  # the client retries this turn later
         self.turns[c].append(turn)
         return turn
-
-
-def _reply_text(response: httpx.Response) -> str:
-    if not response.headers.get("content-type", "").startswith("text/event-stream"):
-        return str(response.json()["choices"][0]["message"]["content"])
-    parts = []
-    for event in response.text.split("\n\n"):
-        if event.startswith("data: {"):
-            for choice in json.loads(event[6:]).get("choices", []):
-                parts.append(choice.get("delta", {}).get("content") or "")
-    return "".join(parts)
 
 
 def check_every_later_turn_ran_locally_on_its_d(

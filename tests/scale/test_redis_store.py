@@ -197,3 +197,16 @@ async def test_a_store_down_at_start_up_starts_degraded(tmp_path: Any) -> None:
 def test_log_lines_hide_the_password() -> None:
     assert redacted("redis://user:s3cret@host:6379/0") == "redis://user:***@host:6379/0"
     assert redacted("redis://host:6379/0") == "redis://host:6379/0"
+
+
+async def test_the_admin_snapshot_and_live_count_come_from_the_store(
+        redis_server: RedisServer) -> None:
+    async with stores(redis_server.url) as (a, b):
+        await turn(a, msgs("Hi"), "Hello", explicit="c", node="http://d2")
+        await turn(a, msgs("Yo"), "Hey")
+        await asyncio.sleep(0.2)  # b's probe refreshes its count
+        snapshot = await b.snapshot()
+        live = b.live()
+    assert live == 2
+    assert sorted((s["id"] == "c", s["decode"], s["turns"]) for s in snapshot) == [
+        (False, "http://d1", 1), (True, "http://d2", 1)]
