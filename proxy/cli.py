@@ -7,14 +7,14 @@ import logging
 from proxy.app import create_app
 from proxy.config import config_from_args
 from proxy.server import serve_app
-from proxy.workers import LOG_FORMAT, serve_workers
+from proxy.workers import configure_logging, serve_workers
 
 
 def main(argv: list[str]) -> int:
     """Run the proxy until SIGINT/SIGTERM; configuration errors raise with a clear message."""
     config = config_from_args(argv)
     app = create_app(config)  # loads the table and tokenizer: their errors surface here
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    configure_logging()
     nodes = ", ".join(f"{n.role}={n.url}" for n in config.nodes) or "none yet (discovery)"
     logging.getLogger("ppd.proxy").info(
         "ppd proxy on http://%s:%d, policy %s, nodes: %s",

@@ -44,6 +44,14 @@ _POLL_S = 0.2
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 
+def configure_logging() -> None:
+    """The log setup of every `ppd proxy` process (the supervisor and each worker)."""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    # httpx logs every upstream request at INFO: a line per leg costs throughput and buries
+    # the lines that matter.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
 def reserve_port(host: str, port: int) -> socket.socket:
     """A socket bound (not listening) to host:port with SO_REUSEPORT: it keeps the port for
     the workers, which bind it too, and tells which port 0 picked."""
@@ -83,7 +91,7 @@ def attach_worker(app: Quart, worker: int, metrics_dir: Path, parent: int | None
 def _worker_main(config: ProxyConfig, worker: int, metrics_dir: str, parent: int) -> None:
     from proxy.app import create_app
 
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    configure_logging()
     app = create_app(config)
     attach_worker(app, worker, Path(metrics_dir), parent)
     serve_app(app, config.host, config.port, reuse_port=True)
