@@ -122,33 +122,68 @@ def _body(conversation: int, turn: int) -> dict[str, Any]:
     return {"model": "fake-model", "messages": messages, "max_tokens": 8}
 
 
-async def _load(url: str, concurrency: int, warmup: float, seconds: float) -> float:
-    """Requests/s of `concurrency` clients running 4-turn conversations for `seconds`."""
+class _Connection:
+    """A bare HTTP/1.1 keep-alive client connection: the load generator must cost little CPU,
+    or on a small machine it measures itself."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: dict[str, Any]) -> int:
+        if self._writer is None:
+            self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+        assert self._reader is not None
+        data = json.dumps(body).encode()
+        self._writer.write(b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
+                           b"content-length: %d\r\n\r\n%s" % (path.encode(), self.host.encode(),
+                                                             len(data), data))
+        head = await self._reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        await self._reader.readexactly(length)
+        return int(head.split(b" ", 2)[1])
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+async def _load(port: int, concurrency: int, warmup: float, seconds: float) -> float:
+    """Requests/s of `concurrency` clients (one keep-alive connection each) running 4-turn
+    conversations for `seconds`."""
     done = 0
     measuring = False
     stop = False
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
-    async def client_loop(client: httpx.AsyncClient, index: int) -> None:
+    async def client_loop(index: int) -> None:
         nonlocal done
+        connection = _Connection("127.0.0.1", port)
         conversation = index * 1_000_000
-        while not stop:
-            conversation += 1
-            for turn in range(1, TURNS + 1):
-                response = await client.post("/v1/chat/completions",
-                                             json=_body(conversation, turn))
-                response.raise_for_status()
-                if measuring:
-                    done += 1
+        try:
+            while not stop:
+                conversation += 1
+                for turn in range(1, TURNS + 1):
+                    status = await connection.post("/v1/chat/completions",
+                                                   _body(conversation, turn))
+                    if status != 200:
+                        raise RuntimeError(f"the proxy answered {status}")
+                    if measuring:
+                        done += 1
+        finally:
+            connection.close()
 
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
-        tasks = [asyncio.create_task(client_loop(client, i)) for i in range(concurrency)]
-        await asyncio.sleep(warmup)
-        measuring, start = True, time.perf_counter()
-        await asyncio.sleep(seconds)
-        measuring, elapsed = False, time.perf_counter() - start
-        stop = True
-        await asyncio.gather(*tasks)
+    tasks = [asyncio.create_task(client_loop(i)) for i in range(concurrency)]
+    await asyncio.sleep(warmup)
+    measuring, start = True, time.perf_counter()
+    await asyncio.sleep(seconds)
+    measuring, elapsed = False, time.perf_counter() - start
+    stop = True
+    await asyncio.gather(*tasks)
     return done / elapsed
 
 
@@ -167,7 +202,7 @@ async def throughput(store_url: str, concurrency: int, seconds: float) -> list[t
                                             *args], stdout=log, stderr=log, cwd=REPO)
                 try:
                     await _wait_ready(f"http://127.0.0.1:{port}/health", workers)
-                    rate = await _load(f"http://127.0.0.1:{port}", concurrency, 2.0, seconds)
+                    rate = await _load(port, concurrency, 2.0, seconds)
                 finally:
                     process.terminate()
                     process.wait(30)
