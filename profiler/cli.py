@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib import metadata
 
 # name -> ("module:function", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -24,7 +25,41 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("profiler.report:main", "compare replay runs (tables and plots)"),
     "register": ("proxy.register:main", "send node heartbeats to a proxy's discovery socket"),
     "demo": ("profiler.demo:main", "end-to-end demo on a local CPU cluster"),
+    "sim": ("profiler.sim.cli:main", "engine model: cost presets, step times, fit a CPU preset"),
 }
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
+                    argparse.RawDescriptionHelpFormatter):
+    """Every command's help: flag defaults shown, description and examples kept as written.
+
+    A default of None or False says nothing ("not set"), so it is left out; a help text that
+    already says what its default means (`default:` in it) is left as it is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action) or text
+
+
+def base_url(text: str) -> str:
+    """An argparse type for --target: an http(s) base URL without /v1 (ppd adds the paths)."""
+    url = text.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL")
+    if url.endswith("/v1"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} ends in /v1: give the base URL without it (e.g. {url[:-3]})")
+    return url
+
+
+def version() -> str:
+    """`ppd X.Y.Z` of the installed distribution (`unknown` when run from a bare checkout)."""
+    try:
+        return f"ppd {metadata.version('ppd')}"
+    except metadata.PackageNotFoundError:
+        return "ppd unknown (not installed; run `make install`)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         + "\n\nRun `ppd COMMAND --help` for a command's options.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--version", action="version", version=version())
     parser.add_argument("command", choices=sorted(COMMANDS), metavar="COMMAND")
     return parser
 
@@ -50,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(version())
+        return 0
     args = parser.parse_args(argv[:1])
     target, _ = COMMANDS[args.command]
     module_name, function_name = target.split(":")

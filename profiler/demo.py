@@ -80,7 +80,8 @@ class DemoConfig:
         if not 2 <= self.turns <= 1 + len(FOLLOW_UPS):
             raise ValueError(f"--turns must be in [2, {1 + len(FOLLOW_UPS)}]")
         if self.qps <= 0 or self.max_tokens < 2 or self.doc_chars < 200:
-            raise ValueError("--qps must be > 0, --max-tokens >= 2, --doc-chars >= 200")
+            raise ValueError("--conversation-rate must be > 0, --max-tokens >= 2, "
+                             "--doc-chars >= 200")
 
 
 def module_document(name: str, max_chars: int) -> str:
@@ -214,18 +215,24 @@ def run_demo(config: DemoConfig, say: Say) -> dict[str, dict[str, Any]]:
 
 def build_parser() -> argparse.ArgumentParser:
     d = DemoConfig()
-    p = argparse.ArgumentParser(prog="ppd demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=d.model, help="smollm2 (default), tiny or a model dir")
-    p.add_argument("--conversations", type=int, default=d.conversations)
+    from profiler.cli import HelpFormatter
+
+    p = argparse.ArgumentParser(prog="ppd demo", description=__doc__.split("\n\n")[0],
+                                epilog="example:\n  ppd demo --model tiny --conversations 4",
+                                formatter_class=HelpFormatter)
+    p.add_argument("--model", default=d.model, help="smollm2, tiny or a model dir")
+    p.add_argument("--conversations", type=int, default=d.conversations,
+                   help="conversations per run (one run per policy)")
     p.add_argument("--turns", type=int, default=d.turns, help="turns per conversation")
-    p.add_argument("--qps", type=float, default=d.qps, help="new conversations per second")
+    p.add_argument("--conversation-rate", "--qps", dest="qps", type=float, default=d.qps,
+                   help="new conversations per second (--qps: its old name)")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="output tokens per turn")
     p.add_argument("--doc-chars", type=int, default=d.doc_chars,
                    help="length of the document pasted in turn 1 (characters)")
-    p.add_argument("--base-port", type=int, default=d.base_port)
-    p.add_argument("--proxy-port", type=int, default=d.proxy_port)
+    p.add_argument("--base-port", type=int, default=d.base_port, help="first node port")
+    p.add_argument("--proxy-port", type=int, default=d.proxy_port, help="the proxy's port")
     p.add_argument("--state", type=Path, default=d.state_dir, help="cluster state and logs")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help="text and arrival seed")
     p.add_argument("--json", type=Path, default=None, metavar="FILE",
                    help="also write both runs' summaries to FILE")
     return p

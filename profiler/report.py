@@ -2,26 +2,34 @@
 
 Each RUN_DIR is a `ppd replay --out` directory (its summary.json). Runs are grouped into series
 by label: a label `NAME@ANYTHING` belongs to series NAME (the default label of `ppd replay` is
-`DATASET@QPS`, so runs of one dataset at several loads form one series; label policy runs
-e.g. `ppd@0.5`, `pd@0.5` to compare policies). Outputs in --out: compare.csv and, with two
-runs or more, latency_vs_qps.png and p99_ttft_vs_throughput.png.
+`DATASET@RATE`, so runs of one dataset at several loads form one series; label policy runs
+e.g. `ppd@0.5`, `pd@0.5` to compare policies). Load is the replay's conversation rate
+(conversations/s); the request rate that resulted is the `requests/s` row.
+
+The table has, after every run but the first, a `change` column: its relative change against
+the first run (e.g. ppd against pd). Runs that differ in dataset or target are compared with a
+warning, since their numbers may not mean the same thing. Outputs in --out: compare.csv and,
+with two runs or more, latency_vs_load.png and p99_ttft_vs_throughput.png.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from profiler.cli import HelpFormatter
 from profiler.replay.output import SUMMARY_FILE, format_value
 
 # (row label, summary key) of the side-by-side table.
 COMPARE_ROWS: tuple[tuple[str, str], ...] = (
-    ("qps", "_qps"),
+    ("conversations/s (offered)", "_qps"),
     ("requests ok/all", "_requests"),
     ("success rate", "success_rate"),
     ("turn-1 TTFT mean ms", "turn1_ttft_ms_mean"),
@@ -34,7 +42,7 @@ COMPARE_ROWS: tuple[tuple[str, str], ...] = (
     ("TPOT p99 ms", "tpot_ms_p99"),
     ("output tok/s", "output_tok_s"),
     ("total tok/s", "total_tok_s"),
-    ("requests/s", "requests_s"),
+    ("requests/s (measured)", "requests_s"),
     ("local share (turn 2+)", "local_share"),
     ("SLO attainment", "slo_attainment"),
 )
@@ -46,8 +54,11 @@ class Run:
 
     path: Path
     label: str
-    qps: float
+    qps: float  # the conversation rate offered
     summary: dict[str, Any]
+    dataset: str | None = None
+    target: str | None = None
+    interrupted: bool = False
 
     @property
     def series(self) -> str:
@@ -62,11 +73,40 @@ def load_run(path: Path) -> Run:
     try:
         document = json.loads(file.read_text())
         summary = document["summary"]
-        qps = float(document["config"]["qps"])
-    except (ValueError, KeyError, TypeError) as exc:
+        load = document.get("load") or {}
+        qps = float(load.get("conversation_rate", document["config"]["qps"]))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{file} is not a ppd replay summary ({exc})") from None
     label = str(document.get("label") or file.parent.name)
-    return Run(path=file.parent, label=label, qps=qps, summary=summary)
+    return Run(path=file.parent, label=label, qps=qps, summary=summary,
+               dataset=document.get("dataset"), target=document.get("target"),
+               interrupted=bool(document.get("interrupted")))
+
+
+def mismatch_warnings(runs: Sequence[Run]) -> list[str]:
+    """What makes these runs less comparable: another dataset or target, an interrupted run."""
+    warnings = []
+    for key, what in (("dataset", "datasets"), ("target", "targets")):
+        values = {getattr(run, key) for run in runs}
+        if len(values) > 1:
+            listing = ", ".join(f"{run.label}: {getattr(run, key)}" for run in runs)
+            warnings.append(f"the runs replayed different {what} ({listing})")
+    for run in runs:
+        if run.interrupted:
+            warnings.append(f"{run.label} was interrupted (it holds the turns completed "
+                            "before the stop)")
+    return warnings
+
+
+def relative_change(value: Any, base: Any) -> str:
+    """`+12.5%` for value against base; `-` when either is not a number or base is 0."""
+    if isinstance(value, bool) or isinstance(base, bool):
+        return "-"
+    if not isinstance(value, int | float) or not isinstance(base, int | float):
+        return "-"
+    if not (math.isfinite(value) and math.isfinite(base)) or base == 0:
+        return "-"
+    return f"{(value - base) / abs(base) * 100:+.1f}%"
 
 
 def _value(run: Run, key: str) -> Any:
@@ -85,10 +125,19 @@ def column_names(runs: Sequence[Run]) -> list[str]:
 
 
 def compare_table(runs: Sequence[Run]) -> str:
-    """The runs' key metrics side by side, one column per run."""
-    names = column_names(runs)
-    rows = [(label, [format_value(_value(run, key)) for run in runs])
-            for label, key in COMPARE_ROWS]
+    """The runs' key metrics side by side, one column per run, each run after the first
+    followed by its change against the first."""
+    names: list[str] = []
+    for index, name in enumerate(column_names(runs)):
+        names += [name] if index == 0 else [name, "change"]
+    rows = []
+    for label, key in COMPARE_ROWS:
+        base = _value(runs[0], key)
+        cells = [format_value(base)]
+        for run in runs[1:]:
+            value = _value(run, key)
+            cells += [format_value(value), relative_change(value, base)]
+        rows.append((label, cells))
     first = max(len(label) for label, _ in COMPARE_ROWS)
     widths = [max(len(name), *(len(row[1][i]) for row in rows)) for i, name in enumerate(names)]
     header = " " * first + "  " + "  ".join(f"{n:>{w}}" for n, w in zip(names, widths,
@@ -107,8 +156,9 @@ def write_compare_csv(runs: Sequence[Run], path: Path) -> None:
     rows = []
     for run in runs:
         scalars = {k: v for k, v in run.summary.items() if not isinstance(v, dict)}
-        rows.append({"label": run.label, "series": run.series, "qps": run.qps,
-                     "path": str(run.path), **scalars})
+        rows.append({"label": run.label, "series": run.series, "conversation_rate": run.qps,
+                     "dataset": run.dataset, "target": run.target,
+                     "interrupted": run.interrupted, "path": str(run.path), **scalars})
     pd.DataFrame(rows).to_csv(path, index=False)
 
 
@@ -148,7 +198,8 @@ def plot_latency_vs_qps(runs: Sequence[Run], path: Path) -> None:
                 xs, ys = _points(members, "_qps", key)
                 axis.plot(xs, ys, marker="o", label=name)
             axis.set_title(title)
-            axis.set_xlabel("conversations / s")
+            axis.set_xlabel("conversation rate (conversations/s)")
+            _sane_limits(axis, [run.qps for run in runs])
             axis.grid(alpha=0.3)
         axes[0].legend()
         figure.tight_layout()
@@ -179,7 +230,8 @@ def plot_ttft_vs_throughput(runs: Sequence[Run], path: Path) -> None:
                                   xytext=(4, 4), fontsize=8)
         axis.set_xlabel("output tokens / s")
         axis.set_ylabel("P99 TTFT (ms)")
-        axis.set_title("P99 TTFT vs throughput (labels: qps)")
+        axis.set_title("P99 TTFT vs throughput (labels: conversations/s)")
+        _sane_limits(axis, [float(run.summary.get("output_tok_s") or 0.0) for run in runs])
         axis.grid(alpha=0.3)
         axis.legend()
         figure.tight_layout()
@@ -188,24 +240,39 @@ def plot_ttft_vs_throughput(runs: Sequence[Run], path: Path) -> None:
         plt.close(figure)
 
 
+def _sane_limits(axis: Any, xs: Sequence[float]) -> None:
+    """Axes from 0: one load point (or runs all at one load) would otherwise get a
+    0.48-0.52 axis that makes a single point look like a trend."""
+    top = max([x for x in xs if math.isfinite(x)], default=0.0)
+    axis.set_xlim(0, top * 1.25 if top > 0 else 1.0)
+    y_top = float(axis.dataLim.y1) if axis.has_data() else 0.0
+    axis.set_ylim(0, y_top * 1.15 if math.isfinite(y_top) and y_top > 0 else 1.0)
+
+
 def compare(run_dirs: Sequence[Path], out: Path) -> tuple[str, list[Path]]:
-    """Load runs, write compare.csv (and plots for 2+ runs) into out; return the table."""
+    """Load runs, write compare.csv (and plots for 2+ runs) into out; return the table.
+
+    Warnings (different datasets or targets, interrupted runs) go to stderr."""
     runs = [load_run(path) for path in run_dirs]
+    for warning in mismatch_warnings(runs):
+        print(f"ppd report: warning: {warning}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "compare.csv"]
     write_compare_csv(runs, written[0])
     if len(runs) >= 2:
-        written += [out / "latency_vs_qps.png", out / "p99_ttft_vs_throughput.png"]
+        written += [out / "latency_vs_load.png", out / "p99_ttft_vs_throughput.png"]
         plot_latency_vs_qps(runs, written[1])
         plot_ttft_vs_throughput(runs, written[2])
     return compare_table(runs), written
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ppd report", description="Reports on replay runs.")
+    example = "example:\n  ppd report compare runs/pd@0.5 runs/ppd@0.5 --out runs/compare"
+    parser = argparse.ArgumentParser(prog="ppd report", description="Reports on replay runs.",
+                                     epilog=example, formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="action", required=True)
     cmp = sub.add_parser("compare", help="replay runs side by side, latency vs load plots",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         description=__doc__, epilog=example, formatter_class=HelpFormatter)
     cmp.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
     cmp.add_argument("--out", type=Path, help="output directory (default: runs/compare-UTCTIME)")
     return parser

@@ -36,6 +36,7 @@ from proxy.discovery import Discovery
 from proxy.errors import BadRequest, PayloadTooLarge, ProxyError, Unauthorized
 from proxy.health import HealthMonitor
 from proxy.load import RateMeter
+from proxy.logs import AccessEntry
 from proxy.metrics import ProxyMetrics
 from proxy.policies import RoutingPolicy
 from proxy.route import Role, RouteKind
@@ -149,6 +150,14 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
             await state.client.aclose()
 
     async def completion(endpoint: Endpoint) -> Response:
+        try:
+            incoming = await _incoming(endpoint)
+        except ProxyError as exc:  # refused before routing: still one access line
+            AccessEntry(endpoint.value, status=exc.status, error=exc.message).emit()
+            raise
+        return _response(await state.router.handle(incoming))
+
+    async def _incoming(endpoint: Endpoint) -> Incoming:
         auth = request.headers.get("authorization")
         if config.api_key and not _bearer_matches(auth, config.api_key, config.admin_key):
             raise Unauthorized("missing or invalid API key (authorization: Bearer KEY)")
@@ -160,10 +169,8 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
                 raise Unauthorized("x-ppd-route needs authorization: Bearer ADMIN_KEY")
         body = parse_json_object(await request.get_data(cache=False, as_text=False))  # type: ignore[arg-type]
         validate_body(endpoint, body)
-        reply = await state.router.handle(Incoming(
-            endpoint, body, request.headers.get("x-session-id"),
-            _FORCIBLE[forced] if forced else None))
-        return _response(reply)
+        return Incoming(endpoint, body, request.headers.get("x-session-id"),
+                        _FORCIBLE[forced] if forced else None)
 
     @app.post(Endpoint.CHAT.value)
     async def chat_completions() -> Response:
@@ -192,8 +199,11 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
+        rate = state.load.rate()
         return {**state.metrics.stats(), "sessions_live": state.sessions.live(),
-                "qps": state.load.rate(), "backends": state.pool.snapshot()}
+                "request_rate": rate, "request_rate_unit": "requests (turns)/s",
+                "qps": rate,  # deprecated name of request_rate
+                "backends": state.pool.snapshot()}
 
     @app.get("/sessions")
     async def sessions() -> dict[str, Any]:

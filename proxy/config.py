@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from proxy.breaker import DEFAULT_COOLDOWN_S, DEFAULT_FAILURES
+from proxy.logs import LogFormat, LogLevel
 from proxy.options import add_flags, option, option_fields
 from proxy.route import Role
 from proxy.table import DEFAULT_SUCCESS_MARGIN
@@ -51,6 +52,12 @@ class NodeSpec:
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ConfigError(f"node URL must start with http:// or https://: {self.url!r}")
+        if self.url.rstrip("/").endswith("/v1"):
+            # Given .../v1 the proxy would ask .../v1/health and .../v1/v1/chat/completions:
+            # every node unhealthy, every request a 503.
+            raise ConfigError(f"node URL {self.url!r} ends in /v1: give the server's base URL "
+                              f"without /v1 (e.g. {self.url.rstrip('/')[:-3]}); the proxy adds "
+                              "/v1/... and /health itself")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +138,8 @@ class ProxyConfig:
     breaker_cooldown: float = option(
         DEFAULT_COOLDOWN_S, "seconds an open circuit waits before one probe request",
         metavar="S")
+    log_level: LogLevel = option(LogLevel.INFO, "log level (info: one access line per request)")
+    log_format: LogFormat = option(LogFormat.TEXT, "log format: text, or one JSON object a line")
 
     def __post_init__(self) -> None:
         if not (0 <= self.port <= 65535):
@@ -202,6 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ppd proxy",
         description="Route multi-turn LLM traffic across vLLM prefill (P) and decode (D) nodes.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  ppd proxy --prefill http://127.0.0.1:8100 --decode "
+        "http://127.0.0.1:8200 \\\n      --policy ppd --table tables/tiny-cpu-1p1d.csv "
+        "--admin-key ADMIN --port 8000",
     )
     for role in _NODE_KEYS:
         p.add_argument(f"--{role}", action="append", default=[], metavar="URL",

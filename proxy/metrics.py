@@ -1,4 +1,14 @@
-"""Observability: Prometheus metrics on a per-app registry, plus JSON counters for /stats."""
+"""Observability: Prometheus metrics on a per-app registry, plus JSON counters for /stats.
+
+Latency histograms follow vLLM's names with the `ppd_` prefix, labelled by route, so a
+dashboard built for vLLM's `vllm:time_to_first_token_seconds` works on the proxy's view:
+  ppd_time_to_first_token_seconds            request arrival -> first streamed chunk (or the
+                                             whole answer when not streamed)
+  ppd_request_time_per_output_token_seconds  (E2E - TTFT) / (completion tokens - 1), streams
+  ppd_e2e_request_latency_seconds            request arrival -> last byte, complete replies
+Gauges read at scrape time: ppd_requests_in_flight, and per node ppd_node_in_flight,
+ppd_node_healthy, ppd_node_circuit_open. No `*_created` series (they only add noise).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +16,14 @@ from collections import Counter as TallyCounter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -14,6 +31,8 @@ from proxy.policies import Decision
 from proxy.route import RouteKind
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+_E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
 _TURN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 16, 32, 64)
 
 
@@ -21,6 +40,7 @@ class ProxyMetrics:
     """Every counter the proxy keeps; each app owns one (no global registry)."""
 
     def __init__(self, policy: str, sessions_live: Callable[[], int]) -> None:
+        disable_created_metrics()  # a process-wide switch of prometheus_client; idempotent
         self.registry = CollectorRegistry(auto_describe=True)
         self.policy = policy
         self.requests = Counter(
@@ -31,9 +51,16 @@ class ProxyMetrics:
                                  ["status"], registry=self.registry)
         self.turns = Histogram("ppd_turn_index", "Turn index of each request",
                                buckets=_TURN_BUCKETS, registry=self.registry)
-        self.ttft = Histogram("ppd_ttft_seconds",
-                              "Proxy-side time to the first response byte, by route",
+        self.ttft = Histogram("ppd_time_to_first_token_seconds",
+                              "Proxy-side time to the first streamed chunk (non-streamed: to "
+                              "the whole answer), by route",
                               ["route"], buckets=_TTFT_BUCKETS, registry=self.registry)
+        self.tpot = Histogram("ppd_request_time_per_output_token_seconds",
+                              "Per streamed request: (E2E - TTFT) / (completion tokens - 1)",
+                              ["route"], buckets=_TPOT_BUCKETS, registry=self.registry)
+        self.e2e = Histogram("ppd_e2e_request_latency_seconds",
+                             "Request arrival to the last byte of a complete reply, by route",
+                             ["route"], buckets=_E2E_BUCKETS, registry=self.registry)
         self.upstream_errors = Counter("ppd_upstream_errors", "Upstream failures by role and kind",
                                        ["role", "kind"], registry=self.registry)
         self.failovers = Counter(
@@ -66,6 +93,14 @@ class ProxyMetrics:
     def first_byte(self, route: RouteKind, seconds: float) -> None:
         """Proxy-side TTFT of one request."""
         self.ttft.labels(route.value).observe(seconds)
+
+    def finished(self, route: RouteKind, e2e: float, ttft: float | None,
+                 completion_tokens: int | None) -> None:
+        """A complete reply: E2E, and TPOT when it was streamed (TTFT known) and had 2+
+        tokens."""
+        self.e2e.labels(route.value).observe(e2e)
+        if ttft is not None and completion_tokens is not None and completion_tokens > 1:
+            self.tpot.labels(route.value).observe(max(e2e - ttft, 0.0) / (completion_tokens - 1))
 
     def upstream_error(self, role: str, kind: str) -> None:
         """One upstream failure (before or during a response)."""

@@ -16,9 +16,18 @@ from proxy.discovery import heartbeat, send_heartbeats
 from proxy.route import Role
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
+                     argparse.RawDescriptionHelpFormatter):
+    """Defaults shown, the example kept as written."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `ppd register` argument parser."""
-    p = argparse.ArgumentParser(prog="ppd register", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="ppd register", description=__doc__.splitlines()[0],
+        formatter_class=_HelpFormatter,
+        epilog="example:\n  ppd register --proxy tcp://127.0.0.1:30001 --role decode "
+        "--url http://127.0.0.1:8200 --model tiny")
     p.add_argument("--proxy", required=True, metavar="tcp://HOST:PORT",
                    help="the proxy's --discovery address")
     p.add_argument("--role", required=True, choices=[r.value for r in Role])

@@ -54,13 +54,15 @@ class Relay:
     def __init__(self, stream: UpstreamStream, node: Backend, lease: Lease,
                  capture: ReplyCapture,
                  on_reply: Callable[[Captured], Awaitable[None] | None],
-                 on_failure: Callable[[ProxyError], None]) -> None:
+                 on_failure: Callable[[ProxyError], None],
+                 on_close: Callable[[], None] | None = None) -> None:
         self._stream = stream
         self._node = node
         self._lease = lease
         self._capture = capture
         self._on_reply = on_reply
         self._on_failure = on_failure
+        self._on_close = on_close  # once, last (the access log line)
         self._events = self._relay()
         self._closed = False
         self._replied = False
@@ -119,3 +121,5 @@ class Relay:
             await self._stream.aclose()
         finally:
             self._lease.release()
+            if self._on_close is not None:
+                self._on_close()

@@ -28,6 +28,7 @@ from proxy.failover import Failover, charge
 from proxy.forward import Answer, UpstreamStream
 from proxy.lease import Admission, Lease
 from proxy.load import RateMeter, RunningMean
+from proxy.logs import AccessEntry
 from proxy.metrics import ProxyMetrics
 from proxy.policies import Decision, Reason, RoutingPolicy
 from proxy.relay import Relay
@@ -98,6 +99,7 @@ class _Turn:
     workload: Workload
     started: float
     failover: Failover
+    access: AccessEntry
     route: RouteKind | None = None  # the route being tried
 
     def headers(self) -> dict[str, str]:
@@ -126,37 +128,58 @@ class Router:
         self.client: httpx.AsyncClient | None = None
 
     async def handle(self, incoming: Incoming) -> Reply:
-        """Serve one completion request (raises ProxyError before any byte is sent)."""
+        """Serve one completion request (raises ProxyError before any byte is sent).
+
+        Every request gets one access line (`proxy.logs`): here for an error or a whole
+        answer, when the relay closes for a stream."""
+        started = self.clock()
+        access = AccessEntry(incoming.endpoint.value, stream=incoming.stream)
         try:
             lease = self.admission.admit()
         except Overloaded as exc:
             self.metrics.responded(exc.status)
+            access.finish(exc.status, self.clock() - started, exc.message)
             raise
         try:
-            return await self._handle(incoming, lease)
+            reply = await self._handle(incoming, lease, access, started)
+        except ProxyError as exc:
+            access.finish(exc.status, self.clock() - started, exc.message)
+            raise
         finally:
             lease.release()  # nothing left to release once a relay took the lease over
+        if not isinstance(reply.body, Relay):
+            access.finish(reply.status, self.clock() - started)
+        return reply
 
-    async def _handle(self, incoming: Incoming, lease: Lease) -> Reply:
-        started = self.clock()
+    async def _handle(self, incoming: Incoming, lease: Lease, access: AccessEntry,
+                      started: float) -> Reply:
         self._check_model(incoming.body.get("model"))
         transcript = self._transcript(incoming)
         explicit = incoming.body.get("conversation_id", incoming.session_id)
         lookup = await self.sessions.resolve(transcript,
                                              None if explicit is None else str(explicit))
+        access.session, access.turn = lookup.session.id, lookup.turn
         self.load.record()
         turn = _Turn(incoming, transcript, lookup, self._workload(incoming, transcript, lookup),
-                     started, Failover(self.pool, lease, self.metrics))
+                     started, Failover(self.pool, lease, self.metrics), access)
         decision = self._decide(turn)
+        access.decided(decision)
         try:
             served = await self._serve(turn, decision)
         except ProxyError as exc:
             exc.headers.update(turn.headers())
             self.metrics.responded(exc.status)
+            access.route = turn.route.value if turn.route is not None else None
             raise
+        access.route = served.route.value
+        access.prefill = served.prefill.url if served.prefill is not None else None
+        access.decode = served.decode.url if served.decode is not None else None
         if not served.rejected:
             self.metrics.routed(incoming.endpoint.value, served.route, decision, lookup.turn)
-            self.metrics.first_byte(served.route, self.clock() - started)
+            # A stream is open once its first chunk arrived (forward.open_stream): its TTFT.
+            ttft = self.clock() - started
+            access.ttft_ms = ttft * 1000.0
+            self.metrics.first_byte(served.route, ttft)
         self.metrics.responded(served.result.status)
         return await self._reply(turn, served, lease)
 
@@ -265,6 +288,7 @@ class Router:
             if not result.rejected:
                 capture.feed(result.body)
                 await self._record(turn, capture.finish())
+                self._finished(turn, served.route)
             return Reply(result.status, headers, result.body, result.content_type)
         assert served.decode is not None  # a stream always comes from the node that answers
         node, relay_lease = served.decode, lease.hand_over()
@@ -272,17 +296,37 @@ class Router:
         def on_failure(exc: ProxyError) -> None:
             log.warning("upstream %s failed mid-stream: %s", node.url, exc.message)
             self.metrics.upstream_error(node.role.value, "midstream")
+            turn.access.error = f"failed mid-stream: {exc.message}"
             charge(self.pool, relay_lease, node, exc)
 
+        async def on_reply(captured: Captured) -> None:
+            await self._record(turn, captured)
+            if captured.complete:
+                self._finished(turn, served.route)
+
+        def on_close() -> None:
+            complete = turn.access.duration_ms is not None  # set by _finished
+            turn.access.finish(result.status, self.clock() - turn.started,
+                               None if complete else "stream closed before the end (client gone?)")
+
         headers["cache-control"] = "no-cache"
-        relay = Relay(result, node, relay_lease, capture,
-                      lambda captured: self._record(turn, captured), on_failure)
+        relay = Relay(result, node, relay_lease, capture, on_reply, on_failure, on_close)
         return Reply(result.status, headers, relay, result.content_type)
+
+    def _finished(self, turn: _Turn, route: RouteKind) -> None:
+        """A complete reply: its E2E and TPOT go to the metrics and the access line."""
+        access = turn.access
+        e2e = self.clock() - turn.started
+        access.duration_ms = e2e * 1000.0
+        ttft = access.ttft_ms / 1000.0 if access.ttft_ms is not None else None
+        self.metrics.finished(route, e2e, ttft if turn.incoming.stream else None,
+                              access.completion_tokens)
 
     async def _record(self, turn: _Turn, captured: Captured) -> None:
         if not captured.complete:
             return  # D holds an unknown part; the session keeps what it knew
         usage = turn_usage(self.counter, captured, turn.workload.n_ctx + turn.workload.n_in)
         self.expected_output.add(usage.completion_tokens)
+        turn.access.completion_tokens = usage.completion_tokens
         held = turn.transcript.held_after(captured.text, usage.held_tokens)
         await self.sessions.record(turn.lookup, held)

@@ -14,7 +14,7 @@ import contextlib
 import signal
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -170,15 +170,22 @@ def serve(config: ProxyConfig) -> None:
     serve_app(create_app(config), config.host, config.port)
 
 
-def serve_app(app: Any, host: str, port: int, reuse_port: bool = False) -> None:
-    """Run an ASGI app on host:port until SIGINT or SIGTERM (blocking)."""
-    asyncio.run(_serve_until_signal(app, host, port, reuse_port))
+def serve_app(app: Any, host: str, port: int,
+              on_ready: Callable[[Server], None] | None = None,
+              reuse_port: bool = False) -> None:
+    """Run an ASGI app on host:port until SIGINT or SIGTERM (blocking); `on_ready` runs once
+    the socket is bound and the app started (so a busy port never gets announced)."""
+    asyncio.run(_serve_until_signal(app, host, port, on_ready, reuse_port))
 
 
-async def _serve_until_signal(app: Any, host: str, port: int, reuse_port: bool) -> None:
+async def _serve_until_signal(app: Any, host: str, port: int,
+                              on_ready: Callable[[Server], None] | None = None,
+                              reuse_port: bool = False) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with running(app, host, port, reuse_port):
+    async with running(app, host, port, reuse_port) as server:
+        if on_ready is not None:
+            on_ready(server)
         await stop.wait()

@@ -8,8 +8,13 @@ here, never stored, so operators can change weights without re-profiling:
     score      = w_ttft * delta_ttft - w_tpot * delta_tpot;  local iff score > 0
 
 Success-rate guard first: a route whose success rate is below the other's by more than
-`success_margin` loses the cell whatever its latencies. A cell whose measurements are missing
-(empty or NaN) for a route is decided for the other route; with none for both it is missing.
+`success_margin` loses the cell whatever its latencies.
+
+Strict rows: a row missing a value (empty, NaN, or a CSV line cut short) is an error naming
+the row, since a half-written row would otherwise steer traffic silently. A cell left
+unmeasured on purpose says so in the optional `status` column (`unmeasured`; the profiler
+writes it for a route that produced no latency): its missing route is decided for the other
+route, and with neither route measured the cell counts as missing.
 
 CSV needs only the csv module; Parquet imports pyarrow lazily. `NAME.meta.json` beside the
 table is read if present; it is informative (a model mismatch is a warning, not an error), except
@@ -40,6 +45,9 @@ TABLE_COLUMNS: tuple[str, ...] = (
 DEFAULT_SUCCESS_MARGIN = 0.05
 _MEASURES = ("pd_ttft_ms", "pd_tpot_ms", "pd_success", "local_ttft_ms", "local_tpot_ms",
              "local_success")
+# Optional column: `measured` (or empty) / `unmeasured` (missing values allowed on purpose).
+STATUS_COLUMN = "status"
+MEASURED, UNMEASURED = "measured", "unmeasured"
 
 
 class TableError(ValueError):
@@ -120,6 +128,18 @@ def _parse_row(raw: Mapping[str, Any], where: str) -> TableRow:
         if math.isfinite(values[column]) and not (0.0 <= values[column] <= 1.0):
             raise TableError(f"{where}: {column} must be a fraction in [0, 1]")
     n_requests = _number(raw["n_requests"], "n_requests", where)
+    status = str(raw.get(STATUS_COLUMN) or MEASURED).strip().lower() or MEASURED
+    if status in ("nan", "none"):
+        status = MEASURED
+    if status not in (MEASURED, UNMEASURED):
+        raise TableError(f"{where}: status must be {MEASURED!r} or {UNMEASURED!r}, "
+                         f"got {raw.get(STATUS_COLUMN)!r}")
+    numbers = {**values, "n_requests": n_requests}
+    empty = [column for column, value in numbers.items() if not math.isfinite(value)]
+    if empty and status != UNMEASURED:
+        raise TableError(f"{where} (cell {context.value}/{workload}/qps={qps:g}): no value for "
+                         f"{empty}; complete the row, or mark it status={UNMEASURED} if the "
+                         "cell was left unmeasured on purpose")
     return TableRow(Cell(context, workload, qps), **values,
                     n_requests=int(n_requests) if math.isfinite(n_requests) else 0)
 

@@ -33,7 +33,8 @@ from pathlib import Path
 from quart import Quart, Response
 
 from proxy.config import ProxyConfig
-from proxy.server import SHUTDOWN_GRACE_S, _listen, serve_app
+from proxy.logs import configure
+from proxy.server import SHUTDOWN_GRACE_S, Server, _listen, serve_app
 from proxy.worker_metrics import PUBLISH_INTERVAL_S, WorkerMetrics
 
 log = logging.getLogger("ppd.proxy")
@@ -41,15 +42,6 @@ log = logging.getLogger("ppd.proxy")
 # A worker that dies sooner than this after its start is broken, not unlucky: stop everything.
 CRASH_WINDOW_S = 5.0
 _POLL_S = 0.2
-LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
-
-
-def configure_logging() -> None:
-    """The log setup of every `ppd proxy` process (the supervisor and each worker)."""
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    # httpx logs every upstream request at INFO: a line per leg costs throughput and buries
-    # the lines that matter.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -90,11 +82,16 @@ def attach_worker(app: Quart, worker: int, metrics_dir: Path, parent: int | None
 
 def _worker_main(config: ProxyConfig, worker: int, metrics_dir: str, parent: int) -> None:
     from proxy.app import create_app
+    from proxy.cli import startup_line
 
-    configure_logging()
+    configure(config.log_level, config.log_format)
     app = create_app(config)
     attach_worker(app, worker, Path(metrics_dir), parent)
-    serve_app(app, config.host, config.port, reuse_port=True)
+
+    def announce(server: Server) -> None:
+        log.info("worker %d: %s", worker, startup_line(config, server.url))
+
+    serve_app(app, config.host, config.port, on_ready=announce, reuse_port=True)
 
 
 class Supervisor:

@@ -300,29 +300,52 @@ def _write_json(path: Path, doc: object) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ppd cluster", description=__doc__.split("\n\n")[0])
+    from profiler.cli import HelpFormatter
+
+    examples = {
+        "up": "example:\n  ppd cluster up --model tiny --layout 1P1D --with-proxy --policy pd",
+        "status": "example:\n  ppd cluster status",
+        "down": "example:\n  ppd cluster down",
+    }
+    parser = argparse.ArgumentParser(prog="ppd cluster", description=__doc__.split("\n\n")[0],
+                                     epilog="\n".join(examples.values()),
+                                     formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="action", required=True)
-    up = sub.add_parser("up", help="start the nodes (and the proxy) in the background")
+    up = sub.add_parser("up", help="start the nodes (and the proxy) in the background",
+                        description="Start vLLM nodes (and optionally `ppd proxy`) in the "
+                        "background; `ppd cluster down` stops them.", epilog=examples["up"],
+                        formatter_class=HelpFormatter)
     up.add_argument("--model", required=True, help="tiny, smollm2 or a model directory")
-    up.add_argument("--layout", required=True, type=_layout_arg, help="1P1D, 1P2D, 2P2D, 1R...")
-    up.add_argument("--device", type=Device, choices=list(Device), default=Device.CPU)
+    up.add_argument("--layout", required=True, type=_layout_arg,
+                    help="nodes to start: NpMd (prefill + decode, e.g. 1P1D, 1P2D) or NR "
+                    "(replicas)")
+    up.add_argument("--device", type=Device, choices=list(Device), default=Device.CPU,
+                    help="where vLLM runs")
     up.add_argument("--connector", type=Connector, choices=list(Connector), default=None,
                     help="KV transfer (default: shared-storage on cpu, nixl on cuda)")
-    up.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT)
-    up.add_argument("--host", default="127.0.0.1")
-    up.add_argument("--max-model-len", type=int, default=4096)
+    up.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
+                    help="port of the first node; the next nodes count up from it")
+    up.add_argument("--host", default="127.0.0.1", help="address the nodes listen on")
+    up.add_argument("--max-model-len", type=int, default=4096,
+                    help="vLLM --max-model-len (context limit in tokens)")
     up.add_argument("--dtype", default=None,
                     help="vLLM --dtype (default: what the model asks for, else vLLM's auto)")
-    up.add_argument("--kv-cache-gib", type=int, default=1, help="CPU KV cache per node")
-    up.add_argument("--startup-timeout", type=float, default=300.0, metavar="S")
+    up.add_argument("--kv-cache-gib", type=int, default=1, help="CPU KV cache per node (GiB)")
+    up.add_argument("--startup-timeout", type=float, default=300.0, metavar="S",
+                    help="seconds to wait for every node's /health")
     up.add_argument("--vllm-args", default="", help="extra vLLM flags, one quoted string")
     up.add_argument("--with-proxy", action="store_true", help="start `ppd proxy` in front")
-    up.add_argument("--policy", default=None, help="proxy policy (with --with-proxy)")
-    up.add_argument("--proxy-port", type=int, default=DEFAULT_PROXY_PORT)
+    up.add_argument("--policy", default=None,
+                    help="proxy policy with --with-proxy (default: the proxy's, pd)")
+    up.add_argument("--proxy-port", type=int, default=DEFAULT_PROXY_PORT,
+                    help="port of the proxy (with --with-proxy)")
     for name, help_ in (("status", "show each node's health"), ("down", "stop everything")):
-        cmd = sub.add_parser(name, help=help_)
-        cmd.add_argument("--state", type=Path, default=DEFAULT_STATE_DIR)
-    up.add_argument("--state", type=Path, default=DEFAULT_STATE_DIR)
+        cmd = sub.add_parser(name, help=help_, description=help_, epilog=examples[name],
+                             formatter_class=HelpFormatter)
+        cmd.add_argument("--state", type=Path, default=DEFAULT_STATE_DIR,
+                         help="the cluster's state directory (cluster.json, logs)")
+    up.add_argument("--state", type=Path, default=DEFAULT_STATE_DIR,
+                    help="state directory: cluster.json, pids and logs go here")
     return parser
 
 

@@ -292,13 +292,20 @@ _BUILDERS = {ModelName.TINY: _build_tiny, ModelName.SMOLLM2: _build_smollm2}
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from profiler.cli import HelpFormatter
+
+    example = "example:\n  ppd model prepare tiny"
     parser = argparse.ArgumentParser(
-        prog="ppd model", description="Prepare a local model for vLLM without a model hub."
+        prog="ppd model", description="Prepare a local model for vLLM without a model hub.",
+        epilog=example, formatter_class=HelpFormatter,
     )
     sub = parser.add_subparsers(dest="action", required=True)
-    prep = sub.add_parser("prepare", help="build a model into the cache (or --out DIR)")
-    prep.add_argument("name", choices=[m.value for m in ModelName])
-    prep.add_argument("--out", type=Path, default=None, help="target directory")
+    prep = sub.add_parser("prepare", help="build a model into the cache (or --out DIR)",
+                          epilog=example, formatter_class=HelpFormatter)
+    prep.add_argument("name", choices=[m.value for m in ModelName], help="the model to build")
+    prep.add_argument("--out", type=Path, default=None,
+                      help="target directory (default: the cache, ~/.cache/ppd/models/NAME or "
+                      "$PPD_CACHE_DIR/models/NAME)")
     return parser
 
 

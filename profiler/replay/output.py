@@ -1,10 +1,11 @@
 """A replay run on disk: per-request CSV/Parquet, summary.json, a TTFT CDF plot; and the table.
 
 Run directory layout (what `ppd report compare` reads back):
-    requests.csv, requests.parquet  one row per request (times in seconds, ITLs in the CSV
-                                    as a ';'-separated list)
-    summary.json                    {"label", "target", "dataset", "created", "config",
-                                     "summary": metrics.summarize(...)}
+    requests.csv, requests.parquet  one row per completed request; every time in milliseconds
+                                    (start_ms from the run's start, ttft_ms, tpot_ms, e2e_ms,
+                                    itl_ms - in the CSV a ';'-separated list), like summary.json
+    summary.json                    {"label", "target", "dataset", "created", "config", "load",
+                                     "interrupted", "command", "summary": metrics.summarize(...)}
     ttft_cdf.png                    TTFT CDF by turn group (turn 2+ split by route when known)
 """
 
@@ -29,14 +30,29 @@ REQUESTS_PARQUET = "requests.parquet"
 TTFT_CDF_PNG = "ttft_cdf.png"
 
 
+# RequestRecord's times are seconds; on disk they are ms, the unit of summary.json.
+_MS_COLUMNS = {"start_s": "start_ms", "ttft_s": "ttft_ms", "tpot_s": "tpot_ms", "e2e_s": "e2e_ms"}
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else value * 1000.0
+
+
 def records_frame(records: Sequence[RequestRecord]) -> pd.DataFrame:
-    """One row per request, the RequestRecord fields as columns."""
+    """One row per request, the RequestRecord fields as columns, times in ms (`*_ms`)."""
     import pandas as pd
 
     names = [f.name for f in fields(RequestRecord)]
-    rows = [{name: getattr(record, name) for name in names} for record in records]
-    frame = pd.DataFrame(rows, columns=names)
-    frame["itl_s"] = [list(record.itl_s) for record in records]
+    columns = [_MS_COLUMNS.get(name, "itl_ms" if name == "itl_s" else name) for name in names]
+    rows = []
+    for record in records:
+        row = {}
+        for name, column in zip(names, columns, strict=True):
+            value = getattr(record, name)
+            row[column] = _ms(value) if name in _MS_COLUMNS else value
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=columns)
+    frame["itl_ms"] = [[gap * 1000.0 for gap in record.itl_s] for record in records]
     return frame
 
 
@@ -56,12 +72,16 @@ def write_run(
     *,
     label: str,
     dataset: str,
+    extra: Mapping[str, Any] | None = None,
 ) -> list[Path]:
-    """Write every output of one run into out_dir (created); returns the paths written."""
+    """Write every output of one run into out_dir (created); returns the paths written.
+
+    summary.json is written last, so a directory with one holds a whole run."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / SUMMARY_FILE).unlink(missing_ok=True)
     frame = records_frame(result.records)
     csv_frame = frame.copy()
-    csv_frame["itl_s"] = [";".join(f"{gap:.6f}" for gap in gaps) for gaps in frame["itl_s"]]
+    csv_frame["itl_ms"] = [";".join(f"{gap:.3f}" for gap in gaps) for gaps in frame["itl_ms"]]
     csv_frame.to_csv(out_dir / REQUESTS_CSV, index=False)
     frame.to_parquet(out_dir / REQUESTS_PARQUET, index=False)
     document = {
@@ -70,10 +90,15 @@ def write_run(
         "dataset": dataset,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": config_dict(result.config),
+        "load": {"conversation_rate": result.config.qps, "unit": "conversations/s",
+                 "measured_request_rate": summary.get("requests_s"),
+                 "measured_unit": "requests (turns)/s"},
+        "interrupted": result.interrupted,
+        **dict(extra or {}),
         "summary": dict(summary),
     }
-    (out_dir / SUMMARY_FILE).write_text(json.dumps(document, indent=2, default=_json_default))
     plot_ttft_cdf(result.records, out_dir / TTFT_CDF_PNG, title=label)
+    (out_dir / SUMMARY_FILE).write_text(json.dumps(document, indent=2, default=_json_default))
     return [out_dir / name for name in (REQUESTS_CSV, REQUESTS_PARQUET, SUMMARY_FILE,
                                         TTFT_CDF_PNG)]
 
@@ -140,6 +165,7 @@ def format_value(value: Any) -> str:
 # The rows of the printed summary: (label, summary key).
 TABLE_ROWS: tuple[tuple[str, str], ...] = (
     ("requests (ok/all)", "_requests"),
+    ("conversations/s (offered)", "conversation_rate"),
     ("conversations", "n_conversations"),
     ("success rate", "success_rate"),
     ("turn-1 TTFT mean/p50/p90/p99 ms", "turn1_ttft_ms"),
@@ -149,7 +175,7 @@ TABLE_ROWS: tuple[tuple[str, str], ...] = (
     ("E2E mean/p50/p90/p99 ms", "e2e_ms"),
     ("output tok/s", "output_tok_s"),
     ("total tok/s", "total_tok_s"),
-    ("requests/s", "requests_s"),
+    ("requests/s (measured)", "requests_s"),
     ("local share (turn 2+)", "local_share"),
     ("SLO attainment", "slo_attainment"),
 )

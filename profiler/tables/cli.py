@@ -1,7 +1,8 @@
 """`ppd table show|plot`: what a decision table decides for given weights.
 
 The decision itself comes from proxy.table, the very code the proxy runs, so what `show` prints
-is what the proxy will do with the same table and weights.
+is what the proxy will do with the same table and weights. Load points are request rates
+(requests, i.e. turns, per second: the unit of the proxy's load meter).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from profiler.cli import HelpFormatter
 from profiler.tables.io import read_table
 from proxy.discretize import WORKLOAD_SHAPES, Cell, ContextClass
 from proxy.table import DecisionTable
@@ -34,24 +36,58 @@ def render_decisions(path: Path, *, w_ttft: float, w_tpot: float) -> str:
     """The decision grid as text: per context class, workloads x qps, 'route (score)'."""
     frame = decision_frame(path, w_ttft=w_ttft, w_tpot=w_tpot)
     lines = [f"decision table {path} (w_ttft={w_ttft:g}, w_tpot={w_tpot:g}; "
-             "score = w_ttft*dTTFT - w_tpot*dTPOT, local iff score > 0)"]
+             "score = w_ttft*dTTFT - w_tpot*dTPOT, local iff score > 0; columns: request "
+             "rate in requests/s)"]
     shape_order = {name: index for index, name in enumerate(WORKLOAD_SHAPES)}
     for context, part in frame.groupby("context_class", sort=False):
         part = part.assign(
-            label=[f"{route} ({score:+.2f})" if pd.notna(score) else f"{route} (n/a)"
+            label=[f"{route} ({score:+.2f})" if pd.notna(score) else f"{route} (unmeasured)"
                    for route, score in zip(part["route"], part["score"], strict=True)]
         )
         grid = part.pivot(index="workload", columns="qps", values="label")
         grid = grid.sort_index(key=lambda index: index.map(lambda n: shape_order.get(n, 99)))
-        grid.columns = [f"qps={qps:g}" for qps in grid.columns]
+        grid.columns = [f"{qps:g} req/s" for qps in grid.columns]
         local = int((part["route"] == "local").sum())
         lines += ["", f"context {context}: local in {local}/{len(part)} cells",
                   grid.fillna("-").to_string()]
     return "\n".join(lines)
 
 
+def cell_text(route: str, score: float | None) -> str:
+    """What a heatmap cell says: the verdict, then the score (colour alone is not enough)."""
+    if score is None or pd.isna(score):
+        return f"{route}\n(unmeasured)"
+    return f"{route}\n{score:+.2f}"
+
+
+def heatmap_grids(frame: pd.DataFrame) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
+    """Per context class: (scores, cell texts), workloads (the paper's order) x request rate."""
+    shape_order = {name: index for index, name in enumerate(WORKLOAD_SHAPES)}
+    grids = {}
+    for context, part in frame.groupby("context_class", sort=False):
+        part = part.assign(text=[cell_text(r, s) for r, s in zip(part["route"], part["score"],
+                                                                   strict=True)])
+
+        def ordered(values: str, part: pd.DataFrame = part) -> pd.DataFrame:
+            grid = part.pivot(index="workload", columns="qps", values=values)
+            return grid.sort_index(key=lambda index: index.map(lambda n: shape_order.get(n, 99)))
+
+        grids[str(context)] = (ordered("score"), ordered("text"))
+    return grids
+
+
+def default_plot_dir(table: Path) -> Path:
+    """Beside the table (a profile run's outputs), but never into a source checkout's
+    tables/ (the shipped tables): there, runs/tables/."""
+    parent = table.resolve().parent
+    if parent.name == "tables" and (parent.parent / "pyproject.toml").is_file():
+        return Path("runs") / "tables"
+    return table.parent
+
+
 def plot_decisions(path: Path, out_dir: Path, *, w_ttft: float, w_tpot: float) -> list[Path]:
-    """One heatmap PNG per context class: score by workload x qps (positive = local)."""
+    """One heatmap PNG per context class: the verdict and score in each cell of workload x
+    request rate, coloured by score (blue local, red pd), the weights in the title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -59,22 +95,27 @@ def plot_decisions(path: Path, out_dir: Path, *, w_ttft: float, w_tpot: float) -
 
     frame = decision_frame(path, w_ttft=w_ttft, w_tpot=w_tpot)
     out_dir.mkdir(parents=True, exist_ok=True)
-    shape_order = {name: index for index, name in enumerate(WORKLOAD_SHAPES)}
     written = []
-    for context, part in frame.groupby("context_class", sort=False):
-        grid = part.pivot(index="workload", columns="qps", values="score")
-        grid = grid.sort_index(key=lambda index: index.map(lambda n: shape_order.get(n, 99)))
-        limit = float(max(abs(grid.min().min()), abs(grid.max().max()), 1e-9))
-        figure, axes = plt.subplots(figsize=(1.6 + 1.2 * grid.shape[1], 1.2 + 0.5 * grid.shape[0]))
-        image = axes.imshow(grid.to_numpy(dtype=float), cmap="RdBu", vmin=-limit, vmax=limit,
-                            aspect="auto")
+    for context, (grid, texts) in heatmap_grids(frame).items():
+        values = grid.to_numpy(dtype=float)
+        finite = values[~pd.isna(values)]
+        limit = float(max(abs(finite).max() if finite.size else 0.0, 1e-9))
+        figure, axes = plt.subplots(figsize=(2.2 + 1.3 * grid.shape[1], 1.6 + 0.6 * grid.shape[0]))
+        image = axes.imshow(values, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
         axes.set_xticks(range(grid.shape[1]), [f"{q:g}" for q in grid.columns])
         axes.set_yticks(range(grid.shape[0]), list(grid.index))
-        axes.set_xlabel("qps (requests/s)")
-        axes.set_title(f"{path.stem}: context {context}\nblue = local (x=1), red = pd (x=0)")
-        for (i, j), score in pd.DataFrame(grid.to_numpy()).stack().items():
-            axes.text(j, i, f"{score:+.2f}", ha="center", va="center", fontsize=8)
-        figure.colorbar(image, ax=axes, label="score")
+        axes.set_xlabel("request rate (requests/s)")
+        axes.set_title(f"{path.stem}: context {context}, w_ttft={w_ttft:g}, w_tpot={w_tpot:g}\n"
+                       "local = x=1 (blue), pd = x=0 (red)", fontsize=9)
+        for i in range(texts.shape[0]):
+            for j in range(texts.shape[1]):
+                text = texts.iat[i, j]
+                if not isinstance(text, str):
+                    text = "missing"
+                strong = not pd.isna(values[i, j]) and abs(values[i, j]) > 0.6 * limit
+                axes.text(j, i, text, ha="center", va="center", fontsize=8,
+                          color="white" if strong else "black")
+        figure.colorbar(image, ax=axes, label="score (> 0: local)")
         figure.tight_layout()
         target = out_dir / f"{path.stem}.{context}.png"
         figure.savefig(target, dpi=120)
@@ -83,17 +124,29 @@ def plot_decisions(path: Path, out_dir: Path, *, w_ttft: float, w_tpot: float) -
     return written
 
 
+EXAMPLES = {
+    "show": "example:\n  ppd table show tables/tiny-cpu-1p1d.csv --w-tpot 2",
+    "plot": "example:\n  ppd table plot tables/tiny-cpu-1p1d.csv --out runs/plots",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ppd table", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="ppd table", description=__doc__.splitlines()[0],
+                                     epilog="\n".join(EXAMPLES.values()),
+                                     formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="action", required=True)
     for name, help_ in (("show", "print the decision grid"), ("plot", "draw heatmaps (PNG)")):
-        action = sub.add_parser(name, help=help_)
+        action = sub.add_parser(name, help=help_, description=help_, epilog=EXAMPLES[name],
+                                formatter_class=HelpFormatter)
         action.add_argument("path", type=Path, help="decision table (.csv or .parquet)")
-        action.add_argument("--w-ttft", type=float, default=1.0)
-        action.add_argument("--w-tpot", type=float, default=1.0)
+        action.add_argument("--w-ttft", type=float, default=1.0,
+                            help="weight of the turn's TTFT change (as `ppd proxy --w-ttft`)")
+        action.add_argument("--w-tpot", type=float, default=1.0,
+                            help="weight of the TPOT change (as `ppd proxy --w-tpot`)")
         if name == "plot":
             action.add_argument("--out", type=Path, default=None,
-                                help="output folder (default: beside the table)")
+                                help="output folder (default: beside the table; runs/tables "
+                                "for the tables shipped in the repository's tables/)")
     return parser
 
 
@@ -102,7 +155,7 @@ def main(argv: list[str]) -> int:
     if args.action == "show":
         print(render_decisions(args.path, w_ttft=args.w_ttft, w_tpot=args.w_tpot))
         return 0
-    out_dir = args.out or args.path.parent
+    out_dir = args.out or default_plot_dir(args.path)
     for written in plot_decisions(args.path, out_dir, w_ttft=args.w_ttft, w_tpot=args.w_tpot):
         print(written)
     return 0

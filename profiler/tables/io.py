@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from proxy.table import TABLE_COLUMNS
+from proxy.table import MEASURED, STATUS_COLUMN, TABLE_COLUMNS, UNMEASURED
 
 EXTRA_COLUMNS: tuple[str, ...] = (
     "pd_ttft_p99_ms",
@@ -29,6 +29,7 @@ EXTRA_COLUMNS: tuple[str, ...] = (
     "local_tpot_p99_ms",
     "pd_n_requests",
     "local_n_requests",
+    STATUS_COLUMN,
 )
 KEY_COLUMNS: tuple[str, ...] = ("context_class", "workload", "qps")
 
@@ -55,11 +56,18 @@ def read_table(path: Path) -> pd.DataFrame:
 
 
 def normalize(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFrame:
-    """Rows in the canonical column order, sorted by cell, one row per cell (last one wins)."""
+    """Rows in the canonical column order, sorted by cell, one row per cell (last one wins).
+
+    `status` says whether every value of the row was measured: a route that produced no
+    latency (all its requests failed) leaves NaN, and the row is marked `unmeasured` so the
+    proxy's strict loader knows the gap is real, not a truncated file."""
     frame = pd.DataFrame(rows).copy()
     for column in (*TABLE_COLUMNS, *EXTRA_COLUMNS):
         if column not in frame.columns:
             frame[column] = float("nan")
+    measures = [c for c in TABLE_COLUMNS if c not in KEY_COLUMNS]
+    complete = frame[measures].apply(pd.to_numeric, errors="coerce").notna().all(axis=1)
+    frame[STATUS_COLUMN] = [MEASURED if ok else UNMEASURED for ok in complete]
     frame["qps"] = frame["qps"].astype(float)
     frame = frame.drop_duplicates(subset=list(KEY_COLUMNS), keep="last")
     frame = frame.sort_values(list(KEY_COLUMNS), kind="stable").reset_index(drop=True)

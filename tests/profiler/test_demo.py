@@ -57,7 +57,7 @@ def test_comparison_table() -> None:
 @pytest.mark.parametrize(
     ("kw", "match"),
     [({"conversations": 0}, "conversations"), ({"turns": 1}, "turns"),
-     ({"turns": 9}, "turns"), ({"qps": 0}, "qps")],
+     ({"turns": 9}, "turns"), ({"qps": 0}, "conversation-rate")],
 )
 def test_config_validation(kw: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):

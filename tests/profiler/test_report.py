@@ -14,7 +14,8 @@ from profiler.replay.metrics import summarize
 from profiler.replay.output import write_run
 
 
-def _run_dir(root: Path, name: str, qps: float, ttft_s: float, route: str) -> Path:
+def _run_dir(root: Path, name: str, qps: float, ttft_s: float, route: str,
+             dataset: str = "syn") -> Path:
     records = [
         RequestRecord(conversation_id=f"c{i}", turn=turn, route="pd" if turn == 1 else route,
                       decode="d", prefill=None, start_s=float(i), ttft_s=ttft_s * turn,
@@ -26,7 +27,7 @@ def _run_dir(root: Path, name: str, qps: float, ttft_s: float, route: str) -> Pa
     config = ReplayConfig(target="http://127.0.0.1:8000", qps=qps, duration_s=4.0)
     result = ReplayResult(records=records, wall_time_s=4.0, config=config, n_conversations=4)
     out = root / name
-    write_run(out, result, summarize(records, 4.0), label=f"{route}@{qps:g}", dataset="syn")
+    write_run(out, result, summarize(records, 4.0), label=f"{route}@{qps:g}", dataset=dataset)
     return out
 
 
@@ -39,15 +40,15 @@ def test_compare_table_csv_and_plots(tmp_path: Path) -> None:
     out = tmp_path / "cmp"
     table, written = report.compare(runs, out)
     lines = table.splitlines()
-    assert lines[0].split() == ["pd@1", "pd@2", "local@1"]
+    assert lines[0].split() == ["pd@1", "pd@2", "change", "local@1", "change"]
     row = next(line for line in lines if line.startswith("turn-2+ TTFT mean ms"))
-    assert row.split()[-3:] == ["400.0", "800.0", "200.0"]
+    assert row.split()[-5:] == ["400.0", "800.0", "+100.0%", "200.0", "-50.0%"]
     share = next(line for line in lines if line.startswith("local share"))
-    assert share.split()[-3:] == ["0.000", "0.000", "1.000"]
+    assert share.split()[-5:] == ["0.000", "0.000", "-", "1.000", "-"]  # no change against 0
     frame = pd.read_csv(out / "compare.csv")
     assert list(frame["series"]) == ["pd", "pd", "local"]
-    assert list(frame["qps"]) == [1.0, 2.0, 1.0]
-    for name in ("latency_vs_qps.png", "p99_ttft_vs_throughput.png"):
+    assert list(frame["conversation_rate"]) == [1.0, 2.0, 1.0]
+    for name in ("latency_vs_load.png", "p99_ttft_vs_throughput.png"):
         assert (out / name) in written
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
 
@@ -77,4 +78,29 @@ def test_cli_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     runs = [_run_dir(tmp_path, f"r{q}", q, 0.1 * q, "local") for q in (1.0, 3.0)]
     assert ppd(["report", "compare", *map(str, runs), "--out", str(tmp_path / "o")]) == 0
     printed = capsys.readouterr().out
-    assert "local@1" in printed and "local@3" in printed and "latency_vs_qps.png" in printed
+    assert "local@1" in printed and "local@3" in printed and "latency_vs_load.png" in printed
+
+
+def test_runs_of_different_datasets_are_compared_with_a_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = [_run_dir(tmp_path, "a", 1.0, 0.1, "pd", dataset="sharegpt"),
+            _run_dir(tmp_path, "b", 1.0, 0.1, "local", dataset="synthetic:mixed")]
+    assert ppd(["report", "compare", *map(str, runs), "--out", str(tmp_path / "o")]) == 0
+    err = capsys.readouterr().err
+    assert "warning: the runs replayed different datasets" in err
+    assert "sharegpt" in err and "synthetic:mixed" in err
+    assert "targets" not in err  # same target: nothing to say
+
+
+def test_one_load_point_gets_an_axis_from_zero(tmp_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots()
+    axis.plot([0.5], [100.0], marker="o")
+    report._sane_limits(axis, [0.5, 0.5])
+    assert axis.get_xlim() == (0.0, 0.625)
+    assert axis.get_ylim() == pytest.approx((0.0, 115.0))  # the point is not on the edge
+    plt.close(figure)

@@ -139,11 +139,12 @@ async def test_metrics_stats_and_health(cluster: dict[str, FakeVLLM]) -> None:
     text = metrics.text
     assert metrics.headers["content-type"].startswith("text/plain")
     assert "ppd_sessions_live 1.0" in text
-    assert 'ppd_ttft_seconds_count{route="local"} 1.0' in text
-    assert 'ppd_ttft_seconds_count{route="pd"} 1.0' in text
+    assert 'ppd_time_to_first_token_seconds_count{route="local"} 1.0' in text
+    assert 'ppd_time_to_first_token_seconds_count{route="pd"} 1.0' in text
     assert "ppd_turn_index_count 2.0" in text
     assert 'ppd_responses_total{status="200"} 2.0' in text
-    assert stats["requests"] == 2 and stats["sessions_live"] == 1 and stats["qps"] > 0
+    assert stats["requests"] == 2 and stats["sessions_live"] == 1 and stats["request_rate"] > 0
+    assert stats["request_rate_unit"] == "requests (turns)/s"
     assert stats["reasons"] == {"turn1": 1, "policy": 1}
     assert health.status_code == 200 and health.json()["status"] == "ok"
 

@@ -57,9 +57,9 @@ def test_success_guard_beats_latency() -> None:
 
 def test_unmeasured_routes_and_missing_cells() -> None:
     table = DecisionTable.from_rows([
-        row(local_ttft_ms="", local_tpot_ms=""),
-        row(workload="mid_bal", pd_ttft_ms="nan"),
-        row(workload="big_paste", pd_ttft_ms="", local_ttft_ms=""),
+        row(local_ttft_ms="", local_tpot_ms="", status="unmeasured"),
+        row(workload="mid_bal", pd_ttft_ms="nan", status="unmeasured"),
+        row(workload="big_paste", pd_ttft_ms="", local_ttft_ms="", status="unmeasured"),
     ])
     assert table.decide(SMALL_TINY, 1, 1) is RouteKind.PD
     assert table.decide(Cell(ContextClass.SMALL, "mid_bal", 1.0), 1, 1) is RouteKind.LOCAL
@@ -135,3 +135,23 @@ def test_bad_tables_are_rejected_with_a_clear_message(
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(TableError, match="not found"):
         DecisionTable.load(tmp_path / "nope.csv")
+
+
+def test_a_short_csv_row_is_an_error_naming_the_row(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "t.csv", [row(), row(workload="mid_bal")])
+    lines = path.read_text().splitlines()
+    lines[2] = ",".join(lines[2].split(",")[:5])  # cut after pd_tpot_ms
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TableError, match=r"row 2 \(cell small/mid_bal/qps=1\): no value for "
+                       r"\['pd_success', 'local_ttft_ms'"):
+        DecisionTable.load(path)
+
+
+@pytest.mark.parametrize("missing", ["pd_ttft_ms", "local_success", "n_requests"])
+def test_a_row_missing_one_value_is_rejected_unless_marked_unmeasured(missing: str) -> None:
+    with pytest.raises(TableError, match=f"no value for \\['{missing}'\\].*status=unmeasured"):
+        DecisionTable.from_rows([row(**{missing: ""})])
+    assert len(DecisionTable.from_rows([row(**{missing: "", "status": "unmeasured"})])) == 1
+    assert len(DecisionTable.from_rows([row(status="measured")])) == 1
+    with pytest.raises(TableError, match="status must be"):
+        DecisionTable.from_rows([row(status="maybe")])

@@ -106,7 +106,7 @@ def test_cli_rejects_a_non_csv_output(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="NAME.csv"):
         main(["--target", "http://127.0.0.1:9", "--out", str(tmp_path / "t.parquet"),
-              "--workloads", "tiny", "--qps", "1"])
+              "--workloads", "tiny", "--request-rate", "1"])
 
 
 class _Interrupted(Exception):

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -12,6 +18,8 @@ from profiler.cli import main as ppd
 from profiler.replay import cli as replay_cli
 from profiler.replay.output import summary_table
 from tests.fakes.fake_openai_timed import FakeTimedServer, serve_in_thread
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +33,21 @@ def test_replay_synthetic_writes_every_output(fake_url: str, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
     code = replay_cli.main([
-        "--target", fake_url, "--dataset", "synthetic:small-tiny", "--qps", "20",
+        "--target", fake_url, "--dataset", "synthetic:small-tiny", "--conversation-rate", "20",
         "--duration", "0.5", "--max-conversations", "4", "--max-tokens-cap", "8",
         "--slo", "1000,100", "--out", str(out), "--label", "fake@20", "--no-progress",
     ])
     assert code == 0
     printed = capsys.readouterr().out
     assert "turn-2+ TTFT" in printed and str(out) in printed
+    assert re.search(r"conversations/s \(offered\) +20\.0", printed)
     document = json.loads((out / "summary.json").read_text())
     summary = document["summary"]
     assert document["label"] == "fake@20" and document["config"]["qps"] == 20.0
+    assert document["load"]["conversation_rate"] == 20.0
+    assert document["load"]["unit"] == "conversations/s"
+    assert document["interrupted"] is False
+    assert document["command"].startswith("ppd replay --target ")
     assert summary["n_requests"] == 2 * summary["n_conversations"] > 0
     assert summary["success_rate"] == 1.0 and summary["slo_attainment"] == 1.0
     assert summary["local_share"] == 1.0
@@ -42,7 +55,12 @@ def test_replay_synthetic_writes_every_output(fake_url: str, tmp_path: Path,
     parquet = pd.read_parquet(out / "requests.parquet")
     assert len(csv) == len(parquet) == summary["n_requests"]
     assert set(csv["turn"]) == {1, 2} and set(csv["max_tokens"]) == {8}
-    assert len(parquet["itl_s"].iloc[0]) == 7
+    assert len(parquet["itl_ms"].iloc[0]) == 7
+    # Times in ms, as in summary.json: the fake's TTFT is 20 ms, its ITL 2 ms.
+    assert {"start_ms", "ttft_ms", "tpot_ms", "e2e_ms", "itl_ms"} <= set(csv.columns)
+    assert not any(column.endswith("_s") for column in csv.columns)
+    assert csv["ttft_ms"].min() >= 20.0 and csv["tpot_ms"].min() >= 2.0
+    assert csv["ttft_ms"].median() == pytest.approx(summary["ttft_ms_p50"])
     assert (out / "ttft_cdf.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -67,11 +85,13 @@ def test_replay_a_trace_file_through_the_dispatcher(fake_url: str, tmp_path: Pat
     (["--dataset", "synthetic:nope"], "unknown synthetic workload"),
     (["--dataset", "/nonexistent/trace.json"], "not found"),
     (["--dataset", "synthetic:mixed", "--slo", "fast"], "--slo wants TTFT_MS,TPOT_MS"),
-    (["--dataset", "synthetic:mixed", "--qps", "0"], "qps"),
+    (["--dataset", "synthetic:mixed", "--conversation-rate", "0"],
+     "--conversation-rate must be > 0"),
 ])
 def test_bad_input_is_one_clear_error(argv: list[str], message: str,
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    base = ["replay", "--target", "http://127.0.0.1:9", "--qps", "1", "--duration", "1"]
+    base = ["replay", "--target", "http://127.0.0.1:9", "--conversation-rate", "1",
+            "--duration", "1"]
     assert ppd(base + argv) == 1
     err = capsys.readouterr().err
     assert err.startswith("ppd replay: error:") and message in err
@@ -96,3 +116,71 @@ def test_default_label_follows_a_name_at_load_out_directory() -> None:
     assert default_label(Path("runs/pd@0.5"), "synthetic:mixed", 0.5) == "pd@0.5"
     assert default_label(Path("runs/first"), "data/sharegpt.json", 2.0) == "sharegpt.json@2"
     assert default_label(None, "synthetic:mixed", 1.0) == "synthetic:mixed@1"
+
+
+def test_qps_is_a_deprecated_alias_with_a_warning(fake_url: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code = replay_cli.main(["--target", fake_url, "--dataset", "synthetic:small-tiny",
+                            "--qps", "20", "--duration", "0.2", "--max-conversations", "1",
+                            "--max-tokens-cap", "2", "--out", str(out), "--no-progress"])
+    assert code == 0
+    assert "--qps is deprecated, use --conversation-rate" in capsys.readouterr().err
+    assert json.loads((out / "summary.json").read_text())["load"]["conversation_rate"] == 20.0
+
+
+def test_a_finished_run_is_not_overwritten_without_force(fake_url: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    out = tmp_path / "run"
+    argv = ["replay", "--target", fake_url, "--dataset", "synthetic:small-tiny",
+            "--conversation-rate", "20", "--duration", "0.2", "--max-conversations", "1",
+            "--max-tokens-cap", "2", "--out", str(out), "--no-progress"]
+    assert ppd(argv) == 0
+    before = (out / "summary.json").read_text()
+    assert ppd(argv) == 1
+    err = capsys.readouterr().err
+    assert "already holds a finished run" in err and "--force" in err
+    assert (out / "summary.json").read_text() == before
+    assert ppd([*argv, "--force"]) == 0
+
+
+def test_an_interrupted_run_may_be_replaced_without_force(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text(json.dumps({"interrupted": True}))
+    replay_cli.check_out_dir(out, force=False)  # no error
+    (out / "summary.json").write_text(json.dumps({"interrupted": False}))
+    with pytest.raises(ValueError, match="finished run"):
+        replay_cli.check_out_dir(out, force=False)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_mid_replay_keeps_the_completed_turns(tmp_path: Path,
+                                                       sig: signal.Signals) -> None:
+    app = FakeTimedServer(ttft_s=0.01, itl_s=0.005, route="local")
+    out = tmp_path / "run"
+    with serve_in_thread(app) as url:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "profiler.cli", "replay", "--target", url,
+             "--dataset", "synthetic:small-tiny", "--conversation-rate", "10",
+             "--duration", "600", "--max-tokens-cap", "4", "--out", str(out),
+             "--no-progress"],
+            env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while len(app.bodies) < 8 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(app.bodies) >= 8, "the replay never got going"
+            process.send_signal(sig)
+            stdout, stderr = process.communicate(timeout=60)
+        finally:
+            process.kill()
+    assert process.returncode == 130, stderr
+    document = json.loads((out / "summary.json").read_text())
+    assert document["interrupted"] is True
+    completed = document["summary"]["n_requests"]
+    assert completed >= 6 and document["summary"]["success_rate"] == 1.0
+    assert len(pd.read_csv(out / "requests.csv")) == completed
+    assert "interrupted after" in stderr and "re-run" in stderr and str(out) in stdout

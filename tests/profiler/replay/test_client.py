@@ -206,3 +206,26 @@ def test_public_exports_are_sorted_and_resolve() -> None:
 
     assert_exports(package, {"ReplayConfig", "ReplayError", "ReplayResult", "RequestRecord",
                              "arrival_times", "replay"})
+
+
+async def test_a_stop_ends_the_run_with_the_turns_completed_so_far() -> None:
+    from profiler.traces.synthetic import named_workload
+
+    app = FakeTimedServer(ttft_s=0.005, itl_s=0.001)
+    async with serve(app) as url:
+        stop = asyncio.Event()
+        config = ReplayConfig(target=url, qps=20.0, duration_s=600.0, max_tokens_cap=4)
+        conversations = named_workload("small-tiny", 50, seed=0)
+
+        async def stop_after_some_turns() -> None:
+            while len(app.bodies) < 6:
+                await asyncio.sleep(0.01)
+            stop.set()
+
+        stopper = asyncio.create_task(stop_after_some_turns())
+        result = await asyncio.wait_for(replay(conversations, config, stop=stop), 60)
+        await stopper
+    assert result.interrupted
+    assert 4 <= len(result.records) <= len(app.bodies)
+    assert all(record.success for record in result.records)
+    assert result.n_conversations >= 3

@@ -51,3 +51,33 @@ def test_show_reports_a_missing_table_clearly(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     assert ppd(["table", "show", str(tmp_path / "none.csv")]) == 1
     assert "not found" in capsys.readouterr().err
+
+
+def test_heatmap_cells_carry_the_verdict_as_text(table: Path) -> None:
+    from profiler.tables.cli import decision_frame, heatmap_grids
+
+    grids = heatmap_grids(decision_frame(table, w_ttft=1.0, w_tpot=1.0))
+    scores, texts = grids["small"]
+    assert list(texts.index) == ["tiny", "big_paste"]  # the paper's order
+    assert texts.loc["tiny", 1.0] == "local\n+0.30"
+    assert texts.loc["big_paste", 1.0] == "pd\n-2.00"
+    assert scores.loc["tiny", 1.0] == pytest.approx(0.3)
+
+
+def test_plot_defaults_beside_a_run_but_not_into_the_repo_tables(
+        table: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from profiler.tables.cli import default_plot_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert ppd(["table", "plot", str(table)]) == 0
+    assert (table.parent / "t.small.png").is_file()
+    repo_tables = Path(__file__).resolve().parents[3] / "tables" / "tiny-cpu-1p1d.csv"
+    assert default_plot_dir(repo_tables) == Path("runs") / "tables"
+
+
+def test_an_unmeasured_route_is_labelled_so(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    failed = {**_row("tiny", 1.0, 200.0, float("nan"), float("nan")), "local_success": 0.0}
+    path, _, _ = write_table([failed], tmp_path / "t.csv", {})
+    assert ppd(["table", "show", str(path)]) == 0
+    assert "pd (unmeasured)" in capsys.readouterr().out

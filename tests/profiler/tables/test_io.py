@@ -86,3 +86,19 @@ def test_the_shipped_table_loads_in_the_proxy() -> None:
     frame = read_table(shipped)
     assert (frame["pd_success"] == 1.0).all() and (frame["local_success"] == 1.0).all()
     assert len(DecisionTable.load(shipped.with_suffix(".parquet"))) == 20
+
+
+def test_a_route_without_latency_is_written_unmeasured_and_still_loads(tmp_path: Path) -> None:
+    failed = {**_row("small", "mid_bal", 1.0, 400.0, float("nan")), "local_tpot_ms": math.nan,
+              "local_success": 0.0}
+    csv_path, _, _ = write_table([ROWS[0], failed], tmp_path / "t.csv", {})
+    frame = read_table(csv_path)
+    assert list(frame["status"]) == ["unmeasured", "measured"]  # sorted: mid_bal < tiny
+    table = DecisionTable.load(csv_path)
+    assert table.decide(Cell(ContextClass.SMALL, "mid_bal", 1.0), w_ttft=1, w_tpot=1) \
+        is RouteKind.PD
+
+
+def test_the_shipped_table_passes_strict_validation() -> None:
+    shipped = Path(__file__).resolve().parents[3] / "tables" / "tiny-cpu-1p1d.csv"
+    assert len(DecisionTable.load(shipped)) == len(read_table(shipped))

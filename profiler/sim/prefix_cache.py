@@ -1,0 +1,102 @@
+"""The KV-cache ledger: a fixed number of blocks, a prefix cache of full blocks, LRU eviction.
+
+As in vLLM's KVCacheManager, a full block is identified by a hash chained over its parent's
+hash and its token ids, so equal prefixes share blocks. A block whose last holder finishes
+stays cached (evictable) until an allocation needs it; eviction takes the least recently
+freed first, and a request's blocks are freed tail first so a prefix outlives its suffix.
+The ledger knows nothing about scheduling: the scheduler decides who gets blocks.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+ROOT_HASH = 0
+
+
+def hash_block(parent: int, token_ids: Sequence[int]) -> int:
+    """The chained hash of one full block (deterministic across processes: ints only)."""
+    return hash((parent, tuple(token_ids)))
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = ROOT_HASH) -> list[int]:
+    """Chained hashes of every full block of token_ids (a trailing partial block has none)."""
+    hashes = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block(parent, token_ids[start:start + block_size])
+        hashes.append(parent)
+    return hashes
+
+
+class PrefixCache:
+    """Block accounting. Hashed blocks are reference-counted; a hashed block with no holder is
+    evictable; anonymous blocks (partial, or not hashable) are only counted."""
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError("the KV cache needs at least one block")
+        self.num_blocks = num_blocks
+        self._free = num_blocks  # blocks holding nothing
+        self._refs: dict[int, int] = {}  # resident hashed block -> holders
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # refs == 0, oldest first
+        self.num_evictions = 0
+
+    @property
+    def num_available(self) -> int:
+        """Blocks an allocation can get: free plus evictable."""
+        return self._free + len(self._evictable)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by requests (vLLM's kv_cache_usage_perc, as a fraction)."""
+        return 1.0 - self.num_available / self.num_blocks
+
+    def is_cached(self, block_hash: int) -> bool:
+        return block_hash in self._refs
+
+    def longest_prefix(self, hashes: Iterable[int]) -> int:
+        """How many leading blocks of a hash chain are resident."""
+        count = 0
+        for block_hash in hashes:
+            if block_hash not in self._refs:
+                break
+            count += 1
+        return count
+
+    def acquire(self, hashes: Iterable[int]) -> None:
+        """Take a reference on resident blocks (a prefix hit); they stop being evictable."""
+        for block_hash in hashes:
+            self._refs[block_hash] += 1
+            self._evictable.pop(block_hash, None)
+
+    def allocate(self, count: int) -> bool:
+        """Take `count` anonymous blocks, evicting cached blocks if needed; False (and no
+        change) if there are not enough."""
+        if count > self.num_available:
+            return False
+        from_free = min(count, self._free)
+        self._free -= from_free
+        for _ in range(count - from_free):
+            block_hash, _ = self._evictable.popitem(last=False)
+            del self._refs[block_hash]
+            self.num_evictions += 1
+        return True
+
+    def register(self, block_hash: int) -> None:
+        """An anonymous block the caller holds became full with this hash. If the same content
+        is already resident, the caller shares it and its own copy returns to the free pool."""
+        if block_hash in self._refs:
+            self._free += 1
+            self.acquire((block_hash,))
+        else:
+            self._refs[block_hash] = 1
+
+    def release(self, hashes: Sequence[int], anonymous: int) -> None:
+        """Drop a holder's blocks. Hashed blocks stay cached; the tail is evicted first."""
+        self._free += anonymous
+        for block_hash in reversed(hashes):
+            refs = self._refs[block_hash] - 1
+            self._refs[block_hash] = refs
+            if refs == 0:
+                self._evictable[block_hash] = None
