@@ -47,6 +47,20 @@ class Process:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(5)
 
+    def workers(self) -> list[int]:
+        """The pids of the worker processes this process spawned (Linux /proc)."""
+        assert self.process is not None
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+                cmdline = (stat.parent / "cmdline").read_bytes()
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == self.process.pid and b"spawn_main" in cmdline:
+                found.append(int(stat.parent.name))
+        return sorted(found)
+
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 

@@ -3,7 +3,10 @@ haproxy, on one real Redis; fake vLLM nodes record where every turn ran."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -60,7 +63,20 @@ async def test_two_workers_on_one_port_continue_every_conversation_locally(
             await convs.round(k)
         async with httpx.AsyncClient() as client:
             metrics = (await client.get(f"{url}/metrics")).text
-    check_every_later_turn_ran_locally_on_its_d(convs, [nodes["p1"]], [nodes["d1"], nodes["d2"]])
+        check_every_later_turn_ran_locally_on_its_d(convs, [nodes["p1"]],
+                                                    [nodes["d1"], nodes["d2"]])
+        # A worker that dies is restarted; the other serves meanwhile.
+        workers = proxy.workers()
+        assert len(workers) == 2
+        os.kill(workers[0], signal.SIGKILL)
+        await asyncio.sleep(0.5)
+        meanwhile = Conversations(url, 20)
+        await meanwhile.round(1)
+        await proxy.wait_http(f"{url}/health", want_workers=2)
+        restarted = proxy.workers()
+    assert {t.status for turns in meanwhile.turns.values() for t in turns} == {200}
+    assert len(restarted) == 2 and workers[0] not in restarted
+    assert "worker 0 exited with code -9; restarting it" in proxy.output()
     moved, total = crossings(convs)
     assert total == CONVERSATIONS * (TURNS - 1)
     assert moved >= total // 4, f"only {moved} of {total} turns changed worker"
