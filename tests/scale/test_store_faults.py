@@ -33,9 +33,8 @@ async def test_redis_stopped_mid_run_degrades_to_pd_and_recovers(
         assert {t.route for t in before} == {"local"}
 
         redis_server.stop()
-        await asyncio.sleep(2.5)  # both workers' probes notice; their metrics are published
+        await _metrics_when(client, {"0": 0.0, "1": 0.0})  # both noticed
         down = [*await convs.round(3), *await convs.round(4)]
-        metrics_down = (await client.get("/metrics")).text
 
         redis_server.start()  # same port, empty
         back = time.monotonic()
@@ -46,18 +45,27 @@ async def test_redis_stopped_mid_run_degrades_to_pd_and_recovers(
             if second.route == "local":
                 resumed_after = time.monotonic() - back
                 break
-        await asyncio.sleep(1.0)  # both workers are back by now
+        await _metrics_when(client, {"0": 1.0, "1": 1.0})  # both are back
         await convs.round(5)
         after = await convs.round(6)
-        metrics_back = (await client.get("/metrics")).text
 
     every = [t for turns in convs.turns.values() for t in turns]
     assert {t.status for t in every} == {200}  # not one request failed
     assert {(t.route, t.headers["x-ppd-turn"]) for t in down} == {("pd", "1")}
-    assert store_up(metrics_down) == {"0": 0.0, "1": 0.0}
     assert resumed_after is not None and resumed_after <= RESUME_WITHIN_S, resumed_after
     assert {t.route for t in after} == {"local"}
-    assert store_up(metrics_back) == {"0": 1.0, "1": 1.0}
     output = proxy.output()
     assert output.count("unreachable") == 2, output  # one line per worker, not per request
     assert output.count("is back: sessions are shared again") == 2, output
+
+
+async def _metrics_when(client: httpx.AsyncClient, up: dict[str, float]) -> str:
+    """/metrics once ppd_session_store_up per worker reads `up` (each worker publishes its
+    metrics every second; its probe looks at the store every 0.5 s)."""
+    text = ""
+    for _ in range(100):
+        text = (await client.get("/metrics")).text
+        if store_up(text) == up:
+            return text
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"ppd_session_store_up never became {up}:\n{text}")
