@@ -1,6 +1,6 @@
 """Scale-out benchmark: `--workers 2` vs one worker, and what a shared session store costs a turn.
 
-    python -m benchmarks.session_store [--seconds 10] [--concurrency 64]
+    python -m benchmarks.session_store [--seconds 10] [--concurrency 64] [--repeats 3]
 
 1. Throughput: `ppd proxy` processes (policy local, one P and one D) under 64 concurrent
    clients, each running 4-turn conversations (non-streamed chat), in requests/s: one worker
@@ -187,12 +187,15 @@ async def _load(port: int, concurrency: int, warmup: float, seconds: float) -> f
     return done / elapsed
 
 
-async def throughput(store_url: str, concurrency: int, seconds: float) -> list[tuple[str, float]]:
-    rows = []
+async def throughput(store_url: str, concurrency: int, seconds: float,
+                     repeats: int) -> dict[str, list[float]]:
+    """Requests/s per setup; the setups take turns `repeats` times, so a change in what else
+    the machine runs spreads over all of them."""
+    rates: dict[str, list[float]] = {}
+    setups = (("1 worker, memory store", 1, "memory"), ("1 worker, Redis store", 1, store_url),
+              ("2 workers, Redis store", 2, store_url))
     async with fake_nodes() as (prefill, decode):
-        for label, workers, store in (("1 worker, memory store", 1, "memory"),
-                                      ("1 worker, Redis store", 1, store_url),
-                                      ("2 workers, Redis store", 2, store_url)):
+        for label, workers, store in setups * repeats:
             port = free_port()
             args = ["--policy", "local", "--prefill", prefill, "--decode", decode,
                     "--session-store", store, "--port", str(port), "--workers", str(workers),
@@ -206,8 +209,8 @@ async def throughput(store_url: str, concurrency: int, seconds: float) -> list[t
                 finally:
                     process.terminate()
                     process.wait(30)
-            rows.append((label, rate))
-    return rows
+            rates.setdefault(label, []).append(rate)
+    return rates
 
 
 async def _wait_ready(url: str, workers: int) -> None:
@@ -324,14 +327,16 @@ async def _main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as workdir, RedisServer(Path(workdir)) as redis:
         print(f"ppd session store benchmark - {platform.machine()}, "
               f"Python {platform.python_version()}, Redis on loopback\n")
-        rates = await throughput(redis.url, args.concurrency, args.seconds)
-        base = rates[0][1]
-        width = max(len(label) for label, _ in rates)
+        rates = await throughput(redis.url, args.concurrency, args.seconds, args.repeats)
+        medians = {label: float(np.median(values)) for label, values in rates.items()}
+        base = next(iter(medians.values()))
+        width = max(len(label) for label in rates)
         print(f"Throughput at concurrency {args.concurrency} ({args.seconds:g} s each, "
-              f"4-turn conversations, policy local)")
-        print(f"{'':<{width}}  {'req/s':>8}  {'vs 1 worker, memory':>20}")
-        for label, rate in rates:
-            print(f"{label:<{width}}  {rate:>8.0f}  {rate / base:>19.2f}x")
+              f"{args.repeats} rounds, 4-turn conversations, policy local)")
+        print(f"{'':<{width}}  {'median req/s':>12}  {'vs 1 worker, memory':>20}  rounds")
+        for label, values in rates.items():
+            print(f"{label:<{width}}  {medians[label]:>12.0f}  {medians[label] / base:>19.2f}x"
+                  f"  {' '.join(f'{v:.0f}' for v in values)}")
         print()
         print(_table("Turn 2+ latency through the proxy (one request at a time)",
                      await latency(redis.url, args.conversations)))
@@ -346,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per row")
     parser.add_argument("--concurrency", type=int, default=64, help="concurrent clients")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds over the setups")
     parser.add_argument("--conversations", type=int, default=200,
                         help="conversations timed per latency row")
     parser.add_argument("--serve-fakes", type=int, help=argparse.SUPPRESS)
