@@ -56,6 +56,7 @@ class Run:
     label: str
     qps: float  # the conversation rate offered
     summary: dict[str, Any]
+    backend: str | None = None  # set when the run was not on vLLM (e.g. emulated nodes)
     dataset: str | None = None
     target: str | None = None
     interrupted: bool = False
@@ -78,9 +79,11 @@ def load_run(path: Path) -> Run:
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{file} is not a ppd replay summary ({exc})") from None
     label = str(document.get("label") or file.parent.name)
+    backend = document.get("backend")
     return Run(path=file.parent, label=label, qps=qps, summary=summary,
                dataset=document.get("dataset"), target=document.get("target"),
-               interrupted=bool(document.get("interrupted")))
+               interrupted=bool(document.get("interrupted")),
+               backend=str(backend) if backend else None)
 
 
 def mismatch_warnings(runs: Sequence[Run]) -> list[str]:
@@ -158,8 +161,15 @@ def write_compare_csv(runs: Sequence[Run], path: Path) -> None:
         scalars = {k: v for k, v in run.summary.items() if not isinstance(v, dict)}
         rows.append({"label": run.label, "series": run.series, "conversation_rate": run.qps,
                      "dataset": run.dataset, "target": run.target,
-                     "interrupted": run.interrupted, "path": str(run.path), **scalars})
+                     "interrupted": run.interrupted, "backend": run.backend or "vllm",
+                     "path": str(run.path), **scalars})
     pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def _backend_note(runs: Sequence[Run]) -> str | None:
+    """A plot's note when some runs were not on vLLM (emulated nodes say so)."""
+    backends = sorted({run.backend for run in runs if run.backend})
+    return "; ".join(backends) if backends else None
 
 
 def _series(runs: Sequence[Run]) -> dict[str, list[Run]]:
@@ -202,6 +212,8 @@ def plot_latency_vs_qps(runs: Sequence[Run], path: Path) -> None:
             _sane_limits(axis, [run.qps for run in runs])
             axis.grid(alpha=0.3)
         axes[0].legend()
+        if note := _backend_note(runs):
+            figure.suptitle(note, fontsize=9)
         figure.tight_layout()
         figure.savefig(path, dpi=110)
     finally:
@@ -230,7 +242,9 @@ def plot_ttft_vs_throughput(runs: Sequence[Run], path: Path) -> None:
                                   xytext=(4, 4), fontsize=8)
         axis.set_xlabel("output tokens / s")
         axis.set_ylabel("P99 TTFT (ms)")
-        axis.set_title("P99 TTFT vs throughput (labels: conversations/s)")
+        note = _backend_note(runs)
+        axis.set_title("P99 TTFT vs throughput (labels: conversations/s)"
+                       + (f"\n{note}" if note else ""))
         _sane_limits(axis, [float(run.summary.get("output_tok_s") or 0.0) for run in runs])
         axis.grid(alpha=0.3)
         axis.legend()

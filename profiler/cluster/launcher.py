@@ -34,6 +34,7 @@ from profiler.cluster.plan import (
     Connector,
     Device,
     Layout,
+    NodePlan,
     ServedModel,
     cluster_document,
     node_command,
@@ -173,6 +174,17 @@ def default_cores() -> tuple[int, ...]:
     return tuple(sorted(os.sched_getaffinity(0)))
 
 
+def plan_free_nodes(config: ClusterConfig) -> list[NodePlan]:
+    """The nodes of `config`; ClusterError if its state dir's cluster still runs or a port is
+    taken (checked before anything starts, for vLLM and emulated clusters alike)."""
+    _refuse_running(config.state_dir.resolve())
+    nodes = plan_nodes(config)
+    busy = [n.port for n in nodes if not procs.port_free(config.host, n.port)]
+    if busy:
+        raise ClusterError(f"port(s) {busy} in use; stop what holds them or choose --base-port")
+    return nodes
+
+
 def start_cluster(config: ClusterConfig, progress: Progress = _quiet) -> Cluster:
     """Start every node of `config`, wait until each answers /v1/models, write cluster.json.
 
@@ -180,11 +192,7 @@ def start_cluster(config: ClusterConfig, progress: Progress = _quiet) -> Cluster
     stopped and a ClusterError carries the tail of the failing node's log.
     """
     state_dir = config.state_dir.resolve()
-    _refuse_running(state_dir)
-    nodes = plan_nodes(config)
-    busy = [n.port for n in nodes if not procs.port_free(config.host, n.port)]
-    if busy:
-        raise ClusterError(f"port(s) {busy} in use; stop what holds them or choose --base-port")
+    nodes = plan_free_nodes(config)
     model = resolve_model(config.model, config.dtype)
     state_dir.mkdir(parents=True, exist_ok=True)
     # KV files are keyed by prompt tokens, not by model: stale ones from another run must go.
@@ -303,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     from profiler.cli import HelpFormatter
 
     examples = {
-        "up": "example:\n  ppd cluster up --model tiny --layout 1P1D --with-proxy --policy pd",
+        "up": "examples:\n  ppd cluster up --model tiny --layout 1P1D --with-proxy --policy pd\n"
+              "  ppd cluster up --emulate h100 --model llama-3.1-8b --layout 1P3D --with-proxy",
         "status": "example:\n  ppd cluster status",
         "down": "example:\n  ppd cluster down",
     }
@@ -315,7 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Start vLLM nodes (and optionally `ppd proxy`) in the "
                         "background; `ppd cluster down` stops them.", epilog=examples["up"],
                         formatter_class=HelpFormatter)
-    up.add_argument("--model", required=True, help="tiny, smollm2 or a model directory")
+    up.add_argument("--model", required=True,
+                    help="tiny, smollm2 or a model directory (with --emulate: llama-3.1-8b, tiny)")
     up.add_argument("--layout", required=True, type=_layout_arg,
                     help="nodes to start: NpMd (prefill + decode, e.g. 1P1D, 1P2D) or NR "
                     "(replicas)")
@@ -326,14 +336,21 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
                     help="port of the first node; the next nodes count up from it")
     up.add_argument("--host", default="127.0.0.1", help="address the nodes listen on")
-    up.add_argument("--max-model-len", type=int, default=4096,
-                    help="vLLM --max-model-len (context limit in tokens)")
+    up.add_argument("--max-model-len", type=int, default=None,
+                    help="vLLM --max-model-len (context limit in tokens; default 4096, with "
+                    "--emulate 32768)")
     up.add_argument("--dtype", default=None,
                     help="vLLM --dtype (default: what the model asks for, else vLLM's auto)")
     up.add_argument("--kv-cache-gib", type=int, default=1, help="CPU KV cache per node (GiB)")
     up.add_argument("--startup-timeout", type=float, default=300.0, metavar="S",
                     help="seconds to wait for every node's /health")
     up.add_argument("--vllm-args", default="", help="extra vLLM flags, one quoted string")
+    up.add_argument("--emulate", default=None, metavar="HW",
+                    help="emulated nodes timed by an engine model (h100, linear, ...) "
+                    "instead of vLLM; see docs/emulated-nodes.md")
+    up.add_argument("--link", default=None,
+                    help="with --emulate: P->D link preset (nvlink, rdma-400g, tcp-25g) or "
+                    "LATENCY_MS:GBPS")
     up.add_argument("--with-proxy", action="store_true", help="start `ppd proxy` in front")
     up.add_argument("--policy", default=None,
                     help="proxy policy with --with-proxy (default: the proxy's, pd)")
@@ -381,15 +398,24 @@ def _up(args: argparse.Namespace) -> int:
     config = ClusterConfig(
         model=args.model, layout=args.layout, state_dir=args.state, device=args.device,
         connector=args.connector, host=args.host, base_port=args.base_port,
-        max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib, dtype=args.dtype,
+        max_model_len=args.max_model_len or 4096, kv_cache_gib=args.kv_cache_gib,
+        dtype=args.dtype,
         cores=default_cores() if args.device is Device.CPU else (),
         startup_timeout_s=args.startup_timeout, vllm_args=tuple(shlex.split(args.vllm_args)),
     )
-    if args.model in {m.value for m in ModelName} and not is_ready(
-        default_model_dir(ModelName(args.model))
-    ):
-        progress(f"preparing model {args.model} (once)")
-    cluster = start_cluster(config, progress)
+    if args.emulate is not None:
+        from profiler.emulate.cluster import start_emulated_cluster
+
+        cluster = start_emulated_cluster(config, args.emulate, args.link, progress,
+                                         max_model_len=args.max_model_len)
+    elif args.link is not None:
+        raise ClusterError("--link needs --emulate (vLLM's transfer is set by --connector)")
+    else:
+        if args.model in {m.value for m in ModelName} and not is_ready(
+            default_model_dir(ModelName(args.model))
+        ):
+            progress(f"preparing model {args.model} (once)")
+        cluster = start_cluster(config, progress)
     if args.with_proxy:
         try:
             cluster.start_proxy(args.policy, args.proxy_port, args.host)

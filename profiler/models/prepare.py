@@ -188,10 +188,11 @@ def tiny_training_text() -> list[str]:
     return texts
 
 
-def _build_tiny(out: Path) -> None:
-    import torch
+def train_tiny_tokenizer() -> Any:
+    """The tiny model's byte-level BPE (a `tokenizers.Tokenizer`), trained here, deterministic.
+
+    The emulated nodes (profiler/emulate/vocab.py) tokenize with the same one."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -203,6 +204,14 @@ def _build_tiny(out: Path) -> None:
         show_progress=False,
     )
     tokenizer.train_from_iterator(tiny_training_text(), trainer=trainer)
+    return tokenizer
+
+
+def _build_tiny(out: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tokenizer = train_tiny_tokenizer()
     eos, bos = "<|im_end|>", "<|endoftext|>"
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,

@@ -213,13 +213,18 @@ async def _profile_target(args: argparse.Namespace, grid: ProfileGrid,
     async with httpx.AsyncClient(base_url=args.target, timeout=10) as client:
         model = args.model or await first_model(client)
         layout = args.layout_label or await reported_layout(client)
+    from profiler.emulate.label import emulated_backend, emulation_of
+
+    preset = await asyncio.to_thread(emulation_of, args.target)
     meta = build_meta(
-        model=model, layout=layout, backend="vllm (remote, via proxy)", grid=grid.as_meta(),
-        weights={"w_ttft": args.w_ttft, "w_tpot": args.w_tpot},
-        extra={"command": command, "target": args.target},
+        model=model, layout=layout,
+        backend=emulated_backend(preset) if preset else "vllm (remote, via proxy)",
+        grid=grid.as_meta(), weights={"w_ttft": args.w_ttft, "w_tpot": args.w_tpot},
+        extra={"command": command, "target": args.target,
+               **({"emulated": preset} if preset else {})},
     )
     # build_meta describes this machine; with --target the nodes are elsewhere.
-    meta["hardware"] = args.hardware_label or "unknown"
+    meta["hardware"] = args.hardware_label or (f"emulated ({preset})" if preset else "unknown")
     profiler = Profiler(grid=grid, target=args.target, out_csv=args.out, meta=meta,
                         seed=args.seed, model=model, tokenizer=tokenizer,
                         admin_key=args.admin_key, progress=not args.no_progress)

@@ -214,10 +214,15 @@ def main(argv: list[str]) -> int:
     summary = summarize(result.records, result.wall_time_s, slo=slo)
     label = args.label or default_label(args.out, args.dataset, rate)
     command = shlex.join(["ppd", "replay", *argv])
+    from profiler.emulate.label import emulated_backend, emulation_of
+
+    preset = emulation_of(args.target)
+    backend = emulated_backend(preset) if preset else None
     write_run(out, result, summary, label=label, dataset=args.dataset,
-              extra={"command": command})
+              extra={"command": command}, backend=backend)
+    on = f" ({backend})" if backend else ""
     print(summary_table({**summary, "conversation_rate": rate},
-                        title=f"ppd replay: {label} -> {args.target}"))
+                        title=f"ppd replay: {label} -> {args.target}{on}"))
     print(f"outputs in {out}/")
     if result.interrupted:
         print(f"ppd replay: interrupted after {len(result.records)} completed turns: they are "

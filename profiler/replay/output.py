@@ -73,10 +73,13 @@ def write_run(
     label: str,
     dataset: str,
     extra: Mapping[str, Any] | None = None,
+    backend: str | None = None,
 ) -> list[Path]:
     """Write every output of one run into out_dir (created); returns the paths written.
 
-    summary.json is written last, so a directory with one holds a whole run."""
+    summary.json is written last, so a directory with one holds a whole run. backend: what
+    served the run when it is not plain vLLM (e.g. emulated nodes and their preset); recorded
+    in summary.json and in the plot's title."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / SUMMARY_FILE).unlink(missing_ok=True)
     frame = records_frame(result.records)
@@ -96,8 +99,10 @@ def write_run(
         "interrupted": result.interrupted,
         **dict(extra or {}),
         "summary": dict(summary),
+        **({"backend": backend} if backend else {}),
     }
-    plot_ttft_cdf(result.records, out_dir / TTFT_CDF_PNG, title=label)
+    title = f"{label} [{backend}]" if backend else label
+    plot_ttft_cdf(result.records, out_dir / TTFT_CDF_PNG, title=title)
     (out_dir / SUMMARY_FILE).write_text(json.dumps(document, indent=2, default=_json_default))
     return [out_dir / name for name in (REQUESTS_CSV, REQUESTS_PARQUET, SUMMARY_FILE,
                                         TTFT_CDF_PNG)]

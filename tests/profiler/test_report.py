@@ -15,7 +15,7 @@ from profiler.replay.output import write_run
 
 
 def _run_dir(root: Path, name: str, qps: float, ttft_s: float, route: str,
-             dataset: str = "syn") -> Path:
+             dataset: str = "syn", backend: str | None = None) -> Path:
     records = [
         RequestRecord(conversation_id=f"c{i}", turn=turn, route="pd" if turn == 1 else route,
                       decode="d", prefill=None, start_s=float(i), ttft_s=ttft_s * turn,
@@ -27,7 +27,8 @@ def _run_dir(root: Path, name: str, qps: float, ttft_s: float, route: str,
     config = ReplayConfig(target="http://127.0.0.1:8000", qps=qps, duration_s=4.0)
     result = ReplayResult(records=records, wall_time_s=4.0, config=config, n_conversations=4)
     out = root / name
-    write_run(out, result, summarize(records, 4.0), label=f"{route}@{qps:g}", dataset=dataset)
+    write_run(out, result, summarize(records, 4.0), label=f"{route}@{qps:g}", dataset=dataset,
+              backend=backend)
     return out
 
 
@@ -51,6 +52,16 @@ def test_compare_table_csv_and_plots(tmp_path: Path) -> None:
     for name in ("latency_vs_load.png", "p99_ttft_vs_throughput.png"):
         assert (out / name) in written
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_runs_on_emulated_nodes_say_so_in_the_csv(tmp_path: Path) -> None:
+    emulated = "emulated (h100:llama-3.1-8b; ppd emulated nodes, not vLLM)"
+    runs = [_run_dir(tmp_path, "real", 1.0, 0.2, "pd"),
+            _run_dir(tmp_path, "emu", 1.0, 0.1, "local", backend=emulated)]
+    report.compare(runs, tmp_path / "cmp")
+    frame = pd.read_csv(tmp_path / "cmp" / "compare.csv")
+    assert list(frame["backend"]) == ["vllm", emulated]
+    assert report.load_run(runs[1]).backend == emulated
 
 
 def test_single_run_has_no_load_plots_and_labels_are_made_unique(tmp_path: Path) -> None:

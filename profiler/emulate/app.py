@@ -1,0 +1,89 @@
+"""The HTTP face of one emulated node: vLLM's OpenAI server routes on a NodeService.
+
+Routes: POST /v1/chat/completions and /v1/completions (streamed or not), GET /v1/models,
+/health, /metrics, /version. Errors are OpenAI-shaped ({"error": {...}}) like vLLM's.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from quart import Quart, Response, request
+
+from profiler.emulate.openai_format import RequestError, parse
+from profiler.emulate.runtime import EngineFailed
+from profiler.emulate.service import NodeService
+
+EMULATOR_VERSION = "ppd-emulated"
+
+
+def _error(exc: RequestError) -> Response:
+    return Response(json.dumps(exc.body()), status=exc.status, content_type="application/json")
+
+
+def create_node_app(service: NodeService) -> Quart:
+    """A Quart app serving `service`; its engine loop runs while the app is being served."""
+    app = Quart(f"emulated-{service.spec.name}")
+    app.config["RESPONSE_TIMEOUT"] = None
+    app.config["BODY_TIMEOUT"] = 600
+
+    @app.before_serving
+    async def start() -> None:
+        await service.start()
+
+    @app.after_serving
+    async def stop() -> None:
+        await service.stop()
+
+    @app.get("/health")
+    async def health() -> tuple[str, int]:
+        return "", 200
+
+    @app.get("/version")
+    async def version() -> dict[str, Any]:
+        return {"version": f"{EMULATOR_VERSION} ({service.spec.preset})"}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": service.spec.model, "object": "model", "created": 0,
+                "owned_by": f"ppd-emulated:{service.spec.preset}", "root": service.spec.model,
+                "parent": None, "max_model_len": service.spec.max_model_len, "permission": []}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(service.metrics.render(),
+                        content_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v1/chat/completions")
+    async def chat() -> Response:
+        return await _complete(chat=True)
+
+    @app.post("/v1/completions")
+    async def completions() -> Response:
+        return await _complete(chat=False)
+
+    async def _complete(chat: bool) -> Response:
+        raw = await request.get_data()
+        try:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                raise RequestError("the request body is not valid JSON") from None
+            parsed = parse(body, chat)
+            request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+            running = service.start_job(service.prepare(parsed, request_id))
+        except RequestError as exc:
+            return _error(exc)
+        if parsed.stream:
+            return Response(running.sse(), content_type="text/event-stream",
+                            headers={"Cache-Control": "no-cache"})
+        try:
+            answer = await running.answer()
+        except EngineFailed as exc:
+            return _error(RequestError(str(exc), 500, kind="InternalServerError"))
+        return Response(json.dumps(answer), content_type="application/json")
+
+    return app

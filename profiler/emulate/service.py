@@ -1,0 +1,235 @@
+"""One emulated vLLM node's request handling: prompt -> engine job -> tokens -> OpenAI answers.
+
+The P/D protocol as vLLM's NixlConnector plays it:
+- P leg (kv_transfer_params.do_remote_decode): the prompt is prefilled, the one requested token
+  returned with kv_transfer_params naming this node's engine and the request, and the KV is
+  held until the D has pulled it (or HOLD_TIMEOUT_S passes).
+- D leg (kv_transfer_params.do_remote_prefill): the prompt tokens this node does not hold are
+  pulled from the P over P's link (bytes = tokens x KV bytes per token); the request is
+  scheduled once they arrived, recomputing only the last prompt token, then decodes.
+- A local leg (no kv_transfer_params) is an ordinary request: its prompt's prefix found in this
+  node's cache (an earlier turn's prompt and reply) is not prefilled again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from profiler.emulate.link import SharedLink
+from profiler.emulate.metrics import NodeMetrics
+from profiler.emulate.openai_format import DONE, Envelope, Parsed, RequestError, sse, usage
+from profiler.emulate.port import Job, JobRejected, NodeEngine
+from profiler.emulate.runtime import EmulatedNode, EngineFailed, Stream
+from profiler.emulate.vocab import Vocabulary
+from proxy.route import Role
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """What one emulated node is: role, served model, timing preset and limits."""
+
+    name: str
+    role: Role
+    model: str
+    preset: str
+    max_model_len: int = 8192
+    kv_bytes_per_token: int = 131072  # Llama-3.1-8B bf16: 32 layers x 8 KV heads x 128 x 2 x 2
+    link_bandwidth_bytes_s: float = 450e9
+    link_latency_s: float = 0.0
+    report_cached_tokens: bool = False  # vLLM's --enable-prompt-tokens-details
+    host: str = "127.0.0.1"
+    port: int = 0
+
+
+@dataclass(slots=True)
+class Peers:
+    """The nodes of one process, by engine id, so a D can pull from its P's link."""
+
+    nodes: dict[str, NodeService] = field(default_factory=dict)
+
+
+class NodeService:
+    """Serves completions for one emulated node."""
+
+    def __init__(self, spec: NodeSpec, engine: NodeEngine, vocab: Vocabulary,
+                 peers: Peers | None = None) -> None:
+        self.spec = spec
+        self.vocab = vocab
+        self.engine_id = f"ppd-emulated-{spec.name}-{id(self):x}"
+        self.node = EmulatedNode(engine, on_token=self._on_token, on_pull=self._on_pull)
+        # This node's egress as a P; transfers from a P this process does not host run on a
+        # link of the same preset.
+        self.link = SharedLink(spec.link_bandwidth_bytes_s, spec.link_latency_s)
+        self._foreign = SharedLink(spec.link_bandwidth_bytes_s, spec.link_latency_s)
+        self._pulling: dict[str, Prepared] = {}
+        self._pulls: set[asyncio.Task[None]] = set()
+        self.peers = peers if peers is not None else Peers()
+        self.peers.nodes[self.engine_id] = self
+        self.metrics = NodeMetrics(
+            spec.model, engine.stats, self.node.pacing,
+            {"block_size": str(engine.block_size), "cache_dtype": "auto",
+             "enable_prefix_caching": "True"}, spec.preset,
+        )  # fmt: skip
+        self._ids = itertools.count()
+        self._last_token: dict[str, float] = {}
+
+    async def start(self) -> None:
+        await self.node.start()
+
+    async def stop(self) -> None:
+        await self.node.stop()
+
+    def _on_token(self, stream: Stream, now: float, n: int) -> None:
+        last = self._last_token.get(stream.job.id)
+        if last is None:
+            self.metrics.ttft.observe(now - stream.arrival)
+        else:
+            self.metrics.itl.observe(now - last)
+            self.metrics.tpot.observe(now - last)
+        self._last_token[stream.job.id] = now
+        self.metrics.generation_tokens.inc(n)
+
+    # ------------------------------------------------------------------------------- requests
+
+    def prepare(self, parsed: Parsed, request_id: str) -> Prepared:
+        """Check the request against the model and tokenize it (RequestError when invalid)."""
+        if parsed.model and parsed.model != self.spec.model:
+            raise RequestError(f"The model `{parsed.model}` does not exist.", 404, "model",
+                               "NotFoundError")
+        if parsed.messages is not None:
+            prompt = self.vocab.encode_chat(parsed.messages)
+        elif parsed.prompt_ids is not None:
+            prompt = parsed.prompt_ids
+        else:
+            prompt = self.vocab.encode_text(parsed.prompt_text or "")
+        limit = self.spec.max_model_len
+        if not prompt:
+            raise RequestError("the prompt is empty", param="prompt")
+        if len(prompt) >= limit:
+            raise RequestError(f"This model's maximum context length is {limit} tokens. However,"
+                               f" your request has {len(prompt)} input tokens.", param="messages")
+        max_tokens = parsed.max_tokens if parsed.max_tokens is not None else limit - len(prompt)
+        if len(prompt) + max_tokens > limit:
+            raise RequestError(
+                f"'max_tokens' is too large: {max_tokens}. This model's maximum context length "
+                f"is {limit} tokens and your request has {len(prompt)} input tokens "
+                f"({max_tokens} > {limit} - {len(prompt)}).", param="max_tokens")  # fmt: skip
+        job_id = f"{request_id}-{next(self._ids)}"
+        output = self.vocab.reply_ids(max_tokens, seed=job_id)
+        job = Job(job_id, prompt, output, remote_kv=parsed.wants_remote_prefill,
+                  hold_kv=parsed.wants_remote_decode)  # fmt: skip
+        return Prepared(parsed, job, Envelope.new(request_id, self.spec.model, parsed.chat))
+
+    def start_job(self, prepared: Prepared) -> Running:
+        """Submit the job (RequestError if it can never run here); tokens follow on Running."""
+        try:
+            stream = self.node.submit(prepared.job)
+        except JobRejected as exc:
+            raise RequestError(str(exc)) from None
+        except EngineFailed as exc:
+            raise RequestError(str(exc), 500, kind="InternalServerError") from None
+        self.metrics.prompt_tokens.inc(len(prepared.job.prompt_ids))
+        if prepared.job.remote_kv:
+            self._pulling[prepared.job.id] = prepared
+        return Running(self, prepared, stream)
+
+    def _on_pull(self, job_id: str, tokens: int) -> None:
+        prepared = self._pulling.get(job_id)
+        if prepared is not None:
+            task = asyncio.create_task(self._pull(prepared, tokens))
+            self._pulls.add(task)
+            task.add_done_callback(self._pulls.discard)
+
+    async def _pull(self, prepared: Prepared, tokens: int) -> None:
+        """Move `tokens` of KV from the P over its link, then let the job run."""
+        params = prepared.parsed.kv_transfer_params or {}
+        source = self.peers.nodes.get(str(params.get("remote_engine_id")))
+        link = source.link if source is not None else self._foreign
+        try:
+            await link.transfer(tokens * self.spec.kv_bytes_per_token)
+        finally:
+            if source is not None and params.get("remote_request_id"):
+                source.node.hold_released(str(params["remote_request_id"]))
+        if self._pulling.pop(prepared.job.id, None) is not None:
+            self.node.kv_arrived(prepared.job.id)
+
+    def forget(self, job_id: str) -> None:
+        """A job's answer ended (finished or the client left): drop what tracks it."""
+        self._last_token.pop(job_id, None)
+        self._pulling.pop(job_id, None)
+        self.node.abort(job_id)
+
+    def kv_transfer_params(self, job: Job) -> dict[str, Any]:
+        """What P returns for its D: where the KV is and under which request (NixlConnector)."""
+        blocks = math.ceil(len(job.prompt_ids) / self.node.engine.block_size)
+        return {"do_remote_prefill": True, "do_remote_decode": False,
+                "remote_block_ids": list(range(blocks)), "remote_engine_id": self.engine_id,
+                "remote_host": self.spec.host, "remote_port": self.spec.port, "tp_size": 1,
+                "remote_request_id": job.id}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    parsed: Parsed
+    job: Job
+    envelope: Envelope
+
+
+@dataclass(slots=True)
+class Running:
+    """A submitted job; iterate `sse()` for a streamed answer or await `answer()`."""
+
+    service: NodeService
+    prepared: Prepared
+    stream: Stream
+    produced: int = 0
+
+    @property
+    def _job(self) -> Job:
+        return self.prepared.job
+
+    def _usage(self) -> dict[str, Any]:
+        cached = self.stream.cached_tokens if self.service.spec.report_cached_tokens else None
+        return usage(len(self._job.prompt_ids), self.produced, cached)
+
+    async def _texts(self) -> AsyncGenerator[str, None]:
+        try:
+            async for n in self.stream.tokens():
+                ids = self._job.output_ids[self.produced:self.produced + n]
+                self.produced += n
+                yield self.service.vocab.decode(ids)
+            self.service.metrics.succeeded("length")
+            self.service.metrics.e2e.observe(self.service.node.now() - self.stream.arrival)
+        finally:
+            self.service.forget(self._job.id)
+
+    async def answer(self) -> dict[str, Any]:
+        parts = [text async for text in self._texts()]
+        kv = self.service.kv_transfer_params(self._job) if self._job.hold_kv else None
+        return self.prepared.envelope.complete("".join(parts), "length", self._usage(), kv)
+
+    async def sse(self) -> AsyncIterator[bytes]:
+        envelope = self.prepared.envelope
+        texts = self._texts()
+        try:
+            first = True
+            async for text in texts:
+                if first and envelope.chat:
+                    yield envelope.chunk(None, role=True)
+                first = False
+                done = self.produced >= len(self._job.output_ids)
+                yield envelope.chunk(text, "length" if done else None)
+            if self.prepared.parsed.include_usage:
+                yield envelope.usage_chunk(self._usage())
+            yield DONE
+        except EngineFailed as exc:  # what vLLM streams when a request fails mid-answer
+            yield sse({"error": RequestError(str(exc), 500, kind="InternalServerError"
+                                             ).body()["error"]})
+            yield DONE
+        finally:
+            await texts.aclose()

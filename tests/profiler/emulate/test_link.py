@@ -1,0 +1,49 @@
+"""KV transfers sharing one link: concurrent transfers split its bandwidth."""
+
+from __future__ import annotations
+
+import asyncio
+
+from profiler.emulate.link import SharedLink
+
+BANDWIDTH = 2e6  # bytes/s: 20 KB take 10 ms alone
+
+
+async def timed(link: SharedLink, nbytes: float) -> float:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await link.transfer(nbytes)
+    return loop.time() - start
+
+
+async def test_two_transfers_share_the_link_and_every_byte_arrives() -> None:
+    link = SharedLink(BANDWIDTH)
+    alone = await timed(link, 20_000)
+    both = await asyncio.gather(timed(link, 20_000), timed(link, 20_000))
+    assert alone >= 20_000 / BANDWIDTH
+    # Each got half the bandwidth while both ran: neither can finish before 2x alone's bytes.
+    assert min(both) >= 40_000 / BANDWIDTH - 1e-3
+    assert link.bytes_sent == 60_000 and link.transfers == 3 and link.in_flight == 0
+
+
+async def test_a_short_transfer_leaves_early_and_the_long_one_speeds_up() -> None:
+    link = SharedLink(BANDWIDTH)
+    short, long = await asyncio.gather(timed(link, 10_000), timed(link, 30_000))
+    assert short >= 20_000 / BANDWIDTH - 1e-3  # 10 KB at half rate
+    assert long >= 40_000 / BANDWIDTH - 1e-3  # 20 KB shared, then 20 KB alone
+    assert short < long
+
+
+async def test_a_cancelled_transfer_stops_competing() -> None:
+    link = SharedLink(BANDWIDTH)
+    doomed = asyncio.create_task(link.transfer(1_000_000))
+    await asyncio.sleep(0.005)
+    doomed.cancel()
+    elapsed = await timed(link, 20_000)
+    assert link.in_flight == 0
+    assert elapsed >= 20_000 / BANDWIDTH
+
+
+async def test_latency_comes_before_the_bytes() -> None:
+    link = SharedLink(BANDWIDTH, latency_s=0.02)
+    assert await timed(link, 0) >= 0.02
