@@ -172,6 +172,7 @@ class RedisStore(SessionStore):
         self._client: aioredis.Redis | None = None
         self._scripts: dict[str, Any] = {}
         self._probe: asyncio.Task[None] | None = None
+        self._stopping: asyncio.Event | None = None
         self._up = False
         self._live = 0
         self.cache_hits = 0
@@ -192,13 +193,19 @@ class RedisStore(SessionStore):
         if self._up:
             log.info("session store %s: sessions shared with every process using it",
                      redacted(self.url))
-        self._probe = asyncio.create_task(self._probe_forever())
+        self._stopping = asyncio.Event()
+        self._probe = asyncio.create_task(self._probe_forever(self._stopping))
 
     async def close(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probe
+        if self._probe is not None and self._stopping is not None:
+            # The probe ends on its own: a cancel landing inside a redis command can be
+            # swallowed (the client's timeout handling), which would leave it running.
+            self._stopping.set()
+            await asyncio.wait({self._probe}, timeout=COMMAND_TIMEOUT_S + 1)
+            if not self._probe.done():
+                self._probe.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._probe
         if self._client is not None:
             await self._client.aclose()
 
@@ -311,7 +318,9 @@ class RedisStore(SessionStore):
             log.warning("session store %s is back: sessions are shared again",
                         redacted(self.url))
 
-    async def _probe_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self._probe_interval)
-            await self._check()
+    async def _probe_forever(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), self._probe_interval)
+            if not stopping.is_set():
+                await self._check()
