@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.ppd-installed
 
-.PHONY: install system-deps test test-fast bench demo lint clean
+.PHONY: install system-deps test test-fast bench fuzz soak demo lint clean paper
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,19 @@ test-fast: system-deps $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks
+
+# 10,000+ hostile requests per policy against the in-process proxy (tests/proxy/fuzz_cases.py).
+fuzz: $(STAMP)
+	$(PY) -m benchmarks.fuzz
+
+# 500 concurrent streaming conversations, 2 rounds of 30 s, fakes in another process.
+soak: $(STAMP)
+	$(PY) -m benchmarks.soak
+
+# The PPD paper's tables from the committed simulator grid (docs/paper-reproduction.md says
+# how that grid was made; rebuilding it is `ppd sim grid`, about 10 minutes).
+paper: $(STAMP)
+	$(VENV)/bin/ppd sim paper docs/paper-reproduction/grid.parquet --out docs/paper-reproduction
 
 demo: $(STAMP)
 	$(VENV)/bin/ppd demo

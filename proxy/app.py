@@ -2,7 +2,7 @@
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health
 (503 while no route can be served), GET /metrics (Prometheus), GET /stats (JSON counters),
-GET /sessions (admin).
+GET /sessions (admin: 404 while no --admin-key is set, 401 without it).
 
 Forcing header `x-ppd-route: pd|local` (the profiler uses it): needs `authorization: Bearer
 ADMIN_KEY` when an admin key is configured. Forcing `local` on a request that has nothing to
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import werkzeug.exceptions
 from prometheus_client import CONTENT_TYPE_LATEST
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
@@ -89,8 +90,8 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
     router = Router(pool, sessions, policy, token_counter(config.tokenizer), metrics, load, clock,
                     config.max_in_flight)
     metrics.watch(pool.snapshot, lambda: router.admission.open)
-    discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock)
-                 if config.discovery else None)
+    discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock,
+                           config.discovery_token) if config.discovery else None)
     return ProxyState(config, pool, sessions, router, metrics, load, discovery, transport)
 
 
@@ -158,6 +159,10 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
         return _response(await state.router.handle(incoming))
 
     async def _incoming(endpoint: Endpoint) -> Incoming:
+        # The body is read (up to --max-body-bytes) even when the headers refuse the request:
+        # answering first lets the server close a connection the client is still writing to,
+        # and the reset can destroy the answer before the client reads it.
+        raw: bytes = await request.get_data(cache=False, as_text=False)  # type: ignore[assignment]
         auth = request.headers.get("authorization")
         if config.api_key and not _bearer_matches(auth, config.api_key, config.admin_key):
             raise Unauthorized("missing or invalid API key (authorization: Bearer KEY)")
@@ -167,7 +172,7 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
                 raise BadRequest(f"x-ppd-route must be one of {sorted(_FORCIBLE)}, got {forced!r}")
             if config.admin_key and not _bearer_matches(auth, config.admin_key):
                 raise Unauthorized("x-ppd-route needs authorization: Bearer ADMIN_KEY")
-        body = parse_json_object(await request.get_data(cache=False, as_text=False))  # type: ignore[arg-type]
+        body = parse_json_object(raw)
         validate_body(endpoint, body)
         return Incoming(endpoint, body, request.headers.get("x-session-id"),
                         _FORCIBLE[forced] if forced else None)
@@ -207,8 +212,11 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
 
     @app.get("/sessions")
     async def sessions() -> dict[str, Any]:
-        if config.admin_key and not _bearer_matches(request.headers.get("authorization"),
-                                                    config.admin_key):
+        # Conversation ids and turn counts are other clients' data: only an admin sees them.
+        if not config.admin_key:
+            raise werkzeug.exceptions.NotFound(
+                "/sessions is off: start the proxy with --admin-key to enable it")
+        if not _bearer_matches(request.headers.get("authorization"), config.admin_key):
             raise Unauthorized("/sessions needs authorization: Bearer ADMIN_KEY")
         return {"sessions": await state.sessions.snapshot()}
 

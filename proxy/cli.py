@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
     def announce(server: Server) -> None:
         log.info("%s", startup_line(config, server.url))
 
-    serve_app(app, config.host, config.port, on_ready=announce)
+    serve_app(app, config.host, config.port, config.shutdown_grace, on_ready=announce)
     return 0
 
 

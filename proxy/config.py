@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import ipaddress
 import json
 import math
 import tomllib
@@ -41,6 +42,17 @@ class Policy(enum.StrEnum):
     PPD = "ppd"
     THRESHOLD = "threshold"
     REPLICA = "replica"
+
+def _is_loopback_endpoint(endpoint: str) -> bool:
+    """True iff a tcp://HOST:PORT endpoint is reachable from this host only."""
+    host = endpoint.removeprefix("tcp://").rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # `*`, an interface or host name: other hosts may reach it
+        return False
+
 
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
@@ -109,6 +121,11 @@ class ProxyConfig:
         "it ~4 characters per token", metavar="DIR")
     discovery: str | None = option(None, "bind a ZMQ ROUTER here for node heartbeats",
                                    metavar="tcp://HOST:PORT")
+    discovery_token: str | None = option(
+        None, "shared secret every heartbeat must carry (env PPD_DISCOVERY_TOKEN for "
+        "`ppd register`)", metavar="T")
+    insecure_discovery: bool = option(
+        False, "allow --discovery on a non-loopback address without --discovery-token")
     heartbeat_timeout: float = option(
         10.0, "drop a registered node after S seconds without a heartbeat", metavar="S")
     session_ttl: float = option(3600.0, "forget a session idle for S seconds", metavar="S")
@@ -132,6 +149,9 @@ class ProxyConfig:
     health_interval: float = option(5.0, "seconds between health checks", metavar="S")
     load_window: float = option(
         30.0, "sliding window of the turns-per-second load meter, seconds", metavar="S")
+    shutdown_grace: float = option(
+        30.0, "on SIGTERM/SIGINT, seconds open streams may take to finish before they are cut",
+        metavar="S")
     breaker_failures: int = option(
         DEFAULT_FAILURES, "open a node's circuit after N completion failures in a row",
         metavar="N")
@@ -149,6 +169,8 @@ class ProxyConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
+        if not self.shutdown_grace >= 0:
+            raise ConfigError("--shutdown-grace must be >= 0")
         if self.breaker_failures < 1:
             raise ConfigError("--breaker-failures must be >= 1")
         if not self.breaker_cooldown >= 0:
@@ -167,6 +189,12 @@ class ProxyConfig:
                                   f"({roles[node.url]} and {node.role})")
         if self.discovery is not None and not self.discovery.startswith("tcp://"):
             raise ConfigError(f"--discovery must look like tcp://HOST:PORT, got {self.discovery!r}")
+        if (self.discovery is not None and not self.discovery_token
+                and not self.insecure_discovery and not _is_loopback_endpoint(self.discovery)):
+            raise ConfigError(f"--discovery {self.discovery} is reachable from other hosts: "
+                              "anyone who can send it a heartbeat receives user prompts. Set "
+                              "--discovery-token T (nodes register with --token T), bind "
+                              "127.0.0.1, or pass --insecure-discovery")
         if self.discovery is None and not self._servable():
             need = ("--replica" if self.policy.kind is Policy.REPLICA
                     else "at least one --prefill and one --decode")

@@ -6,12 +6,21 @@ Two heartbeat formats (msgpack maps), both accepted on the same socket:
 - ppd's own (`ppd register`): `{"type": "prefill"|"decode"|"replica", "url": "http://...",
   "models": [...]}` (models optional).
 A registered node that sends nothing for `heartbeat_timeout` seconds leaves the pool.
+
+Trust: a node in the pool receives user prompts, so with `--discovery-token` every heartbeat
+must carry `"token": T` (compared in constant time; `ppd register --token`), and without one
+the proxy refuses to bind a non-loopback address unless `--insecure-discovery` (ProxyConfig).
+vLLM's own P2pNccl heartbeats cannot carry a token: with a token set, legacy nodes register
+through `ppd register --legacy --token`. Heartbeats never touch a static node (configured by
+flag, file or cluster.json): they cannot change its role, mark it healthy or make it expire.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +36,7 @@ from proxy.route import Role
 
 log = logging.getLogger("ppd.proxy.discovery")
 
+REJECTION_LOG_INTERVAL_S = 60.0
 _LEGACY_ROLES = {"P": Role.PREFILL, "D": Role.DECODE}
 _LEGACY_TYPES = {role: kind for kind, role in _LEGACY_ROLES.items()}
 
@@ -43,6 +53,7 @@ class Heartbeat:
     role: Role
     zmq_address: str | None = None
     models: tuple[str, ...] | None = None
+    token: str | None = None
 
 
 def parse_heartbeat(payload: bytes) -> Heartbeat:
@@ -54,13 +65,15 @@ def parse_heartbeat(payload: bytes) -> Heartbeat:
     if not isinstance(data, dict):
         raise HeartbeatError("heartbeat is not a map")
     kind = data.get("type")
+    token = data.get("token")
+    token = token if isinstance(token, str) else None
     if kind in _LEGACY_ROLES:
         http_address, zmq_address = data.get("http_address"), data.get("zmq_address")
         if not isinstance(http_address, str) or not http_address:
             raise HeartbeatError("legacy heartbeat without http_address")
         url = http_address if "://" in http_address else f"http://{http_address}"
         return Heartbeat(url, _LEGACY_ROLES[kind],
-                         zmq_address if isinstance(zmq_address, str) else None)
+                         zmq_address if isinstance(zmq_address, str) else None, token=token)
     try:
         role = Role(str(kind))
     except ValueError:
@@ -70,14 +83,15 @@ def parse_heartbeat(payload: bytes) -> Heartbeat:
         raise HeartbeatError("heartbeat without an http(s) url")
     models = data.get("models")
     return Heartbeat(node_url, role, None,
-                     tuple(str(m) for m in models) if isinstance(models, list) else None)
+                     tuple(str(m) for m in models) if isinstance(models, list) else None, token)
 
 
 def heartbeat(role: Role, url: str, models: list[str], legacy: bool = False,
-              zmq_address: str | None = None) -> dict[str, Any]:
-    """The heartbeat map for a node."""
+              zmq_address: str | None = None, token: str | None = None) -> dict[str, Any]:
+    """The heartbeat map for a node (carrying the discovery token, if any)."""
+    proof = {"token": token} if token else {}
     if not legacy:
-        return {"type": role.value, "url": url, "models": models}
+        return {"type": role.value, "url": url, "models": models, **proof}
     if role not in _LEGACY_TYPES:
         raise ValueError("the legacy format knows only prefill and decode nodes")
     parts = urlsplit(url)
@@ -85,7 +99,7 @@ def heartbeat(role: Role, url: str, models: list[str], legacy: bool = False,
         raise ValueError(f"--url must carry host and port for the legacy format: {url!r}")
     http_address = f"{parts.hostname}:{parts.port}"
     return {"type": _LEGACY_TYPES[role], "http_address": http_address,
-            "zmq_address": zmq_address or http_address}
+            "zmq_address": zmq_address or http_address, **proof}
 
 
 def send_heartbeats(proxy: str, payload: dict[str, Any], interval: float, count: int = 0,
@@ -116,8 +130,11 @@ class Discovery:
     """Receives heartbeats on a bound ROUTER socket and keeps the pool's registered nodes."""
 
     def __init__(self, pool: BackendPool, address: str, heartbeat_timeout: float,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], token: str | None = None) -> None:
         self._pool = pool
+        self._token = token.encode() if token else None
+        self.rejected = 0  # heartbeats dropped: malformed, unauthenticated, or for a static node
+        self._warned_at = -math.inf
         self._address = address
         self._timeout = heartbeat_timeout
         self._clock = clock
@@ -145,14 +162,31 @@ class Discovery:
         """Apply one heartbeat to the pool (bad ones are logged and dropped)."""
         try:
             beat = parse_heartbeat(payload)
+            if not self._authentic(beat):
+                raise HeartbeatError(f"heartbeat for {beat.url} without the discovery token")
+            node = self._pool.get(beat.url)
+            if node is not None and node.source is Source.STATIC and node.role is not beat.role:
+                raise HeartbeatError(f"{beat.url} is a static {node.role} node; a heartbeat "
+                                     f"cannot make it {beat.role}")
         except HeartbeatError as exc:
-            log.warning("ignoring heartbeat: %s", exc)
+            self.rejected += 1
+            # Anyone who reaches the socket can send these: one line per interval, not per beat.
+            if self._clock() - self._warned_at >= REJECTION_LOG_INTERVAL_S:
+                self._warned_at = self._clock()
+                log.warning("ignoring heartbeat: %s (%d rejected so far)", exc, self.rejected)
             return
-        known = self._pool.get(beat.url) is not None
-        self._pool.add(beat.url, beat.role, source=Source.DISCOVERED,
-                       zmq_address=beat.zmq_address, models=beat.models, now=self._clock())
-        if not known:
+        # A static node keeps its source: health checks, not heartbeats, say whether it is up.
+        static = node is not None and node.source is Source.STATIC
+        self._pool.add(beat.url, beat.role, source=Source.STATIC if static else Source.DISCOVERED,
+                       zmq_address=beat.zmq_address,
+                       models=beat.models, now=self._clock())
+        if node is None:
             log.info("node registered: %s (%s)", beat.url, beat.role)
+
+    def _authentic(self, beat: Heartbeat) -> bool:
+        if self._token is None:
+            return True
+        return beat.token is not None and hmac.compare_digest(beat.token.encode(), self._token)
 
     def expire(self) -> list[str]:
         """Drop registered nodes whose heartbeats stopped."""

@@ -3,6 +3,7 @@
 Formats (encoded and decoded in proxy.discovery): ppd's own
 `{"type": ROLE, "url": URL, "models": [...]}`, or with `--legacy` the P2pNccl one
 `{"type": "P"|"D", "http_address": "host:port", "zmq_address": "host:port"}`.
+With `--token` (or $PPD_DISCOVERY_TOKEN) each heartbeat carries the proxy's discovery token.
 Heartbeats go every `--interval` seconds (3, like vLLM's P2pNccl nodes) until interrupted,
 or `--count` times.
 """
@@ -10,10 +11,13 @@ or `--count` times.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from proxy.discovery import heartbeat, send_heartbeats
 from proxy.route import Role
+
+TOKEN_ENV = "PPD_DISCOVERY_TOKEN"
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter,
@@ -37,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=0, help="send this many and stop (0: forever)")
     p.add_argument("--legacy", action="store_true", help="P2pNccl format (prefill/decode only)")
     p.add_argument("--zmq-address", help="legacy: the node's own KV-transfer ZMQ host:port")
+    # The default is read in main(), not here: help must never print the secret.
+    p.add_argument("--token", metavar="T",
+                   help=f"the proxy's --discovery-token (else ${TOKEN_ENV}, which is better: "
+                   "flags show up in `ps`)")
     return p
 
 
@@ -47,7 +55,9 @@ def main(argv: list[str]) -> int:
         raise ValueError("--interval must be > 0")
     if not args.url.startswith(("http://", "https://")):
         raise ValueError(f"--url must start with http:// or https://: {args.url!r}")
-    payload = heartbeat(Role(args.role), args.url, args.model, args.legacy, args.zmq_address)
+    token = args.token or os.environ.get(TOKEN_ENV)
+    payload = heartbeat(Role(args.role), args.url, args.model, args.legacy, args.zmq_address,
+                        token)
     started = time.monotonic()
     sent = send_heartbeats(args.proxy, payload, args.interval, args.count)
     print(f"sent {sent} heartbeat(s) to {args.proxy} in {time.monotonic() - started:.1f}s")

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -43,6 +44,8 @@ from proxy.tokens import (
 )
 from proxy.validate import Endpoint
 
+# Visible ASCII but `%`: what a client-chosen session id may carry unescaped in a header.
+_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
 log = logging.getLogger("ppd.proxy")
 
 # Output length assumed for requests without max_tokens until replies have been seen.
@@ -104,7 +107,10 @@ class _Turn:
 
     def headers(self) -> dict[str, str]:
         """The x-ppd-* headers known so far (an error response carries them too)."""
-        headers = {"x-ppd-session": self.lookup.session.id, "x-ppd-turn": str(self.lookup.turn)}
+        # A client-chosen id may hold CR/LF or non-Latin-1 text: percent-encode what is not
+        # plain visible ASCII (and `%` itself, so the encoding can be undone).
+        session = quote(self.lookup.session.id, safe=_HEADER_SAFE)
+        headers = {"x-ppd-session": session, "x-ppd-turn": str(self.lookup.turn)}
         if self.route is not None:
             headers["x-ppd-route"] = self.route.value
         return headers

@@ -1,6 +1,7 @@
 """Running an ASGI app (the proxy, or a test's fake vLLM) with hypercorn on a loopback port.
 
-- `serve(config)`: blocking, for `ppd proxy`; SIGINT/SIGTERM shut it down cleanly.
+- `serve(config)`: blocking, for `ppd proxy`; SIGINT/SIGTERM stop accepting connections and
+  let open streams finish for up to `--shutdown-grace` seconds before they are cut.
 - `running(app, host, port)`: async context manager yielding a `Server` (url, port); port 0
   lets the OS choose, so tests and in-process demos never collide.
 - `ServerThread`: the same in a background thread with its own event loop, for synchronous
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import socket
 import threading
@@ -24,7 +26,19 @@ from hypercorn.config import Config as HypercornConfig
 
 from proxy.config import ProxyConfig
 
-# How long a graceful shutdown may take before open streams are cut.
+log = logging.getLogger("ppd.proxy")
+
+# Every setting of the HTTP server lives here (a proxy in front of many short-lived clients):
+# - An idle keep-alive connection closes after KEEP_ALIVE_S. Hypercorn's timer runs only while
+#   a connection is idle (a request in progress stops it), so it never cuts a slow first token;
+#   with 75 s, connections whose clients had gone piled up in CLOSE-WAIT under bursts
+#   (11 -> 999 descriptors over three rounds of 300 streams; accept() failed at the fd limit).
+# - LISTEN_BACKLOG connections may wait for accept() (the kernel caps it at
+#   net.core.somaxconn); hypercorn's 100 dropped requests on bursts of 500 new clients.
+# - A graceful shutdown lets open streams finish for `grace` seconds: `ppd proxy` passes
+#   --shutdown-grace (30 s by default); in-process servers (tests, demo) wait SHUTDOWN_GRACE_S.
+KEEP_ALIVE_S = 5.0
+LISTEN_BACKLOG = 2048
 SHUTDOWN_GRACE_S = 5.0
 
 
@@ -55,25 +69,27 @@ def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     return sock
 
 
-def _hypercorn_config(sock: socket.socket) -> HypercornConfig:
+def _hypercorn_config(sock: socket.socket, grace: float) -> HypercornConfig:
     config = HypercornConfig()
     # Hypercorn takes over the already-bound socket, so the port chosen for port 0 is known.
     config.bind = [f"fd://{sock.detach()}"]
-    config.graceful_timeout = SHUTDOWN_GRACE_S
+    config.graceful_timeout = grace
     config.accesslog = None
     config.errorlog = None
-    config.keep_alive_timeout = 75
+    config.keep_alive_timeout = KEEP_ALIVE_S
+    config.backlog = LISTEN_BACKLOG
     return config
 
 
 @contextlib.asynccontextmanager
 async def running(app: Any, host: str = "127.0.0.1", port: int = 0,
+                  grace: float = SHUTDOWN_GRACE_S,
                   reuse_port: bool = False) -> AsyncIterator[Server]:
-    """Serve app in a background task for the duration of the block."""
+    """Serve app in a background task for the block; on exit, open streams get `grace` s."""
     sock = _listen(host, port, reuse_port)
     server = Server(host, sock.getsockname()[1])
     stop = asyncio.Event()
-    task = asyncio.create_task(hypercorn_serve(app, _hypercorn_config(sock),
+    task = asyncio.create_task(hypercorn_serve(app, _hypercorn_config(sock, grace),
                                                shutdown_trigger=stop.wait))
     try:
         await _wait_ready(server, task)
@@ -81,7 +97,7 @@ async def running(app: Any, host: str = "127.0.0.1", port: int = 0,
     finally:
         stop.set()
         try:
-            await asyncio.wait_for(task, SHUTDOWN_GRACE_S + 5)
+            await asyncio.wait_for(task, grace + 5)
         except (TimeoutError, asyncio.CancelledError):
             task.cancel()
 
@@ -107,10 +123,12 @@ async def _wait_ready(server: Server, task: asyncio.Task[None]) -> None:
 class ServerThread:
     """Serve an app from a background thread (its own event loop) until stop()."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0,
+                 grace: float = SHUTDOWN_GRACE_S) -> None:
         self._app = app
         self._host = host
         self._port = port
+        self._grace = grace
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -137,7 +155,7 @@ class ServerThread:
         """Shut down gracefully and join the thread."""
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(SHUTDOWN_GRACE_S + 10)
+        self._thread.join(self._grace + 10)
 
     def _run(self) -> None:
         asyncio.run(self._main())
@@ -146,7 +164,7 @@ class ServerThread:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         try:
-            async with running(self._app, self._host, self._port) as server:
+            async with running(self._app, self._host, self._port, self._grace) as server:
                 self.server = server
                 self._ready.set()
                 await self._stop.wait()
@@ -167,25 +185,27 @@ def serve(config: ProxyConfig) -> None:
     """Run the proxy on config.host:config.port until SIGINT or SIGTERM (blocking)."""
     from proxy.app import create_app  # here, so fakes can use this module without the app
 
-    serve_app(create_app(config), config.host, config.port)
+    serve_app(create_app(config), config.host, config.port, config.shutdown_grace)
 
 
-def serve_app(app: Any, host: str, port: int,
+def serve_app(app: Any, host: str, port: int, grace: float = SHUTDOWN_GRACE_S,
               on_ready: Callable[[Server], None] | None = None,
               reuse_port: bool = False) -> None:
-    """Run an ASGI app on host:port until SIGINT or SIGTERM (blocking); `on_ready` runs once
-    the socket is bound and the app started (so a busy port never gets announced)."""
-    asyncio.run(_serve_until_signal(app, host, port, on_ready, reuse_port))
+    """Run an ASGI app on host:port until SIGINT or SIGTERM (blocking), then drain open
+    streams for `grace` s; `on_ready` runs once the socket is bound and the app started (so a
+    busy port never gets announced)."""
+    asyncio.run(_serve_until_signal(app, host, port, grace, on_ready, reuse_port))
 
 
-async def _serve_until_signal(app: Any, host: str, port: int,
+async def _serve_until_signal(app: Any, host: str, port: int, grace: float,
                               on_ready: Callable[[Server], None] | None = None,
                               reuse_port: bool = False) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with running(app, host, port, reuse_port) as server:
+    async with running(app, host, port, grace, reuse_port) as server:
         if on_ready is not None:
             on_ready(server)
         await stop.wait()
+        log.info("stopping: no new connections; open streams get up to %.0f s", grace)

@@ -1,15 +1,28 @@
 """Request validation: what the proxy relies on (docs/architecture.md), before any backend is used.
 
 Only what the proxy itself relies on is checked; every other field passes through to vLLM.
+The body must be a JSON object that every later step can handle without surprises, so
+`parse_json_object` is strict where Python's `json` is lenient:
+- strict UTF-8 (no other encoding, no invalid bytes, no encoded surrogates) and no lone
+  surrogate from a `\\ud800` escape in any string, key or value: such a string cannot be
+  re-encoded to forward it;
+- no `NaN`, `Infinity` or a number that overflows to infinity (`1e999`): not JSON, and vLLM
+  would reject them after a P leg ran;
+- integers of at most MAX_INT_DIGITS digits (Python refuses to parse more than 4300);
+- nesting at most MAX_DEPTH deep (no field vLLM reads is nested deeper than a few levels).
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import math
 from typing import Any
 
 from proxy.errors import BadRequest
+
+MAX_DEPTH = 128
+MAX_INT_DIGITS = 64  # a 64-bit seed has 20; anything longer is not a number vLLM takes
 
 
 class Endpoint(enum.StrEnum):
@@ -19,22 +32,89 @@ class Endpoint(enum.StrEnum):
     COMPLETIONS = "/v1/completions"
 
 
+class _Rejected(ValueError):
+    """A JSON value the proxy refuses (raised from the decoder's hooks)."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise _Rejected(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Rejected(f"number {text[:32]} is out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _Rejected(f"integer with {len(text.lstrip('-'))} digits (at most "
+                        f"{MAX_INT_DIGITS})")
+    return int(text)
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or BadRequest."""
+    """The body as a JSON object that is safe to route and forward, or BadRequest."""
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = raw.decode("utf-8")  # strict: invalid bytes and encoded surrogates fail here
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"request body is not valid UTF-8 ({exc.reason} at byte "
+                         f"{exc.start})") from exc
+    try:
+        body = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
+                          parse_int=_bounded_int)
+    except _Rejected as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequest(f"request body is nested more than {MAX_DEPTH} levels deep") from exc
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    _check_tree(body)
     return body
+
+
+def _check_tree(root: Any) -> None:
+    """Depth and string checks without recursion (a deep body must not exhaust the stack)."""
+    stack: list[tuple[Any, int]] = [(root, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            _check_string(value)
+        elif isinstance(value, dict | list):
+            if depth > MAX_DEPTH:
+                raise BadRequest(f"request body is nested more than {MAX_DEPTH} levels deep")
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    _check_string(key)
+                    stack.append((item, depth + 1))
+            else:
+                stack.extend((item, depth + 1) for item in value)
+
+
+def _check_string(text: str) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRequest(f"request body holds a lone surrogate (\\u{ord(text[exc.start]):04x}) "
+                         "in a string; strings must be valid Unicode") from exc
+
+
+def _shown(value: Any) -> str:
+    """A value for an error message, cut short (the body may be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _check_int_at_least_1(body: dict[str, Any], name: str) -> None:
     value = body.get(name)
     # bool is an int subclass in Python; JSON true is not a token count.
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise BadRequest(f"'{name}' must be an integer >= 1, got {value!r}")
+        raise BadRequest(f"'{name}' must be an integer >= 1, got {_shown(value)}", param=name)
 
 
 def validate_body(endpoint: Endpoint, body: dict[str, Any]) -> None:
@@ -42,20 +122,22 @@ def validate_body(endpoint: Endpoint, body: dict[str, Any]) -> None:
     if endpoint is Endpoint.CHAT:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty list")
+            raise BadRequest("'messages' must be a non-empty list", param="messages")
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise BadRequest(f"messages[{i}] must be an object with a string 'role'")
+                raise BadRequest(f"messages[{i}] must be an object with a string 'role'",
+                                 param=f"messages[{i}]")
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str | list):
-            raise BadRequest("'prompt' must be a string or a list")
+            raise BadRequest("'prompt' must be a string or a list", param="prompt")
     if "stream" in body and not isinstance(body["stream"], bool):
-        raise BadRequest(f"'stream' must be a boolean, got {body['stream']!r}")
+        raise BadRequest(f"'stream' must be a boolean, got {_shown(body['stream'])}",
+                         param="stream")
     _check_int_at_least_1(body, "max_tokens")
     _check_int_at_least_1(body, "max_completion_tokens")
     if "model" in body and not isinstance(body["model"], str):
-        raise BadRequest("'model' must be a string")
+        raise BadRequest("'model' must be a string", param="model")
     conversation_id = body.get("conversation_id")
     if conversation_id is not None and not isinstance(conversation_id, str | int):
-        raise BadRequest("'conversation_id' must be a string")
+        raise BadRequest("'conversation_id' must be a string", param="conversation_id")

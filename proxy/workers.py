@@ -34,7 +34,7 @@ from quart import Quart, Response
 
 from proxy.config import ProxyConfig
 from proxy.logs import configure
-from proxy.server import SHUTDOWN_GRACE_S, Server, _listen, serve_app
+from proxy.server import Server, _listen, serve_app
 from proxy.worker_metrics import PUBLISH_INTERVAL_S, WorkerMetrics
 
 log = logging.getLogger("ppd.proxy")
@@ -91,7 +91,8 @@ def _worker_main(config: ProxyConfig, worker: int, metrics_dir: str, parent: int
     def announce(server: Server) -> None:
         log.info("worker %d: %s", worker, startup_line(config, server.url))
 
-    serve_app(app, config.host, config.port, on_ready=announce, reuse_port=True)
+    serve_app(app, config.host, config.port, config.shutdown_grace, on_ready=announce,
+              reuse_port=True)
 
 
 class Supervisor:
@@ -129,7 +130,7 @@ class Supervisor:
         for process in self._workers:
             if process.is_alive():
                 process.terminate()
-        deadline = time.monotonic() + SHUTDOWN_GRACE_S + 5
+        deadline = time.monotonic() + self.config.shutdown_grace + 5
         for process in self._workers:
             process.join(max(0.0, deadline - time.monotonic()))
             if process.is_alive():

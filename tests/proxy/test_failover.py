@@ -143,7 +143,7 @@ async def test_the_openai_client_raises_on_a_reply_cut_mid_stream(
         gauges = await _settled(proxy)
     assert "".join(parts) == "Hello from"  # what arrived before the cut
     assert raised.value.body == {"message": raised.value.message, "type": "upstream_error",
-                                 "code": "bad_gateway"}
+                                 "param": None, "code": "bad_gateway"}
     assert sessions == []
     assert not any(gauges.values())
 

@@ -141,7 +141,8 @@ async def test_a_d_dying_mid_stream_ends_with_an_error_event_and_no_done() -> No
     data = events(content)
     assert reply.status == 200 and len(data) == 3 and "[DONE]" not in data
     assert data[-1] == {"error": {"message": data[-1]["error"]["message"],
-                                  "type": "upstream_error", "code": "bad_gateway"}}
+                                  "type": "upstream_error", "param": None,
+                                  "code": "bad_gateway"}}
     assert "ReadError" in data[-1]["error"]["message"]
     assert sessions == []  # the cut reply is not what D is said to hold
     assert d1 is not None and d1.circuit.failures == 1

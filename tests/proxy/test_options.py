@@ -53,6 +53,8 @@ def test_every_proxy_option_is_a_flag_with_its_default_in_the_help(cls: type) ->
     for opt in option_fields(cls):
         assert opt.flag in help_text
         shown = "none" if opt.default is None else getattr(opt.default, "value", opt.default)
+        if opt.convert is bool:  # --x/--no-x flags say on or off
+            shown = "on" if opt.default else "off"
         assert f"(default: {shown})" in help_text
 
 

@@ -5,7 +5,10 @@ first token is what the engine model predicts for the work it did.
 Tolerances: a node's measured TTFT (its own vllm:time_to_first_token_seconds, from arrival to
 first token) may exceed the modelled step and transfer times by NODE_SLACK_S - HTTP parsing,
 tokenizing and event-loop wake-ups of a Python process on this shared 2-core machine - and
-undercut them by timer granularity only (EARLY_S). Client-side TTFTs add the proxy's legs
+undercut them by timer granularity only (EARLY_S). When the machine is busy, the emulator
+delivers steps late and says so (ppd:emulator_lag_seconds); that reported lateness is allowed
+on top, so a loaded machine shows up as lag, not as a model error. Client-side TTFTs add the
+proxy's legs
 (tens of ms of jitter here), so they are compared by their medians over CONVERSATIONS
 conversations per route.
 """
@@ -46,6 +49,7 @@ QUESTION = "And how do lakes form, and why are some of them salty?"
 TTFT = "vllm:time_to_first_token_seconds_sum"
 HITS = "vllm:prefix_cache_hits_total"
 EXTERNAL = "vllm:external_prefix_cache_hits_total"
+LAG = "ppd:emulator_lag_seconds_total"
 
 
 @pytest.fixture(scope="module")
@@ -153,8 +157,10 @@ def pd_model_s(preset: Preset, seen: Observed, p_url: str) -> tuple[float, float
     return step_s(preset, prompt - p_hit, p_hit), transfer + step_s(preset, 1, prompt - 1)
 
 
-def within(measured: float, model: float) -> bool:
-    return model - EARLY_S <= measured <= model + NODE_SLACK_S
+def within(seen: Observed, node: str, model: float) -> bool:
+    """The node's TTFT over the turn matches the model, allowing the lateness it reported."""
+    measured = seen.grew(node, TTFT)
+    return model - EARLY_S <= measured <= model + NODE_SLACK_S + seen.grew(node, LAG)
 
 
 def test_local_turn_two_beats_forced_pd_as_the_engine_model_predicts(
@@ -180,13 +186,13 @@ def test_local_turn_two_beats_forced_pd_as_the_engine_model_predicts(
         node_ttft = seen.grew(seen.turn.decode, TTFT)
         if route is None:
             model = local_model_s(preset, seen)
-            assert within(node_ttft, model), (node_ttft, model)
+            assert within(seen, seen.turn.decode, model), (node_ttft, model)
             local_ttft.append(seen.turn.ttft_s)
             local_models.append(model)
         else:
             p_model, d_model = pd_model_s(preset, seen, p_url)
-            assert within(seen.grew(p_url, TTFT), p_model), (seen.grew(p_url, TTFT), p_model)
-            assert within(node_ttft, d_model), (node_ttft, d_model)
+            assert within(seen, p_url, p_model), (seen.grew(p_url, TTFT), p_model)
+            assert within(seen, seen.turn.decode, d_model), (node_ttft, d_model)
             pd_ttft.append(seen.turn.ttft_s)
             pd_models.append(p_model + d_model)
     # The model says local is far faster; the client sees the same, proxy legs included.
