@@ -1,8 +1,8 @@
 """`ppd sim run` and `ppd sim grid`: the cluster simulator's command lines.
 
     ppd sim run --layout 1P3D --cost h100:llama-3.1-8b --policy ppd \\
-        --table tables/h100-llama-3.1-8b-1p3d.csv --dataset synthetic:small-mid_bal --qps 4
-    ppd sim grid --layouts 1P3D,2P2D --datasets paper --qps 0.5,4,16 \\
+        --table tables/h100-llama-3.1-8b-1p3d.csv --dataset synthetic:small-mid_bal --conversation-rate 4
+    ppd sim grid --layouts 1P3D,2P2D --datasets paper --conversation-rates 0.5,4,16 \\
         --policies pd,x=0.5,local,ppd --table-dir tables --out runs/grid.parquet
 
 Policy flags are the proxy's own (`--policy`, `--x`, `--table`, `--w-ttft`, `--w-tpot`, ...),

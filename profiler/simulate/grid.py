@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"comma list (default {','.join(PAPER_LAYOUTS)})")
     parser.add_argument("--datasets", default="paper",
                         help="comma list of datasets, or `paper` (the 18 synthetic workloads)")
-    parser.add_argument("--qps", "--conversation-rate", dest="qps",
+    parser.add_argument("--conversation-rates", "--qps", dest="qps",
                         default=",".join(f"{q:g}" for q in PAPER_QPS),
                         help="comma list of conversation rates, new conversations per second "
                         "(the paper's QPS; default: its ten points)")
