@@ -55,10 +55,12 @@ class Server:
         return f"http://{self.host}:{self.port}"
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # several worker processes share the port; the kernel spreads connections
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -81,9 +83,10 @@ def _hypercorn_config(sock: socket.socket, grace: float) -> HypercornConfig:
 
 @contextlib.asynccontextmanager
 async def running(app: Any, host: str = "127.0.0.1", port: int = 0,
-                  grace: float = SHUTDOWN_GRACE_S) -> AsyncIterator[Server]:
+                  grace: float = SHUTDOWN_GRACE_S,
+                  reuse_port: bool = False) -> AsyncIterator[Server]:
     """Serve app in a background task for the block; on exit, open streams get `grace` s."""
-    sock = _listen(host, port)
+    sock = _listen(host, port, reuse_port)
     server = Server(host, sock.getsockname()[1])
     stop = asyncio.Event()
     task = asyncio.create_task(hypercorn_serve(app, _hypercorn_config(sock, grace),
@@ -186,20 +189,22 @@ def serve(config: ProxyConfig) -> None:
 
 
 def serve_app(app: Any, host: str, port: int, grace: float = SHUTDOWN_GRACE_S,
-              on_ready: Callable[[Server], None] | None = None) -> None:
+              on_ready: Callable[[Server], None] | None = None,
+              reuse_port: bool = False) -> None:
     """Run an ASGI app on host:port until SIGINT or SIGTERM (blocking), then drain open
     streams for `grace` s; `on_ready` runs once the socket is bound and the app started (so a
     busy port never gets announced)."""
-    asyncio.run(_serve_until_signal(app, host, port, grace, on_ready))
+    asyncio.run(_serve_until_signal(app, host, port, grace, on_ready, reuse_port))
 
 
 async def _serve_until_signal(app: Any, host: str, port: int, grace: float,
-                              on_ready: Callable[[Server], None] | None = None) -> None:
+                              on_ready: Callable[[Server], None] | None = None,
+                              reuse_port: bool = False) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with running(app, host, port, grace) as server:
+    async with running(app, host, port, grace, reuse_port) as server:
         if on_ready is not None:
             on_ready(server)
         await stop.wait()
