@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.ppd-installed
 
-.PHONY: install test test-fast bench fuzz soak demo lint clean
+.PHONY: install system-deps test test-fast bench fuzz soak demo lint clean paper
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,10 +23,17 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-test: $(STAMP)
+# OS packages the tests run for real: haproxy (two replicas behind a load balancer, deploy/).
+system-deps:
+	@command -v haproxy >/dev/null 2>&1 || test -x /usr/sbin/haproxy || { \
+		SUDO=$$(test "$$(id -u)" -eq 0 || echo sudo); \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq haproxy >/dev/null; }
+
+test: system-deps $(STAMP)
 	$(PY) -m pytest -q -rs
 
-test-fast: $(STAMP)
+test-fast: system-deps $(STAMP)
 	$(PY) -m pytest -q -rs -m "not vllm"
 
 bench: $(STAMP)
@@ -39,6 +46,11 @@ fuzz: $(STAMP)
 # 500 concurrent streaming conversations, 2 rounds of 30 s, fakes in another process.
 soak: $(STAMP)
 	$(PY) -m benchmarks.soak
+
+# The PPD paper's tables from the committed simulator grid (docs/paper-reproduction.md says
+# how that grid was made; rebuilding it is `ppd sim grid`, about 10 minutes).
+paper: $(STAMP)
+	$(VENV)/bin/ppd sim paper docs/paper-reproduction/grid.parquet --out docs/paper-reproduction
 
 demo: $(STAMP)
 	$(VENV)/bin/ppd demo

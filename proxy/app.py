@@ -42,7 +42,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.policies import RoutingPolicy
 from proxy.route import Role
 from proxy.router import Router
-from proxy.sessions import SessionLedger
+from proxy.session_store import SessionStore, open_store, watch_store
 from proxy.table import DecisionTable
 from proxy.tokens import token_counter
 from proxy.transport import default_transport
@@ -56,7 +56,7 @@ class ProxyState:
 
     config: ProxyConfig
     pool: BackendPool
-    ledger: SessionLedger
+    sessions: SessionStore
     router: Router
     metrics: ProxyMetrics
     load: RateMeter
@@ -64,6 +64,9 @@ class ProxyState:
     transport: httpx.AsyncBaseTransport | None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     client: httpx.AsyncClient | None = None
+    exposition: Callable[[], bytes] | None = None  # /metrics; a worker's covers every worker
+    # Headers every response carries, completions included (a worker's x-ppd-worker).
+    response_headers: dict[str, str] = field(default_factory=dict)
 
     def required_roles(self) -> tuple[Role, ...]:
         """The roles that must have a healthy node for any request to be served."""
@@ -79,15 +82,16 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
     policy = RoutingPolicy(config.policy, table)
     pool = BackendPool(config.nodes, breaker=Breaker(config.breaker_failures,
                                                      config.breaker_cooldown), clock=clock)
-    ledger = SessionLedger(config.session_ttl, config.max_sessions, clock)
-    metrics = ProxyMetrics(config.policy.kind.value, lambda: len(ledger))
+    sessions = open_store(config.session_store, config.session_ttl, config.max_sessions, clock)
+    metrics = ProxyMetrics(config.policy.kind.value, sessions.live)
+    watch_store(metrics.registry, sessions)
     load = RateMeter(config.load_window, clock)
-    router = Router(pool, ledger, policy, token_counter(config.tokenizer), metrics, load, clock,
+    router = Router(pool, sessions, policy, token_counter(config.tokenizer), metrics, load, clock,
                     config.max_in_flight)
     metrics.watch(pool.snapshot, lambda: router.admission.open)
     discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock,
                            config.discovery_token) if config.discovery else None)
-    return ProxyState(config, pool, ledger, router, metrics, load, discovery, transport)
+    return ProxyState(config, pool, sessions, router, metrics, load, discovery, transport)
 
 
 def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | None = None,
@@ -110,6 +114,7 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
             timeout=httpx.Timeout(config.request_timeout, connect=config.connect_timeout),
         )
         state.router.client = state.client
+        await state.sessions.start()
         monitor = HealthMonitor(state.pool, state.client, config.health_interval)
         await monitor.check_all()
         table = state.router.policy.table
@@ -131,11 +136,18 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         state.tasks.clear()
+        await state.sessions.close()
         if state.client is not None:
             await state.client.aclose()
 
     # The completion endpoints are served by proxy.endpoints, ahead of Quart (the hot path).
-    app.asgi_app = CompletionsApp(config, state.router, app.asgi_app)  # type: ignore[method-assign, assignment]
+    app.asgi_app = CompletionsApp(config, state.router, app.asgi_app,  # type: ignore[method-assign, assignment]
+                                  state.response_headers)
+
+    @app.after_request
+    async def label(response: Response) -> Response:
+        response.headers.update(state.response_headers)
+        return response
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -151,12 +163,13 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(state.metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
+        exposition = state.exposition or state.metrics.exposition
+        return Response(exposition(), content_type=CONTENT_TYPE_LATEST)
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
         rate = state.load.rate()
-        return {**state.metrics.stats(), "sessions_live": len(state.ledger),
+        return {**state.metrics.stats(), "sessions_live": state.sessions.live(),
                 "request_rate": rate, "request_rate_unit": "requests (turns)/s",
                 "qps": rate,  # deprecated name of request_rate
                 "backends": state.pool.snapshot()}
@@ -169,7 +182,7 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
                 "/sessions is off: start the proxy with --admin-key to enable it")
         if not bearer_matches(request.headers.get("authorization"), config.admin_key):
             raise Unauthorized("/sessions needs authorization: Bearer ADMIN_KEY")
-        return {"sessions": state.ledger.snapshot()}
+        return {"sessions": await state.sessions.snapshot()}
 
     _register_error_handlers(app)
     return app

@@ -8,6 +8,7 @@ from proxy.app import create_app
 from proxy.config import Policy, ProxyConfig, config_from_args
 from proxy.logs import configure
 from proxy.server import Server, serve_app
+from proxy.workers import serve_workers
 
 log = logging.getLogger("ppd.proxy")
 
@@ -17,6 +18,8 @@ def main(argv: list[str]) -> int:
     config = config_from_args(argv)
     configure(config.log_level, config.log_format)
     app = create_app(config)  # loads the table and tokenizer: their errors surface here
+    if config.workers > 1:
+        return serve_workers(config)  # each worker builds its own app and announces itself
 
     def announce(server: Server) -> None:
         log.info("%s", startup_line(config, server.url))

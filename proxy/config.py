@@ -130,6 +130,11 @@ class ProxyConfig:
         10.0, "drop a registered node after S seconds without a heartbeat", metavar="S")
     session_ttl: float = option(3600.0, "forget a session idle for S seconds", metavar="S")
     max_sessions: int = option(100_000, "LRU bound on the sessions kept", metavar="N")
+    session_store: str = option(
+        "memory", "where sessions live: memory (this process), or Redis/Valkey shared by "
+        "workers and replicas", metavar="memory|redis://HOST:PORT/DB")
+    workers: int = option(1, "serve with N processes on one port (N > 1 needs a shared "
+                          "--session-store)", metavar="N")
     api_key: str | None = option(None, "require `Authorization: Bearer K` on completions",
                                  metavar="K")
     admin_key: str | None = option(
@@ -172,6 +177,7 @@ class ProxyConfig:
             raise ConfigError("--breaker-cooldown must be >= 0")
         if self.max_sessions < 1:
             raise ConfigError("--max-sessions must be >= 1")
+        _check_scale_out(self.session_store, self.workers, self.discovery)
         if self.max_body_bytes < 1:
             raise ConfigError("--max-body-bytes must be >= 1")
         if self.max_in_flight is not None and self.max_in_flight < 1:
@@ -200,6 +206,21 @@ class ProxyConfig:
         if self.policy.kind is Policy.REPLICA:
             return Role.REPLICA in roles
         return Role.PREFILL in roles and Role.DECODE in roles
+
+
+def _check_scale_out(store: str, workers: int, discovery: str | None) -> None:
+    if store != "memory" and not store.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError("--session-store must be memory or redis://HOST:PORT/DB "
+                          f"(rediss://, unix:///PATH also work), got {store!r}")
+    if workers < 1:
+        raise ConfigError("--workers must be >= 1")
+    if workers > 1 and store == "memory":
+        raise ConfigError(f"--workers {workers} needs a shared session store: each worker "
+                          "would know only its own sessions (add --session-store "
+                          "redis://HOST:PORT/DB)")
+    if workers > 1 and discovery is not None:
+        raise ConfigError("--workers > 1 cannot be combined with --discovery (one discovery "
+                          "socket per port); list the nodes, or run one worker per replica")
 
 
 _NODE_KEYS = {"prefill": Role.PREFILL, "decode": Role.DECODE, "replica": Role.REPLICA}

@@ -57,16 +57,21 @@ def bearer_matches(header: str | None, *keys: str | None) -> bool:
 class CompletionsApp:
     """Serves the completion endpoints; passes everything else to `fallback`."""
 
-    def __init__(self, config: ProxyConfig, router: Router, fallback: ASGIApp) -> None:
+    def __init__(self, config: ProxyConfig, router: Router, fallback: ASGIApp,
+                 response_headers: dict[str, str] | None = None) -> None:
         self._config = config
         self._router = router
         self._fallback = fallback
+        # Added to every completion response; read per response, so it may change later.
+        self._extra = response_headers if response_headers is not None else {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = _PATHS.get(scope["path"]) if scope["type"] == "http" else None
         if endpoint is None:
             await self._fallback(scope, receive, send)
             return
+        if self._extra:
+            send = _with_headers(send, self._extra)
         if scope["method"] != "POST":
             refused = MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; "
                                        "use POST")
@@ -161,6 +166,17 @@ async def _send_bytes(send: Send, status: int, headers: dict[str, str], body: by
                       content_type: str = "application/json") -> None:
     await send(_start(status, headers, content_type, len(body)))
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _with_headers(send: Send, extra: dict[str, str]) -> Send:
+    encoded = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
+
+    async def sending(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message["headers"], *encoded]
+        await send(message)
+
+    return sending
 
 
 def _as_proxy_error(exc: Exception) -> ProxyError:

@@ -13,7 +13,8 @@
 A backend's 4xx answer is not an error of the proxy: it is the client's request that is at
 fault, so `proxy.forward` returns it as a value (`forward.Answer`) and the client gets it as is.
 httpx errors never leave `proxy.forward`: they are translated there, at the boundary.
-`to_openai_body()` gives the OpenAI error shape `{"error": {"message", "type", "code"}}`;
+`to_openai_body()` gives the OpenAI error shape `{"error": {"message", "type", "param", "code"}}`
+(`param` names the request field at fault, or is null);
 `headers` carries the `x-ppd-*` headers known when the error was raised (the router adds them).
 """
 
@@ -30,9 +31,10 @@ class ProxyError(Exception):
     type: ClassVar[str] = "internal_error"
     code: ClassVar[str] = "internal_error"
 
-    def __init__(self, message: str, kind: str | None = None) -> None:
+    def __init__(self, message: str, kind: str | None = None, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.param = param
         # A finer label for metrics (e.g. "connect", "status", "timeout"); defaults to code.
         self.kind = kind or self.code
         # Response headers the client gets with the error (session, turn, route tried).
@@ -40,7 +42,8 @@ class ProxyError(Exception):
 
     def to_openai_body(self) -> dict[str, Any]:
         """The OpenAI-shaped error body."""
-        return {"error": {"message": self.message, "type": self.type, "code": self.code}}
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
 
     def body_bytes(self) -> bytes:
         """The error body as JSON bytes, ready to send."""

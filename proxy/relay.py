@@ -14,7 +14,8 @@ upstream response so vLLM aborts the request), releases whatever is still held.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+import inspect
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from proxy.backends import Backend
 from proxy.completion import SSE_EVENT_ENDS, Captured, ReplyCapture
@@ -51,7 +52,8 @@ class Relay:
     """The body of a streamed reply; iterate it, and `aclose()` it if you stop early."""
 
     def __init__(self, stream: UpstreamStream, node: Backend, lease: Lease,
-                 capture: ReplyCapture, on_reply: Callable[[Captured], None],
+                 capture: ReplyCapture,
+                 on_reply: Callable[[Captured], Awaitable[None] | None],
                  on_failure: Callable[[ProxyError], None],
                  on_close: Callable[[], None] | None = None) -> None:
         self._stream = stream
@@ -85,7 +87,7 @@ class Relay:
                 if self._capture.stream_done:
                     # Record the turn before the client can read `[DONE]`: a client that sends
                     # its next turn at once must find the session already holding this reply.
-                    self._reply_once()
+                    await self._reply_once()
                 if events := framer.feed(chunk):
                     yield events
         except ProxyError as exc:
@@ -98,12 +100,16 @@ class Relay:
         if rest := framer.flush():
             yield rest
         self._lease.settle(self._node, ok=True)
-        self._reply_once()
+        await self._reply_once()
 
-    def _reply_once(self) -> None:
+    async def _reply_once(self) -> None:
         if not self._replied:
             self._replied = True
-            self._on_reply(self._capture.finish())
+            # A shared session store records over the network: the client reads `[DONE]`
+            # only once the write is done.
+            done = self._on_reply(self._capture.finish())
+            if inspect.isawaitable(done):
+                await done
 
     async def aclose(self) -> None:
         """Stop: close the upstream response and release the lease (once)."""

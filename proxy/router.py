@@ -34,7 +34,8 @@ from proxy.metrics import ProxyMetrics
 from proxy.policies import Decision, Reason, RoutingPolicy
 from proxy.relay import Relay
 from proxy.route import Role, RouteKind, Workload
-from proxy.sessions import Lookup, SessionLedger, Transcript
+from proxy.session_store import SessionStore
+from proxy.sessions import Lookup, Transcript
 from proxy.tokens import (
     TokenCounter,
     new_input_tokens,
@@ -118,11 +119,11 @@ class _Turn:
 class Router:
     """Routes completion requests; owns no HTTP server, only the upstream legs."""
 
-    def __init__(self, pool: BackendPool, ledger: SessionLedger, policy: RoutingPolicy,
+    def __init__(self, pool: BackendPool, sessions: SessionStore, policy: RoutingPolicy,
                  counter: TokenCounter, metrics: ProxyMetrics, load: RateMeter,
                  clock: Callable[[], float], max_in_flight: int | None = None) -> None:
         self.pool = pool
-        self.ledger = ledger
+        self.sessions = sessions
         self.policy = policy
         self.counter = counter
         self.metrics = metrics
@@ -161,7 +162,8 @@ class Router:
         self._check_model(incoming.body.get("model"))
         transcript = self._transcript(incoming)
         explicit = incoming.body.get("conversation_id", incoming.session_id)
-        lookup = self.ledger.resolve(transcript, None if explicit is None else str(explicit))
+        lookup = await self.sessions.resolve(transcript,
+                                             None if explicit is None else str(explicit))
         access.session, access.turn = lookup.session.id, lookup.turn
         self.load.record()
         turn = _Turn(incoming, transcript, lookup, self._workload(incoming, transcript, lookup),
@@ -185,7 +187,7 @@ class Router:
             access.ttft_ms = ttft * 1000.0
             self.metrics.first_byte(served.route, ttft)
         self.metrics.responded(served.result.status)
-        return self._reply(turn, served, lease)
+        return await self._reply(turn, served, lease)
 
     def _check_model(self, model: Any) -> None:
         known = self.pool.models()
@@ -280,7 +282,7 @@ class Router:
             raise RuntimeError("the router has no HTTP client (is the app serving?)")
         return self.client
 
-    def _reply(self, turn: _Turn, served: _Served, lease: Lease) -> Reply:
+    async def _reply(self, turn: _Turn, served: _Served, lease: Lease) -> Reply:
         headers = turn.headers()
         if served.decode is not None:
             headers["x-ppd-decode"] = served.decode.url
@@ -291,7 +293,7 @@ class Router:
         if isinstance(result, Answer):
             if not result.rejected:
                 capture.feed(result.body)
-                self._record(turn, capture.finish())
+                await self._record(turn, capture.finish())
                 self._finished(turn, served.route)
             return Reply(result.status, headers, result.body, result.content_type)
         assert served.decode is not None  # a stream always comes from the node that answers
@@ -303,8 +305,8 @@ class Router:
             turn.access.error = f"failed mid-stream: {exc.message}"
             charge(self.pool, relay_lease, node, exc)
 
-        def on_reply(captured: Captured) -> None:
-            self._record(turn, captured)
+        async def on_reply(captured: Captured) -> None:
+            await self._record(turn, captured)
             if captured.complete:
                 self._finished(turn, served.route)
 
@@ -326,11 +328,11 @@ class Router:
         self.metrics.finished(route, e2e, ttft if turn.incoming.stream else None,
                               access.completion_tokens)
 
-    def _record(self, turn: _Turn, captured: Captured) -> None:
+    async def _record(self, turn: _Turn, captured: Captured) -> None:
         if not captured.complete:
             return  # D holds an unknown part; the session keeps what it knew
         usage = turn_usage(self.counter, captured, turn.workload.n_ctx + turn.workload.n_in)
         self.expected_output.add(usage.completion_tokens)
         turn.access.completion_tokens = usage.completion_tokens
         held = turn.transcript.held_after(captured.text, usage.held_tokens)
-        self.ledger.record_turn(turn.lookup, held)
+        await self.sessions.record(turn.lookup, held)

@@ -152,7 +152,7 @@ _SERVERS = {ServerKind.UVICORN: _uvicorn, ServerKind.HYPERCORN: _hypercorn}
 
 @contextlib.asynccontextmanager
 async def running(app: Any, host: str = "127.0.0.1", port: int = 0,
-                  grace: float = SHUTDOWN_GRACE_S, *, reuse_port: bool = False,
+                  grace: float = SHUTDOWN_GRACE_S, reuse_port: bool = False, *,
                   server: ServerKind = ServerKind.UVICORN) -> AsyncIterator[Server]:
     """Serve app in a background task for the block; on exit, open streams get `grace` s.
 
@@ -278,20 +278,22 @@ def serve(config: ProxyConfig) -> None:
 
 
 def serve_app(app: Any, host: str, port: int, grace: float = SHUTDOWN_GRACE_S,
-              on_ready: Callable[[Server], None] | None = None) -> None:
+              on_ready: Callable[[Server], None] | None = None,
+              reuse_port: bool = False) -> None:
     """Run an ASGI app on host:port until SIGINT or SIGTERM (blocking), then drain open
     streams for `grace` s; `on_ready` runs once the socket is bound and the app started (so a
     busy port never gets announced)."""
-    run_loop(_serve_until_signal(app, host, port, grace, on_ready))
+    run_loop(_serve_until_signal(app, host, port, grace, on_ready, reuse_port))
 
 
 async def _serve_until_signal(app: Any, host: str, port: int, grace: float,
-                              on_ready: Callable[[Server], None] | None = None) -> None:
+                              on_ready: Callable[[Server], None] | None = None,
+                              reuse_port: bool = False) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with running(app, host, port, grace) as server:
+    async with running(app, host, port, grace, reuse_port) as server:
         if on_ready is not None:
             on_ready(server)
         await stop.wait()

@@ -14,23 +14,22 @@ history, a retry, another user whose first message is the same) is a new branch 
 turn 1. Hash-keyed sessions keep one session per branch, so two users with the same opening
 each continue their own conversation.
 
-The ledger is bounded by an idle TTL and a max count (least recently used goes first). It only
-keeps books: which route a turn takes is the policies' business.
+This module is the vocabulary (transcripts, fingerprints, sessions, lookups). Where sessions
+live is `proxy.session_store` (in memory by default, `proxy.redis_store` for several
+processes); the in-memory index is `proxy.session_ledger`. They only keep books: which route a
+turn takes is the policies' business.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.completion import assistant_message
 
-# Hash-keyed branches examined per request; bounds the work a popular opening can cause.
-MAX_BRANCH_CANDIDATES = 32
 # Completions fallback key: the prompt's opening ends after the first of these separators ...
 TURN_SEPARATORS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "\n")
 # ... or after this many characters when the prompt has none.
@@ -100,6 +99,17 @@ class Transcript:
         """Digest of the first `length` units (None when not extendable)."""
         return None
 
+    def prefix_digests(self, lengths: Iterable[int]) -> dict[str, int]:
+        """Digest -> length for each of `lengths` shorter than this transcript: the held
+        fingerprints this request would continue (empty when not extendable)."""
+        if not self.extendable:
+            return {}
+        out: dict[str, int] = {}
+        for length in lengths:
+            if 0 < length < self.length and (digest := self.prefix_digest(length)) is not None:
+                out[digest] = length
+        return out
+
     def held_after(self, reply: str, tokens: int) -> Held | None:
         """What D holds once it has answered this request with `reply`."""
         return None
@@ -108,6 +118,11 @@ class Transcript:
         """True iff this request strictly extends the text D holds."""
         return (held is not None and self.extendable and held.length < self.length
                 and self.prefix_digest(held.length) == held.digest)
+
+    def one_turn_after(self, held: Held) -> bool:
+        """Whether what follows `held` holds no reply, so no later turn can have been recorded
+        (a session cache may answer without asking the store). Unknown for plain prompts."""
+        return True
 
 
 class ChatTranscript(Transcript):
@@ -129,6 +144,9 @@ class ChatTranscript(Transcript):
     def prefix_digest(self, length: int) -> str | None:
         return self._prefix[length] if 0 <= length < len(self._prefix) else None
 
+    def one_turn_after(self, held: Held) -> bool:
+        return all(m.get("role") != "assistant" for m in self.messages[held.length:])
+
     def held_after(self, reply: str, tokens: int) -> Held:
         hasher = self._hasher.copy()
         hasher.update(_canonical_message(assistant_message(reply)))
@@ -147,6 +165,17 @@ class PromptTranscript(Transcript):
     def prefix_digest(self, length: int) -> str | None:
         return _digest(self.prompt[:length].encode()) if length <= self.length else None
 
+    def prefix_digests(self, lengths: Iterable[int]) -> dict[str, int]:
+        # One pass over the prompt for all lengths (a popular opening may have many branches).
+        hasher = hashlib.blake2b(digest_size=16)
+        out: dict[str, int] = {}
+        done = 0
+        for length in sorted({n for n in lengths if 0 < n < self.length}):
+            hasher.update(self.prompt[done:length].encode())
+            done = length
+            out[hasher.copy().hexdigest()] = length
+        return out
+
     def held_after(self, reply: str, tokens: int) -> Held:
         text = self.prompt + reply
         return Held(len(text), _digest(text.encode()), tokens)
@@ -157,7 +186,8 @@ class Session:
     """One conversation branch: its home nodes, turns served, and what its D holds."""
 
     id: str
-    opening: str | None  # the hash key of a hash-keyed session; None for explicit ids
+    opening: str  # digest of the conversation's opening
+    hashed: bool  # found by its opening and held fingerprint (no explicit id)
     decode: str | None = None
     prefill: str | None = None
     turns: int = 0
@@ -165,13 +195,35 @@ class Session:
     held: Held | None = None
     created: float = field(default=0.0)
 
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (for the admin /sessions endpoint)."""
+        return {"id": self.id, "decode": self.decode, "prefill": self.prefill,
+                "turns": self.turns, "held_tokens": self.held.tokens if self.held else 0,
+                "last_access": self.last_access}
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """What a stored session looked like when a turn read it: its turn count and held digest.
+    A turn's write succeeds only if the session still looks like this (compare-and-set)."""
+
+    turns: int
+    digest: str | None
+
+    @staticmethod
+    def of(session: Session) -> Version:
+        """The version of a stored session."""
+        return Version(session.turns, session.held.digest if session.held else None)
+
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
-    """The ledger's answer for one request: its session and whether it continues it."""
+    """The store's answer for one request: a working copy of its session, whether the request
+    continues it, and the version read (None: the session is new, not stored yet)."""
 
     session: Session
     continuation: bool
+    version: Version | None = None
 
     @property
     def turn(self) -> int:
@@ -184,102 +236,13 @@ class Lookup:
         held = self.session.held
         return held.tokens if self.continuation and held is not None else 0
 
+    def recorded(self, held: Held | None, now: float) -> Session:
+        """The session as stored once this turn completed with D holding `held`."""
+        s = self.session
+        return Session(s.id, s.opening, s.hashed, s.decode, s.prefill, self.turn, now, held,
+                       s.created or now)
 
-class SessionLedger:
-    """Sessions by id, bounded by idle TTL and LRU count; the clock is injected."""
 
-    def __init__(self, ttl: float, max_sessions: int, clock: Callable[[], float]) -> None:
-        self._ttl = ttl
-        self._max = max_sessions
-        self._clock = clock
-        self._sessions: OrderedDict[str, Session] = OrderedDict()
-        self._by_opening: dict[str, list[str]] = {}
-        self._branches = 0
-
-    def __len__(self) -> int:
-        self._expire(self._clock())
-        return len(self._sessions)
-
-    def get(self, session_id: str) -> Session | None:
-        """A live session by id, without touching it."""
-        self._expire(self._clock())
-        return self._sessions.get(session_id)
-
-    def resolve(self, transcript: Transcript, explicit_id: str | None = None) -> Lookup:
-        """Find (or open) the session a request belongs to and tell whether it continues it."""
-        now = self._clock()
-        self._expire(now)
-        if explicit_id is not None:
-            session = self._sessions.get(explicit_id)
-            if session is None:
-                session = self._add(Session(explicit_id, None, created=now))
-            lookup = Lookup(session, transcript.continues(session.held))
-        else:
-            lookup = self._resolve_hashed(transcript, now)
-        lookup.session.last_access = now
-        self._sessions.move_to_end(lookup.session.id)
-        self._evict_over_max()
-        return lookup
-
-    def _resolve_hashed(self, transcript: Transcript, now: float) -> Lookup:
-        ids = self._by_opening.get(transcript.opening, [])
-        siblings = [self._sessions[i] for i in ids[-MAX_BRANCH_CANDIDATES:]]
-        matching = [s for s in siblings if transcript.continues(s.held)]
-        if matching:
-            return Lookup(max(matching, key=lambda s: s.held.length if s.held else 0), True)
-        base = f"h-{transcript.opening[:16]}"
-        if base not in self._sessions:
-            return Lookup(self._add(Session(base, transcript.opening, created=now)), False)
-        # A new branch of a known opening (edited history, or another user with the same
-        # first message): its own session, starting on the sibling's nodes whose prefix
-        # caches already hold the shared opening.
-        self._branches += 1
-        sibling = siblings[-1] if siblings else self._sessions[base]
-        branch = Session(f"{base}-{self._branches}", transcript.opening, sibling.decode,
-                         sibling.prefill, created=now)
-        return Lookup(self._add(branch), False)
-
-    def record_turn(self, lookup: Lookup, held: Held | None) -> None:
-        """A turn completed: advance the turn count and remember what D now holds."""
-        session = lookup.session
-        session.turns = lookup.turn
-        session.held = held
-        session.last_access = self._clock()
-        if session.id in self._sessions:
-            self._sessions.move_to_end(session.id)
-
-    def snapshot(self) -> list[dict[str, Any]]:
-        """Every live session as plain data (for the admin /sessions endpoint)."""
-        self._expire(self._clock())
-        return [
-            {"id": s.id, "decode": s.decode, "prefill": s.prefill, "turns": s.turns,
-             "held_tokens": s.held.tokens if s.held else 0, "last_access": s.last_access}
-            for s in self._sessions.values()
-        ]
-
-    def _add(self, session: Session) -> Session:
-        self._sessions[session.id] = session
-        if session.opening is not None:
-            self._by_opening.setdefault(session.opening, []).append(session.id)
-        return session
-
-    def _drop_oldest(self) -> None:
-        _, session = self._sessions.popitem(last=False)
-        if session.opening is not None:
-            ids = self._by_opening.get(session.opening, [])
-            if session.id in ids:
-                ids.remove(session.id)
-            if not ids:
-                self._by_opening.pop(session.opening, None)
-
-    def _expire(self, now: float) -> None:
-        # Sessions sit in last-access order, so the expired ones are all at the front.
-        while self._sessions:
-            oldest = next(iter(self._sessions.values()))
-            if oldest.last_access + self._ttl > now:
-                break
-            self._drop_oldest()
-
-    def _evict_over_max(self) -> None:
-        while len(self._sessions) > self._max:
-            self._drop_oldest()
+def explicit_key(session_id: str, opening: str) -> str:
+    """Where a conversation_id reused with another opening lives (the first keeps the id)."""
+    return f"{session_id}~{opening[:16]}"

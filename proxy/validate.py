@@ -114,7 +114,7 @@ def _check_int_at_least_1(body: dict[str, Any], name: str) -> None:
     value = body.get(name)
     # bool is an int subclass in Python; JSON true is not a token count.
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise BadRequest(f"'{name}' must be an integer >= 1, got {_shown(value)}")
+        raise BadRequest(f"'{name}' must be an integer >= 1, got {_shown(value)}", param=name)
 
 
 def validate_body(endpoint: Endpoint, body: dict[str, Any]) -> None:
@@ -122,20 +122,22 @@ def validate_body(endpoint: Endpoint, body: dict[str, Any]) -> None:
     if endpoint is Endpoint.CHAT:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty list")
+            raise BadRequest("'messages' must be a non-empty list", param="messages")
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise BadRequest(f"messages[{i}] must be an object with a string 'role'")
+                raise BadRequest(f"messages[{i}] must be an object with a string 'role'",
+                                 param=f"messages[{i}]")
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str | list):
-            raise BadRequest("'prompt' must be a string or a list")
+            raise BadRequest("'prompt' must be a string or a list", param="prompt")
     if "stream" in body and not isinstance(body["stream"], bool):
-        raise BadRequest(f"'stream' must be a boolean, got {_shown(body['stream'])}")
+        raise BadRequest(f"'stream' must be a boolean, got {_shown(body['stream'])}",
+                         param="stream")
     _check_int_at_least_1(body, "max_tokens")
     _check_int_at_least_1(body, "max_completion_tokens")
     if "model" in body and not isinstance(body["model"], str):
-        raise BadRequest("'model' must be a string")
+        raise BadRequest("'model' must be a string", param="model")
     conversation_id = body.get("conversation_id")
     if conversation_id is not None and not isinstance(conversation_id, str | int):
-        raise BadRequest("'conversation_id' must be a string")
+        raise BadRequest("'conversation_id' must be a string", param="conversation_id")

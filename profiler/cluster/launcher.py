@@ -312,7 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     examples = {
         "up": "examples:\n  ppd cluster up --model tiny --layout 1P1D --with-proxy --policy pd\n"
-              "  ppd cluster up --emulate h100 --model llama-3.1-8b --layout 1P3D --with-proxy",
+              "  ppd cluster up --emulate h100 --model llama-3.1-8b --layout 1P3D --with-proxy\n"
+              "  ppd cluster up --emulate h100 --model llama-3.1-8b --layout 1P3D --with-proxy "
+              "--policy ppd --proxy-args '--table tables/h100-llama-3.1-8b-1p3d.csv'",
         "status": "example:\n  ppd cluster status",
         "down": "example:\n  ppd cluster down",
     }
@@ -356,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="proxy policy with --with-proxy (default: the proxy's, pd)")
     up.add_argument("--proxy-port", type=int, default=DEFAULT_PROXY_PORT,
                     help="port of the proxy (with --with-proxy)")
+    up.add_argument("--proxy-args", default="",
+                    help="more `ppd proxy` flags with --with-proxy, one shell-quoted string "
+                    "(e.g. \"--table tables/h100-llama-3.1-8b-1p3d.csv --w-tpot 3\")")
     for name, help_ in (("status", "show each node's health"), ("down", "stop everything")):
         cmd = sub.add_parser(name, help=help_, description=help_, epilog=examples[name],
                              formatter_class=HelpFormatter)
@@ -393,8 +398,8 @@ def _up(args: argparse.Namespace) -> int:
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    if args.policy is not None and not args.with_proxy:
-        raise ClusterError("--policy needs --with-proxy")
+    if (args.policy is not None or args.proxy_args) and not args.with_proxy:
+        raise ClusterError("--policy and --proxy-args need --with-proxy")
     config = ClusterConfig(
         model=args.model, layout=args.layout, state_dir=args.state, device=args.device,
         connector=args.connector, host=args.host, base_port=args.base_port,
@@ -418,7 +423,8 @@ def _up(args: argparse.Namespace) -> int:
         cluster = start_cluster(config, progress)
     if args.with_proxy:
         try:
-            cluster.start_proxy(args.policy, args.proxy_port, args.host)
+            cluster.start_proxy(args.policy, args.proxy_port, args.host,
+                                extra_args=shlex.split(args.proxy_args))
         except BaseException:
             cluster.stop()
             raise

@@ -61,11 +61,18 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=explain_grid(),
         formatter_class=HelpFormatter,
     )
-    where = parser.add_mutually_exclusive_group(required=True)
+    where = parser.add_mutually_exclusive_group()
     where.add_argument("--target", type=base_url,
                        help="base URL (without /v1) of a running ppd proxy in front of a cluster")
     where.add_argument("--cluster", metavar="LAYOUT",
                        help="start a local cluster with this layout (e.g. 1P1D), profile, stop")
+    where.add_argument("--backend", choices=["sim"],
+                       help="sim: profile a simulated cluster (--layout, --cost) in virtual time")
+    parser.add_argument("--layout", help="with --backend sim: the layout, e.g. 1P3D")
+    parser.add_argument("--cost", default="h100:llama-3.1-8b",
+                        help="with --backend sim: cost preset (default h100:llama-3.1-8b)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="with --backend sim: worker processes (default 1)")
     parser.add_argument("--model", help="model to serve with --cluster (tiny|smollm2|DIR); "
                         "with --target, the served model name (default: the first one listed)")
     parser.add_argument("--out", type=Path, required=True,
@@ -167,6 +174,8 @@ def check_out_table(out: Path, grid: ProfileGrid, force: bool) -> None:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if not (args.target or args.cluster or args.backend):
+        raise ValueError("say where to profile: --target URL, --cluster LAYOUT or --backend sim")
     grid = grid_from_args(args)
     if args.out.suffix != ".csv":
         raise ValueError("--out names the CSV (NAME.csv); Parquet and meta.json go beside it")
@@ -192,6 +201,10 @@ def main(argv: list[str]) -> int:
 
 def _profile(args: argparse.Namespace, grid: ProfileGrid, tokenizer: TokenCounter | None,
              command: str) -> Any:
+    if args.backend == "sim":
+        from profiler.simulate.profile import profile_from_args
+
+        return profile_from_args(args, grid, command)
     if args.cluster:
         from profiler.profile.on_cluster import ClusterProfileJob, profile_on_local_cluster
 

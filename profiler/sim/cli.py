@@ -19,6 +19,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="action", required=True)
     actions.add_parser("presets", help="list cost presets, KV model shapes and links")
+    # The cluster simulator's commands (profiler.simulate); main() hands them over unparsed.
+    actions.add_parser("run", add_help=False,
+                       help="simulate a replay on a P/D cluster + the proxy (see run --help)")
+    actions.add_parser("grid", add_help=False,
+                       help="simulate layouts x workloads x qps x policies into one table")
+    actions.add_parser("paper", add_help=False,
+                       help="the PPD paper's tables and plots from a grid table")
 
     step = actions.add_parser("step", help="print the modelled time of one engine step")
     step.add_argument("--preset", required=True,
@@ -39,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("run", "grid", "paper"):
+        from profiler.simulate import cli as simulate_cli
+
+        return int(getattr(simulate_cli, f"{argv[0]}_main")(argv[1:]))
     args = build_parser().parse_args(argv)
     if args.action == "presets":
         print(render_presets())

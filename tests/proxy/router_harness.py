@@ -19,7 +19,7 @@ from proxy.policies import RoutingPolicy
 from proxy.relay import Relay
 from proxy.route import Role, RouteKind
 from proxy.router import Incoming, Reply, Router
-from proxy.sessions import SessionLedger
+from proxy.session_store import MemoryStore
 from proxy.tokens import token_counter
 from proxy.validate import Endpoint
 from tests.fakes.mock_vllm import MockCluster
@@ -76,9 +76,9 @@ async def router_over(*names: str, policy: Policy = Policy.PD, breaker: Breaker 
     clock = FakeClock(1000.0)
     pool = BackendPool([NodeSpec(cluster[n].url, ROLES[n[0]]) for n in names], breaker=breaker,
                        clock=clock)
-    ledger = SessionLedger(3600.0, 1000, clock)
-    metrics = ProxyMetrics(policy.value, lambda: len(ledger))
-    router = Router(pool, ledger, RoutingPolicy(PolicyConfig(policy)), token_counter(None),
+    sessions = MemoryStore(3600.0, 1000, clock)
+    metrics = ProxyMetrics(policy.value, sessions.live)
+    router = Router(pool, sessions, RoutingPolicy(PolicyConfig(policy)), token_counter(None),
                     metrics, RateMeter(30.0, clock), clock, max_in_flight)
     metrics.watch(pool.snapshot, lambda: router.admission.open)
     async with httpx.AsyncClient(transport=cluster.transport) as client:

@@ -43,3 +43,14 @@ async def test_a_session_id_outside_latin1_is_not_fatal(cluster: dict[str, FakeV
     assert response.status_code == 200
     raw = dict(response.headers.raw)[b"x-ppd-session"]
     assert raw.decode("ascii")  # the router percent-encodes it; the header never fails
+
+
+async def test_response_headers_of_the_state_reach_completions_and_quart_routes(
+        cluster: dict[str, FakeVLLM]) -> None:
+    async with serve_proxy(config_for(cluster)) as proxy:
+        proxy.state.response_headers["x-ppd-worker"] = "3"  # as a worker process sets it
+        completion = await proxy.client.post("/v1/chat/completions", json=chat_body("hi"))
+        refused = await proxy.client.put("/v1/chat/completions", json={})
+        health = await proxy.client.get("/health")
+    for response in (completion, refused, health):
+        assert response.headers["x-ppd-worker"] == "3"

@@ -18,7 +18,7 @@ def assert_openai_error(response: httpx.Response, status: int) -> dict[str, str]
     error = response.json()["error"]
     assert isinstance(error["message"], str) and error["message"]
     assert isinstance(error["type"], str)
-    assert "code" in error
+    assert "code" in error and "param" in error  # OpenAI's shape: param is the field, or null
     return error
 
 
@@ -52,6 +52,8 @@ async def test_bad_requests_answer_400_without_touching_backends(
                                            headers={"content-type": "application/json"})
     error = assert_openai_error(response, 400)
     assert fragment in error["message"]
+    if fragment in ("messages", "prompt", "stream", "max_tokens", "max_completion_tokens"):
+        assert error["param"] == fragment
     assert not any(node.completions for node in cluster.values())
 
 

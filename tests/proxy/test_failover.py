@@ -77,14 +77,14 @@ async def test_upstream_dying_mid_stream_ends_the_stream_with_an_error_event(
         response = await proxy.client.post("/v1/chat/completions",
                                            json=chat_body("Hi", stream=True))
         stats = (await proxy.client.get("/stats")).json()
-        sessions = proxy.state.ledger.snapshot()
+        sessions = await proxy.state.sessions.snapshot()
     assert response.status_code == 200
     assert response.text.count("data: ") == 3
     last = json.loads(response.text.split("\n\n")[-2][6:])
     assert last["error"]["code"] == "bad_gateway"
     assert "[DONE]" not in response.text
     assert stats["upstream_errors"] == {"decode:midstream": 1}
-    assert sessions[0]["turns"] == 0  # an unfinished turn teaches the ledger nothing
+    assert sessions == []  # an unfinished turn teaches the session store nothing
 
 
 async def test_client_disconnect_closes_the_upstream_stream(
@@ -139,12 +139,12 @@ async def test_the_openai_client_raises_on_a_reply_cut_mid_stream(
             async for chunk in stream:
                 parts.append(chunk.choices[0].delta.content or "")
         await client.close()
-        sessions = proxy.state.ledger.snapshot()
+        sessions = await proxy.state.sessions.snapshot()
         gauges = await _settled(proxy)
     assert "".join(parts) == "Hello from"  # what arrived before the cut
     assert raised.value.body == {"message": raised.value.message, "type": "upstream_error",
-                                 "code": "bad_gateway"}
-    assert sessions[0]["turns"] == 0
+                                 "param": None, "code": "bad_gateway"}
+    assert sessions == []
     assert not any(gauges.values())
 
 

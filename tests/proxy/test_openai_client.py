@@ -30,7 +30,7 @@ async def test_chat_stream_and_not(cluster: dict[str, FakeVLLM]) -> None:
                 parts.append(chunk.choices[0].delta.content)
             usage = chunk.usage or usage
         await client.close()
-        sessions = proxy.state.ledger.snapshot()
+        sessions = await proxy.state.sessions.snapshot()
     assert "".join(parts) == reply
     assert usage is not None and usage.completion_tokens == len(reply.split(" "))
     assert len(sessions) == 1 and sessions[0]["turns"] == 2

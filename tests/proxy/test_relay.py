@@ -21,4 +21,5 @@ def test_error_event_is_one_openai_shaped_sse_event() -> None:
     event = error_event(UpstreamError("backend died"))
     assert event.startswith(b"data: ") and event.endswith(b"\n\n") and event.count(b"\n") == 2
     assert json.loads(event[6:]) == {"error": {"message": "backend died",
-                                               "type": "upstream_error", "code": "bad_gateway"}}
+                                               "type": "upstream_error", "param": None,
+                                               "code": "bad_gateway"}}

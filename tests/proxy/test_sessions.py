@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.sessions import SessionLedger, Transcript
+from proxy.session_ledger import SessionLedger
+from proxy.sessions import Transcript
 from tests.proxy.helpers import FakeClock
 
 
@@ -103,7 +104,7 @@ def test_completions_continue_when_the_prompt_extends_prompt_plus_reply() -> Non
     ledger.record_turn(lookup, t1.held_after(" Hello!", 7))
     t2 = Transcript.from_prompt("User: hi\nAssistant: Hello!\nUser: more\nAssistant:")
     second = ledger.resolve(t2)
-    assert second.continuation and second.session is lookup.session and second.turn == 2
+    assert second.continuation and second.session.id == lookup.session.id and second.turn == 2
     assert second.cached_tokens == 7
     t3 = Transcript.from_prompt("User: hi\nAssistant: Bonjour\nUser: more\nAssistant:")
     assert not ledger.resolve(t3).continuation
@@ -134,7 +135,7 @@ def test_lru_eviction_drops_the_least_recently_used() -> None:
     for name in ("a", "b"):
         serve(ledger, msgs(name), "r", explicit=name)
         clock.now += 1
-    ledger.resolve(Transcript.from_chat(msgs("a", "r", "more")), "a")  # a is now the newest
+    serve(ledger, msgs("a", "r", "more"), "r2", explicit="a")  # a is now the newest
     clock.now += 1
     serve(ledger, msgs("c"), "r", explicit="c")
     assert ledger.get("b") is None
@@ -149,3 +150,53 @@ def test_hash_index_forgets_evicted_branches() -> None:
     serve(ledger, msgs("Hi"), "B")  # evicts the first
     assert len(ledger) == 1
     assert not ledger.resolve(Transcript.from_chat(msgs("Hi", "A", "x"))).continuation
+
+
+def test_any_number_of_conversations_with_one_opening_continue() -> None:
+    # A fixed system prompt plus "Hi": more conversations than any bounded scan would look at.
+    ledger = SessionLedger(3600, 10_000, FakeClock(1000.0))
+    ids = [serve(ledger, msgs("Hi", system="You are helpful."), f"Hello {i}")[0]
+           for i in range(200)]
+    assert len(set(ids)) == 200
+    for i in range(200):
+        sid, turn = serve(ledger, msgs("Hi", f"Hello {i}", "more", system="You are helpful."),
+                          f"r{i}")
+        assert (sid, turn) == (ids[i], 2)
+
+
+def test_completions_with_one_opening_continue_their_own_branch() -> None:
+    ledger = SessionLedger(3600, 10_000, FakeClock(1000.0))
+    opening = "System: be brief\nUser: hi\nAssistant:"
+    ids = []
+    for i in range(50):
+        t = Transcript.from_prompt(opening)
+        lookup = ledger.resolve(t)
+        ledger.record_turn(lookup, t.held_after(f" reply number {i}" + "!" * i, 5))
+        ids.append(lookup.session.id)
+    for i in (0, 17, 49):
+        t = Transcript.from_prompt(f"{opening} reply number {i}{'!' * i}\nUser: more\nAssistant:")
+        lookup = ledger.resolve(t)
+        assert lookup.continuation and lookup.session.id == ids[i] and lookup.turn == 2
+
+
+def test_a_reused_conversation_id_with_another_opening_keeps_both_sessions() -> None:
+    ledger = SessionLedger(3600, 100, FakeClock(1000.0))
+    serve(ledger, msgs("Alice here"), "Hi Alice", explicit="chat-1")
+    other, turn = serve(ledger, msgs("Bob here"), "Hi Bob", explicit="chat-1")
+    assert turn == 1 and other.startswith("chat-1~")
+    # Both continue their own conversation, under the id they both sent.
+    assert serve(ledger, msgs("Alice here", "Hi Alice", "more"), "a", explicit="chat-1") == (
+        "chat-1", 2)
+    assert serve(ledger, msgs("Bob here", "Hi Bob", "more"), "b", explicit="chat-1") == (other, 2)
+
+
+def test_a_turn_that_lost_the_race_is_not_recorded() -> None:
+    ledger = SessionLedger(3600, 100, FakeClock(1000.0))
+    serve(ledger, msgs("Hi"), "Hello", explicit="c")
+    t = Transcript.from_chat(msgs("Hi", "Hello", "next"))
+    first, second = ledger.resolve(t, "c"), ledger.resolve(t, "c")
+    assert ledger.record_turn(first, t.held_after("one", 9)) is not None
+    assert ledger.record_turn(second, t.held_after("two", 9)) is None
+    stored = ledger.get("c")
+    assert stored is not None and stored.turns == 2
+    assert Transcript.from_chat(msgs("Hi", "Hello", "next", "one", "x")).continues(stored.held)

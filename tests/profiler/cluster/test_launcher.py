@@ -312,6 +312,6 @@ def test_cli_down_without_cluster_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_cli_policy_needs_with_proxy(tmp_path: Path) -> None:
-    with pytest.raises(ClusterError, match="--policy needs --with-proxy"):
+    with pytest.raises(ClusterError, match="--policy and --proxy-args need --with-proxy"):
         cluster_mod.main(["up", "--model", "tiny", "--layout", "1P1D", "--policy", "pd",
                           "--state", str(tmp_path)])

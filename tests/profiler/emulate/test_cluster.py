@@ -72,3 +72,27 @@ def test_a_link_can_be_given_by_latency_and_bandwidth() -> None:
     for bad in ("250", "x:1", "-1:1", "5:0"):
         with pytest.raises(ValueError, match="LATENCY_MS:GBPS"):
             parse_link(bad)
+
+
+def test_up_with_a_ppd_proxy_on_a_shipped_table(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """--proxy-args hands the proxy its table, so policy ppd can start in front of emulated
+    nodes; a table the proxy refuses would fail `cluster up` (the proxy never gets healthy)."""
+    monkeypatch.setenv("PPD_CACHE_DIR", str(tmp_path / "cache"))
+    state, proxy_port = tmp_path / "state", BASE_PORT + 9
+    table = Path(__file__).parents[3] / "tables" / "h100-llama-3.1-8b-1p3d.csv"
+    try:
+        assert ppd(["cluster", "up", "--emulate", "linear", "--model", "llama-3.1-8b",
+                    "--layout", "1P1D", "--base-port", str(BASE_PORT + 5), "--state",
+                    str(state), "--with-proxy", "--policy", "ppd", "--proxy-port",
+                    str(proxy_port), "--proxy-args", f"--table '{table}' --w-tpot 3"]) == 0
+        stats = httpx.get(f"http://127.0.0.1:{proxy_port}/stats", timeout=10).json()
+        assert stats["policy"] == "ppd"
+    finally:
+        ppd(["cluster", "down", "--state", str(state)])
+
+
+def test_proxy_args_need_with_proxy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert ppd(["cluster", "up", "--emulate", "linear", "--model", "llama-3.1-8b", "--layout",
+                "1P1D", "--proxy-args", "--w-tpot 3", "--state", str(tmp_path)]) != 0
+    assert "--proxy-args need --with-proxy" in capsys.readouterr().err
