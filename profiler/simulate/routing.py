@@ -26,7 +26,8 @@ from proxy.lease import Admission, Lease
 from proxy.load import RateMeter
 from proxy.policies import Decision, Reason, RoutingPolicy
 from proxy.route import Role, RouteKind, Workload
-from proxy.sessions import Lookup, SessionLedger, Transcript
+from proxy.session_ledger import SessionLedger
+from proxy.sessions import Lookup, Transcript
 
 # The proxy's defaults (proxy.config.ProxyConfig): load window and session bounds.
 DEFAULT_LOAD_WINDOW_S = 30.0

@@ -9,7 +9,7 @@ import json
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, reject, settings
 
 from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role, ServerThread, create_app
 from proxy.config import Policy
@@ -61,8 +61,13 @@ def test_on_a_real_socket_too() -> None:
         def property_holds(case: Case) -> None:
             headers = {k: v.encode("latin-1") for k, v in case.headers.items()
                        if k not in ("host", "content-encoding")}
-            response = client.request(case.method, case.path, content=case.body,
-                                      headers=headers)
+            try:
+                response = client.request(case.method, case.path, content=case.body,
+                                          headers=headers)
+            except httpx.LocalProtocolError:
+                # h11 refuses to send it (e.g. a header value with a NUL or edge whitespace):
+                # no HTTP/1.1 client can put this case on the wire, so it proves nothing here.
+                reject()
             answered[response.status_code] = answered.get(response.status_code, 0) + 1
             check_answer(response.status_code, response.headers.get("content-type", ""),
                          response.content)
