@@ -21,9 +21,10 @@ continues its session; a client that pastes the reasoning into `content` starts 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from proxy.json_codec import loads
 
 REASONING_FIELDS = ("reasoning", "reasoning_content")
 # What ends an SSE event: a blank line, in any of the three line endings the spec allows.
@@ -75,8 +76,9 @@ def parse_payload(payload: Any) -> Delta:
         message = choice.get("delta", choice.get("message"))
         if isinstance(message, dict):  # chat: a streamed delta or a whole message
             text += _string(message.get("content"))
-            reasoning += next(filter(None, (_string(message.get(f)) for f in REASONING_FIELDS)),
-                              "")
+            # The first of REASONING_FIELDS that holds text (a server may send both).
+            reasoning += (_string(message.get("reasoning"))
+                          or _string(message.get("reasoning_content")))
         else:  # completions
             text += _string(choice.get("text"))
         if isinstance(choice.get("finish_reason"), str):
@@ -90,7 +92,7 @@ def parse_data(data: str | bytes) -> Delta:
     if data in ("[DONE]", b"[DONE]"):
         return DONE
     try:
-        payload = json.loads(data)
+        payload = loads(data)
     except ValueError:
         shown = data if isinstance(data, str) else data.decode("utf-8", "replace")
         return Delta(error=f"malformed stream event: {shown[:80]!r}")
@@ -113,6 +115,15 @@ class Captured:
     complete: bool
 
 
+def _event_end(buffer: bytearray, start: int, any_cr: bool) -> tuple[int, int]:
+    """Where the first SSE event at or after start ends, and its separator's size (-1, 0:
+    not complete yet)."""
+    if not any_cr:
+        return buffer.find(b"\n\n", start), 2
+    ends = [(i, len(sep)) for sep in SSE_EVENT_ENDS if (i := buffer.find(sep, start)) >= 0]
+    return min(ends) if ends else (-1, 0)
+
+
 class ReplyCapture:
     """Reads a response body fed in arbitrary chunks: SSE events when streamed, else one JSON."""
 
@@ -125,22 +136,25 @@ class ReplyCapture:
         self._finish_reason: str | None = None
         self._done = False
         self._failed = False
+        self._cr = False
 
     def feed(self, chunk: bytes) -> None:
         """Take the next body bytes."""
         self._buffer += chunk
         if not self._stream:
             return
-        while True:
-            ends = [(i, len(sep)) for sep in SSE_EVENT_ENDS if (i := self._buffer.find(sep)) >= 0]
-            if not ends:
-                return
-            end, size = min(ends)
-            event = bytes(self._buffer[:end])
-            del self._buffer[: end + size]
-            for line in event.splitlines():
+        # vLLM ends events with "\n\n" only; the other two endings are looked for once a CR
+        # has been seen, so a long chunk is not scanned three times per event.
+        self._cr = self._cr or b"\r" in chunk
+        buffer, start = self._buffer, 0
+        while (found := _event_end(buffer, start, self._cr))[0] >= 0:
+            end, size = found
+            for line in buffer[start:end].splitlines():
                 if line.startswith(b"data:"):
-                    self._take(parse_data(line[5:]))
+                    self._take(parse_data(bytes(line[5:])))
+            start = end + size
+        if start:
+            del buffer[:start]
 
     def _take(self, delta: Delta) -> None:
         if delta.error is not None:

@@ -17,7 +17,8 @@ import json
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # type names only: the policies import the config, which imports this
@@ -125,7 +126,8 @@ class AccessEntry:
 
     def fields(self) -> dict[str, Any]:
         """The entry as a JSON-ready dict (None values left out)."""
-        return {k: v for k, v in asdict(self).items() if v is not None and k != "_emitted"}
+        return {name: value for name in _ACCESS_FIELDS
+                if (value := getattr(self, name)) is not None}
 
     def line(self) -> str:
         """The text form: `POST /v1/chat/completions 200 session=... route=local ...`."""
@@ -154,3 +156,6 @@ class AccessEntry:
         if _access.isEnabledFor(logging.INFO):
             level = logging.INFO if (self.status or 500) < 500 else logging.WARNING
             _access.log(level, "%s", self.line(), extra={"fields": self.fields()})
+
+
+_ACCESS_FIELDS = tuple(f.name for f in dataclass_fields(AccessEntry) if not f.name.startswith("_"))

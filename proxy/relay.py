@@ -48,6 +48,18 @@ class SseFramer:
         return rest
 
 
+def _split_before_done(events: bytes) -> tuple[bytes, bytes]:
+    """Complete events cut at the start of the line holding `[DONE]` (b"" if none).
+
+    A `[DONE]` inside a reply's text cuts earlier than needed, which only holds some bytes
+    back until the capture has read them; the bytes sent are the same either way."""
+    at = events.find(b"[DONE]")
+    if at < 0:
+        return events, b""
+    line_start = max(events.rfind(b"\n", 0, at), events.rfind(b"\r", 0, at)) + 1
+    return events[:line_start], events[line_start:]
+
+
 class Relay:
     """The body of a streamed reply; iterate it, and `aclose()` it if you stop early."""
 
@@ -83,13 +95,18 @@ class Relay:
         framer = SseFramer()
         try:
             async for chunk in self._stream.chunks():
+                # The client gets the bytes before the capture parses them (the first token is
+                # not delayed by reading the rest of a chunk), except `[DONE]`: the turn is
+                # recorded before the client can read it, so a client that sends its next turn
+                # at once finds the session already holding this reply.
+                head, done = _split_before_done(framer.feed(chunk))
+                if head:
+                    yield head
                 self._capture.feed(chunk)
                 if self._capture.stream_done:
-                    # Record the turn before the client can read `[DONE]`: a client that sends
-                    # its next turn at once must find the session already holding this reply.
                     await self._reply_once()
-                if events := framer.feed(chunk):
-                    yield events
+                if done:
+                    yield done
         except ProxyError as exc:
             if self._capture.stream_done:
                 self._lease.settle(self._node, ok=True)

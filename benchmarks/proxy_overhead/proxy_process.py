@@ -6,6 +6,8 @@
 with a chosen upstream transport (`httpx`: httpx's own pool; `aiohttp`: `proxy.transport`),
 ASGI server and event loop, so the parts can be compared in one run:
 `TRANSPORT+SERVER[+asyncio]` (the loop is uvloop unless `+asyncio`), or `aiohttp+granian`.
+`floor` is not ppd: the same parts relaying with no logic at all (`floor.py`), the cost of the
+hops alone.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 from typing import Any
 
 STACKS = ("default", "httpx+hypercorn+asyncio", "httpx+uvicorn", "aiohttp+hypercorn+asyncio",
-          "aiohttp+uvicorn+asyncio", "aiohttp+uvicorn", "aiohttp+granian")
+          "aiohttp+uvicorn+asyncio", "aiohttp+uvicorn", "aiohttp+granian", "floor")
 
 
 def _transport(name: str) -> Any:
@@ -70,6 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     from proxy.config import config_from_args
 
     config = config_from_args(proxy_args)
+    if args.stack == "floor":
+        import uvloop
+
+        from benchmarks.proxy_overhead.floor import FloorApp
+        from proxy.route import Role
+
+        first = {node.role: node.url.rstrip("/") for node in reversed(config.nodes)}
+        floor = FloorApp(first[Role.PREFILL], first[Role.DECODE], str(config.policy.kind))
+        uvloop.run(_serve(floor, config.host, config.port, "uvicorn"))
+        return 0
     transport, server, *loop = args.stack.split("+")
     app = create_app(config, transport=_transport(transport))
     # As `ppd proxy` configures it (INFO), so hot-path logging costs what it costs there.

@@ -184,6 +184,8 @@ def run(plan: Plan, progress: IO[str] | None = None) -> list[Row]:
         with backend(plan.tokens) as (prefill, decode):
             for target in plan.targets:
                 stacks = ("-",) if target == "direct" else plan.stacks
+                if target not in ("pd", "local"):  # the floor relays; it has no policy
+                    stacks = tuple(stack for stack in stacks if stack != "floor")
                 for stack in stacks:
                     rows += _target_rows(gen, plan, target, stack, prefill, decode, progress)
     finally:

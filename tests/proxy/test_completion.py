@@ -97,3 +97,18 @@ def test_capture_takes_every_sse_line_ending(end: str) -> None:
     events = ['data: {"choices": [{"index": 0, "text": "Hi"}]}', "data: [DONE]"]
     capture.feed("".join(event + end for event in events).encode())
     assert capture.finish() == Captured("Hi", "", None, None, True)
+
+
+def test_capture_follows_a_stream_that_changes_its_line_ending() -> None:
+    # "\n\n" events first (the fast path looks for nothing else), then CRLF ones.
+    capture = ReplyCapture(stream=True)
+    capture.feed(b'data: {"choices": [{"index": 0, "text": "a"}]}\n\n')
+    capture.feed(b'data: {"choices": [{"index": 0, "text": "b"}]}\r\n\r\n'
+                 b'data: {"choices": [{"index": 0, "text": "c"}]}\n\ndata: [DONE]\r\n\r\n')
+    assert capture.finish() == Captured("abc", "", None, None, True)
+
+
+def test_a_payload_python_json_allows_but_orjson_refuses_is_still_read() -> None:
+    # NaN in a logprob: the standard library's reading, not a malformed event.
+    delta = parse_data(b'{"choices": [{"index": 0, "text": "x", "logprobs": NaN}]}')
+    assert delta.error is None and delta.text == "x"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncGenerator
 
+from proxy.completion import Captured, ReplyCapture
 from proxy.errors import UpstreamError
-from proxy.relay import SseFramer, error_event
+from proxy.relay import Relay, SseFramer, _split_before_done, error_event
 
 
 def test_framer_passes_whole_events_and_holds_a_partial_one() -> None:
@@ -23,3 +25,53 @@ def test_error_event_is_one_openai_shaped_sse_event() -> None:
     assert json.loads(event[6:]) == {"error": {"message": "backend died",
                                                "type": "upstream_error", "param": None,
                                                "code": "bad_gateway"}}
+
+
+def test_done_is_cut_off_at_the_start_of_its_line() -> None:
+    events = b'data: {"a": 1}\n\ndata: [DONE]\n\n'
+    assert _split_before_done(events) == (b'data: {"a": 1}\n\n', b"data: [DONE]\n\n")
+    assert _split_before_done(b'data: {"a": 1}\n\n') == (b'data: {"a": 1}\n\n', b"")
+    assert _split_before_done(b"data: [DONE]\r\n\r\n") == (b"", b"data: [DONE]\r\n\r\n")
+    # "[DONE]" in a reply's text cuts early: the same bytes, more of them held back.
+    text = b'data: {"t": "[DONE]"}\n\ndata: [DONE]\n\n'
+    assert b"".join(_split_before_done(text)) == text
+
+
+class _Stream:
+    """An upstream stream that arrived as one chunk (a fast D: the whole reply at once)."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
+        yield self.body
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _Lease:
+    def settle(self, node: object, ok: bool) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+async def test_the_client_gets_the_reply_before_it_is_parsed_and_done_after_it_is_recorded(
+        ) -> None:
+    reply = (b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n'
+             b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n')
+    body = reply + b"data: [DONE]\n\n"
+    seen: list[object] = []
+
+    def on_reply(captured: Captured) -> None:
+        seen.append(captured)
+
+    relay = Relay(_Stream(body), None, _Lease(), ReplyCapture(stream=True),  # type: ignore[arg-type]
+                  on_reply, lambda exc: None)
+    async for piece in relay:
+        seen.append(piece)
+    assert seen[0] == reply  # the tokens went out first
+    assert isinstance(seen[1], Captured) and seen[1].text == "Hi" and seen[1].complete
+    assert seen[2:] == [b"data: [DONE]\n\n"]  # [DONE] only once the turn was recorded

@@ -1,0 +1,35 @@
+"""JSON on the hot path: orjson where it can, the standard library where orjson refuses.
+
+The proxy decodes every SSE event it relays (the reply capture) and encodes every leg's body;
+with the standard library that was a third of its CPU per request (benchmarks/proxy_overhead).
+orjson refuses what Python's json allows - NaN/Infinity in a payload, integers beyond 64 bits
+in a body to encode (the request validation lets any int of up to 64 digits through) - so
+those fall back to the standard library and read or write as before.
+
+`loads` is for reading what the proxy does not pass on: orjson reads an integer beyond 64
+bits as a float. What goes on to a node (P's kv_transfer_params) is read by `json` itself.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+
+def loads(data: str | bytes) -> Any:
+    """Decode one JSON document (ValueError when it is not one); integers beyond 64 bits come
+    back as floats."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
+def dumps(value: Any) -> bytes:
+    """Encode a JSON-ready value as compact UTF-8 bytes."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # orjson.JSONEncodeError: an int beyond 64 bits, a non-str key
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()

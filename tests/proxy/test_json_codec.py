@@ -1,0 +1,35 @@
+"""The hot path's JSON: orjson's output where it can, the standard library's where it cannot."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from proxy.json_codec import dumps, loads
+
+
+def test_dumps_is_compact_utf8_json_that_reads_back() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "héllo \u2028 \"q\""}],
+            "max_tokens": 7, "temperature": 0.5, "stream": True, "stop": None}
+    encoded = dumps(body)
+    assert json.loads(encoded) == body
+    assert b" " not in encoded.replace(b"h\xc3\xa9llo \xe2\x80\xa8 ", b"")
+
+
+def test_integers_beyond_64_bits_are_written_exactly() -> None:
+    # The request validation lets up to 64 digits through; orjson stops at 64 bits.
+    assert dumps({"max_tokens": 10**30}) == b'{"max_tokens":1' + b"0" * 30 + b"}"
+    assert dumps({"n": -(2**63) - 1}) == b'{"n":-9223372036854775809}'
+
+
+def test_nan_and_infinity_are_read_as_python_reads_them() -> None:
+    value = loads(b'[NaN, Infinity, -Infinity]')
+    assert math.isnan(value[0]) and value[1:] == [math.inf, -math.inf]
+
+
+@pytest.mark.parametrize("text", [b"{not json", b"", b'{"a": 1'])
+def test_not_json_raises_value_error(text: bytes) -> None:
+    with pytest.raises(ValueError):
+        loads(text)
