@@ -163,7 +163,7 @@ class LoadGenerator:
         self._proc.wait(10)
 
 
-def _measure(gen: LoadGenerator, url: str, pid: int | None, job: dict[str, Any]
+def measure(gen: LoadGenerator, url: str, pid: int | None, job: dict[str, Any]
              ) -> tuple[dict[str, Any], float | None, float | None]:
     process = psutil.Process(pid) if pid is not None else None
     before = process.cpu_times() if process else None
@@ -201,7 +201,7 @@ def _target_rows(gen: LoadGenerator, plan: Plan, target: str, stack: str, prefil
     def measure(url: str, pid: int | None) -> None:
         for turns in plan.turns:
             for conc in plan.concurrency:
-                result, cpu, rss = _measure(gen, url, pid,
+                result, cpu, rss = measure(gen, url, pid,
                                             {**job, "turns": turns, "concurrency": conc})
                 rows.append(Row(target, stack, turns, conc, result, cpu, rss))
                 if progress is not None:
@@ -216,7 +216,7 @@ def _target_rows(gen: LoadGenerator, plan: Plan, target: str, stack: str, prefil
         measure(url, pid)
         long_job = {**job, "duration": plan.duration * plan.long_factor, "turns": max(plan.turns),
                     "concurrency": plan.long_concurrency}
-        result, _, rss = _measure(gen, url, pid, long_job)
+        result, _, rss = measure(gen, url, pid, long_job)
         for row in rows:
             row.extra = {"rss_long_mb": rss, "long_errors": result["errors"],
                          "long_requests": result["requests_total"]}
