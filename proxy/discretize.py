@@ -46,9 +46,10 @@ WORKLOAD_SHAPES: dict[str, Shape] = {
 
 # Turn-1 profiles the profiler uses to reach each context class (input, output tokens).
 # small and large are the PPD paper's two turn-1 profiles (context 256 and 2,048 tokens after
-# turn 1). huge has no profile in the paper: 8192/1024 leaves D holding 9,216 tokens, near the
-# median context of ShareGPT's turns past 4,096 tokens (~10.6k; 4096/1024 would sit at their
-# 10th percentile), while the 1,024 output tokens keep turn 1 as long as large's. A real
+# turn 1). huge has no profile in the paper: 8192/1024 leaves D holding 9,216 tokens, inside
+# the spread of ShareGPT's follow-up turns past 4,096 tokens of context (median ~10.6k over a
+# 600-conversation sample, ~6.1k in the simulated 16 conversations/s run; 4096/1024 would sit
+# at the bottom of both), while the 1,024 output tokens keep turn 1 as long as large's. A real
 # cluster needs max_model_len >= 9,216 + turn 2 for it (vLLM-CPU's default 4,096 is not).
 TURN1_PROFILES: dict[ContextClass, Shape] = {
     ContextClass.SMALL: Shape(128, 128),
