@@ -45,10 +45,21 @@ WORKLOAD_SHAPES: dict[str, Shape] = {
 }
 
 # Turn-1 profiles the profiler uses to reach each context class (input, output tokens).
+# small and large are the PPD paper's two turn-1 profiles (context 256 and 2,048 tokens after
+# turn 1). huge has no profile in the paper: 8192/1024 leaves D holding 9,216 tokens, inside
+# the spread of ShareGPT's follow-up turns past 4,096 tokens of context (median ~10.6k over a
+# 600-conversation sample, ~6.1k in the simulated 16 conversations/s run; 4096/1024 would sit
+# at the bottom of both), while the 1,024 output tokens keep turn 1 as long as large's. A real
+# cluster needs max_model_len >= 9,216 + turn 2 for it (vLLM-CPU's default 4,096 is not).
 TURN1_PROFILES: dict[ContextClass, Shape] = {
     ContextClass.SMALL: Shape(128, 128),
     ContextClass.LARGE: Shape(1024, 1024),
+    ContextClass.HUGE: Shape(8192, 1024),
 }
+
+# The paper's turn-1 profiles: what `ppd profile` measures by default, the synthetic `mixed`
+# and `multi-N` workloads draw from, and `ppd sim grid --datasets paper` spans (2 x 9 shapes).
+PAPER_CONTEXTS: tuple[ContextClass, ...] = (ContextClass.SMALL, ContextClass.LARGE)
 
 
 class Cell(NamedTuple):

@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "qps [request rates], duration_s, warmup_conversations, timeout_s, "
                         "max_conversations); flags override it")
     parser.add_argument("--contexts", help="comma list of context classes (default: "
-                        f"{','.join(c.value for c in defaults.contexts)})")
+                        f"{','.join(c.value for c in defaults.contexts)}; add huge, an 8k-token "
+                        "turn 1, for a GPU or simulated cluster)")
     parser.add_argument("--workloads", help="comma list of turn-2 shapes (default: all nine, "
                         "listed below)")
     rate = parser.add_mutually_exclusive_group()

@@ -42,7 +42,7 @@ import pandas as pd
 from profiler.replay.client import ReplayConfig, RequestRecord, replay
 from profiler.tables.io import KEY_COLUMNS, meta_path, normalize, read_table, write_table
 from profiler.traces.synthetic import two_turn_conversations
-from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES, Cell, ContextClass
+from proxy.discretize import PAPER_CONTEXTS, TURN1_PROFILES, WORKLOAD_SHAPES, Cell, ContextClass
 from proxy.route import RouteKind
 from proxy.tokens import TOKEN_DEFINITION, EstimateTokenCounter, TokenCounter
 
@@ -58,7 +58,9 @@ GRID_KEYS = frozenset(
 class ProfileGrid:
     """What to measure. Built once from flags or a YAML file, validated here."""
 
-    contexts: tuple[ContextClass, ...] = (ContextClass.SMALL, ContextClass.LARGE)
+    # huge (an 8k-token turn 1) is opt-in: far too slow for the CPU cluster, too long for its
+    # max_model_len.
+    contexts: tuple[ContextClass, ...] = PAPER_CONTEXTS
     workloads: tuple[str, ...] = tuple(WORKLOAD_SHAPES)
     qps: tuple[float, ...] = (0.5, 1.0)
     duration_s: float = 60.0

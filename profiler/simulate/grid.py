@@ -8,7 +8,8 @@ output is a Parquet file (or CSV, by the suffix) with one row per cell.
 Policies are named as in reports: `pd` (x=0), `local` (x=1), `x=0.33` (fixed share), `replica`,
 `ppd`, `ppd-wtpot3` (ppd with --w-tpot 3), `threshold-256`. `replica` runs only on layouts
 with R nodes (e.g. 4R), the others only on P/D layouts; other combinations are skipped.
-`--datasets paper` is the paper's 18 synthetic workloads (2 turn-1 profiles x 9 shapes).
+`--datasets paper` is the paper's 18 synthetic workloads (2 turn-1 profiles x 9 shapes); the
+`huge` ones (`synthetic:huge-SHAPE`, turn 1 of 8192/1024) are not in it and are named one by one.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from profiler.simulate.cli import add_cluster_flags
 from profiler.simulate.layout import Layout
 from profiler.simulate.run import RunSpec, policy_label, run_summary, simulate
 from proxy.config import Policy, PolicyConfig
-from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES
+from proxy.discretize import PAPER_CONTEXTS, WORKLOAD_SHAPES
 
 PAPER_QPS = (0.5, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0)
 PAPER_LAYOUTS = ("4R", "1P3D", "2P2D", "3P1D")
@@ -43,7 +44,7 @@ _PPD = re.compile(r"^ppd(?:-wtpot(?P<tpot>[\d.]+))?$")
 
 def paper_datasets() -> list[str]:
     """The paper's 18 workloads: `synthetic:small-tiny` ... `synthetic:large-huge_paste`."""
-    return [f"synthetic:{context}-{shape}" for context in TURN1_PROFILES
+    return [f"synthetic:{context}-{shape}" for context in PAPER_CONTEXTS
             for shape in WORKLOAD_SHAPES]
 
 

@@ -135,6 +135,7 @@ def ppd_versus_fixed(grid: pd.DataFrame, ppd: str = "ppd", w_tpot: float = 1.0,
         "cells": len(cells),
         "no_worse": float((cells >= -tolerance).mean()) if len(cells) else math.nan,
         "strictly_better_somewhere": int(strictly.sum()),
+        "wins": margin[strictly].sort_values(ascending=False),
         "worst_losses": losses.head(8),
         "by_layout": (cells >= -tolerance).groupby(level="layout").mean(),
     }

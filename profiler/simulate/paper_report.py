@@ -80,7 +80,9 @@ def _ppd_sections(grid: pd.DataFrame) -> list[str]:
                  f"- cells: {verdict['cells']}; ppd no worse than the best fixed x (within "
                  f"0.01): {verdict['no_worse']:.1%} ({by_layout})",
                  f"- cells where it beats every fixed x by more than 0.01: "
-                 f"{verdict['strictly_better_somewhere']}"]
+                 f"{verdict['strictly_better_somewhere']}" + "".join(
+                     f"; {layout} {dataset} @{qps:g}: {margin:+.2f}"
+                     for (layout, dataset, qps), margin in verdict["wins"].head(8).items())]
         losses = verdict["worst_losses"]
         if len(losses):
             lines.append("- largest losses (score margin to the best fixed x): " + "; ".join(

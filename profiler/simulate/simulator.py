@@ -23,6 +23,7 @@ gaps are not recorded (itl_s is empty): TTFT and TPOT come from the first and la
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 from collections.abc import Callable, Sequence
@@ -197,9 +198,13 @@ class Simulator:
 
     def _finished(self, node: _Node, request_id: str) -> None:
         turn = self._turns.pop(request_id, None)
-        seq = node.engine.forget(request_id)
         if turn is None or turn.done:
+            # The turn timed out while this request's last step ran (the engine settles a
+            # step when it starts): _timeout already aborted and forgot it here.
+            with contextlib.suppress(KeyError):
+                node.engine.forget(request_id)
             return
+        seq = node.engine.forget(request_id)
         turn.done = True
         outputs = seq.output_token_ids
         first = seq.first_token_time if seq.first_token_time is not None else self.now

@@ -8,10 +8,11 @@ proxy counts with (proxy.tokens, text-v1), so the cell a turn is made for is the
 files it under.
 
 Named workloads for `ppd replay --dataset synthetic:NAME`:
-- `small-mid_bal`, `large-huge_paste`, ...: a turn-1 profile (small 128/128, large 1024/1024)
-  and one of the nine turn-2 shapes (proxy.discretize.WORKLOAD_SHAPES);
-- `mixed`: both profiles and all nine shapes, drawn per conversation;
-- `multi-N` (e.g. `multi-4`): N turns, turn 1 from a random profile, each later turn a random
+- `small-mid_bal`, `large-huge_paste`, `huge-tiny`, ...: a turn-1 profile (small 128/128,
+  large 1024/1024, huge 8192/1024; proxy.discretize.TURN1_PROFILES) and one of the nine turn-2
+  shapes (proxy.discretize.WORKLOAD_SHAPES);
+- `mixed`: the paper's two profiles (small, large) and all nine shapes, drawn per conversation;
+- `multi-N` (e.g. `multi-4`): N turns, turn 1 from small or large, each later turn a random
   shape.
 """
 
@@ -21,7 +22,13 @@ import random
 from collections.abc import Sequence
 
 from profiler.traces.conversation import Conversation, Turn
-from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES, ContextClass, Shape
+from proxy.discretize import (
+    PAPER_CONTEXTS,
+    TURN1_PROFILES,
+    WORKLOAD_SHAPES,
+    ContextClass,
+    Shape,
+)
 from proxy.tokens import EstimateTokenCounter, TokenCounter
 
 # Common short words: natural enough that real tokenizers give about one token per word.
@@ -147,7 +154,7 @@ def named_workload(
 ) -> list[Conversation]:
     """The synthetic workload called name (see the module docstring), `count` conversations."""
     shapes = list(WORKLOAD_SHAPES)
-    profiles = list(TURN1_PROFILES)
+    profiles = list(PAPER_CONTEXTS)
     if name == "mixed" or name.startswith("multi-"):
         if name == "mixed":
             n_turns = 2
@@ -156,7 +163,8 @@ def named_workload(
                 n_turns = int(name.removeprefix("multi-"))
             except ValueError:
                 raise ValueError(f"bad synthetic workload {name!r}: use multi-N, N >= 1") from None
-        # Profiles alternate deterministically so both context classes are always present.
+        # The paper's two profiles (not huge: an 8k-token turn 1 is beyond a CPU cluster's
+        # max_model_len) alternate deterministically so both are always present.
         out: list[Conversation] = []
         for position, context in enumerate(profiles):
             share = count // len(profiles) + (1 if position < count % len(profiles) else 0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from proxy.discretize import (
+    PAPER_CONTEXTS,
+    TURN1_PROFILES,
     WORKLOAD_SHAPES,
     Cell,
     ContextClass,
@@ -21,6 +23,14 @@ from proxy.discretize import (
 ])
 def test_context_class_boundaries(n_ctx: int, expected: ContextClass) -> None:
     assert context_class(n_ctx) is expected
+
+
+def test_every_class_has_a_turn1_profile_that_lands_in_it() -> None:
+    # The context D holds before turn 2 is turn 1's prompt plus its output.
+    assert set(TURN1_PROFILES) == set(ContextClass)
+    for context, shape in TURN1_PROFILES.items():
+        assert context_class(shape.n_in + shape.n_out) is context
+    assert PAPER_CONTEXTS == (ContextClass.SMALL, ContextClass.LARGE)
 
 
 def test_each_shape_maps_to_itself() -> None:

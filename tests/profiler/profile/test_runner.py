@@ -21,7 +21,7 @@ from profiler.profile.runner import (
     turn2_stats,
 )
 from profiler.replay.client import ReplayResult, RequestRecord
-from proxy.discretize import Cell, ContextClass
+from proxy.discretize import Cell, ContextClass, Shape
 from proxy.route import RouteKind
 
 
@@ -35,11 +35,22 @@ def _record(turn: int, *, ttft: float | None, tpot: float | None, success: bool 
     )
 
 
-def test_grid_rejects_unknown_names_and_keys() -> None:
+def test_grid_defaults_to_the_paper_contexts_and_huge_is_opt_in() -> None:
+    assert ProfileGrid().contexts == (ContextClass.SMALL, ContextClass.LARGE)
+    grid = grid_from_mapping({"contexts": ["small", "large", "huge"], "qps": [1]})
+    assert len(grid.cells()) == 3 * 9
+    assert {cell.context_class for cell in grid.cells()} == set(ContextClass)
+
+
+def test_grid_rejects_unknown_names_and_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="unknown workload"):
         ProfileGrid(workloads=("tiny", "enormous"))
+    # Every class has a turn-1 profile now; the check still guards a class added without one.
+    monkeypatch.setattr("profiler.profile.runner.TURN1_PROFILES",
+                        {ContextClass.SMALL: Shape(128, 128)})
     with pytest.raises(ValueError, match="no turn-1 profile"):
-        ProfileGrid(contexts=(ContextClass.HUGE,))
+        ProfileGrid(contexts=(ContextClass.LARGE,))
+    monkeypatch.undo()
     with pytest.raises(ValueError, match="unknown grid key"):
         grid_from_mapping({"qps": [1], "durations": 3})
     with pytest.raises(ValueError, match="unknown context class"):

@@ -11,7 +11,7 @@ import pytest
 
 from profiler import report
 from profiler.cli import main as ppd
-from profiler.simulate.grid import grid_cells, parse_policy, run_grid
+from profiler.simulate.grid import grid_cells, paper_datasets, parse_policy, run_grid
 from profiler.simulate.run import RunSpec
 from proxy.config import Policy, PolicyConfig
 from proxy.table import DecisionTable
@@ -83,6 +83,13 @@ def test_grid_command_writes_one_row_per_run(hand_preset: str, tmp_path: Path) -
     frame = pd.read_csv(out)
     assert len(frame) == 4 and set(frame["policy"]) == {"pd", "local"}
     assert frame.loc[frame["policy"] == "local", "local_share"].eq(1.0).all()
+
+
+def test_paper_datasets_are_the_papers_18_without_huge() -> None:
+    datasets = paper_datasets()
+    assert len(datasets) == 18 and datasets[0] == "synthetic:small-tiny"
+    assert datasets[-1] == "synthetic:large-huge_paste"
+    assert not any(name.startswith("synthetic:huge-") for name in datasets)
 
 
 @pytest.mark.parametrize(("label", "expected"), [

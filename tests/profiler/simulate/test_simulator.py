@@ -127,3 +127,16 @@ def test_a_link_transfer_late_in_a_run_completes() -> None:
     assert due is not None
     assert link.advance(due) == ["a"]
     assert link.advance(link.next_completion() or 0.0) == ["b"]
+
+
+@pytest.mark.parametrize(("layout", "kind"), [("2R", Policy.REPLICA), ("1P1D", Policy.PD)])
+def test_a_timeout_during_a_requests_last_step_fails_the_turn(
+        hand_cost: LinearCost, layout: str, kind: Policy) -> None:
+    # The first step (P's or the replica's prefill of 100 tokens, which samples the one token
+    # asked for) runs 0-20 ms; the 15 ms timeout aborts and forgets the request while that
+    # step is in flight, and the step's end must not find it again (it raised KeyError).
+    conv = _conversation("c", (100, 1), (10, 5))
+    result = Simulator(_setup(hand_cost, layout, timeout_s=0.015, kind=kind)).run(
+        [Arrival(0.0, conv)])
+    (record,) = result.records
+    assert not record.success and record.error == "timeout after 0.015 s"

@@ -70,12 +70,19 @@ def test_multi_turn_shapes_come_from_the_given_set() -> None:
 
 
 def test_named_workloads() -> None:
-    assert {"small-tiny", "large-huge_paste", "mixed", "multi-4"} <= set(synthetic_names())
+    assert {"small-tiny", "large-huge_paste", "huge-tiny", "mixed", "multi-4"} <= set(
+        synthetic_names())
+    assert len(synthetic_names()) == 3 * 9 + 2
     pair = named_workload("large-short_gen", 2, seed=0)
     assert [t.n_out_tokens for t in pair[0].turns] == [1024, 256]
+    huge = named_workload("huge-tiny", 1, seed=0)[0]
+    assert EstimateTokenCounter().count(huge.turns[0].user) == 8192
+    assert [t.n_out_tokens for t in huge.turns] == [1024, 32]
+    # mixed and multi-N draw turn 1 from the paper's two profiles only, never huge.
     mixed = named_workload("mixed", 10, seed=0)
     assert len(mixed) == 10
     assert {c.turns[0].n_out_tokens for c in mixed} == {128, 1024}
+    assert {EstimateTokenCounter().count(c.turns[0].user) for c in mixed} == {128, 1024}
     assert all(len(c.turns) == 3 for c in named_workload("multi-3", 4, seed=0))
     for bad in ("nonsense", "medium-tiny", "small-nope", "multi-x"):
         with pytest.raises(ValueError):
