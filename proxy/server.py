@@ -37,14 +37,18 @@ log = logging.getLogger("ppd.proxy")
 
 # Every setting of the HTTP server lives here (a proxy in front of many short-lived clients):
 # - An idle keep-alive connection closes after KEEP_ALIVE_S. The timer runs only while a
-#   connection is idle (a request in progress stops it), so it never cuts a slow first token;
-#   with 75 s, connections whose clients had gone piled up in CLOSE-WAIT under bursts
-#   (11 -> 999 descriptors over three rounds of 300 streams; accept() failed at the fd limit).
+#   connection is idle (a request in progress stops it), so it never cuts a slow first token.
+#   It outlives the idle expiry of the usual clients' pools (httpx and the openai SDK 5 s,
+#   aiohttp 15 s), so the client closes first: at 5 s a client that sent its next request
+#   just as the server gave up on the connection got a reset (uvicorn, `make soak` at 500
+#   clients: 53-196 of ~2,700 requests lost, ReadError; 0 at 20 s). With hypercorn's 75 s,
+#   connections whose clients had gone piled up in CLOSE-WAIT (hypercorn closed them only
+#   when the timer fired); uvicorn closes them when the client does.
 # - LISTEN_BACKLOG connections may wait for accept() (the kernel caps it at
 #   net.core.somaxconn); hypercorn's 100 dropped requests on bursts of 500 new clients.
 # - A graceful shutdown lets open streams finish for `grace` seconds: `ppd proxy` passes
 #   --shutdown-grace (30 s by default); in-process servers (tests, demo) wait SHUTDOWN_GRACE_S.
-KEEP_ALIVE_S = 5.0
+KEEP_ALIVE_S = 20.0
 LISTEN_BACKLOG = 2048
 SHUTDOWN_GRACE_S = 5.0
 
