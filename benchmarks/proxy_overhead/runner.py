@@ -198,11 +198,11 @@ def _target_rows(gen: LoadGenerator, plan: Plan, target: str, stack: str, prefil
     rows: list[Row] = []
     job = {"warmup": plan.warmup, "duration": plan.duration, "tokens": plan.tokens}
 
-    def measure(url: str, pid: int | None) -> None:
+    def measure_rows(url: str, pid: int | None) -> None:
         for turns in plan.turns:
             for conc in plan.concurrency:
                 result, cpu, rss = measure(gen, url, pid,
-                                            {**job, "turns": turns, "concurrency": conc})
+                                           {**job, "turns": turns, "concurrency": conc})
                 rows.append(Row(target, stack, turns, conc, result, cpu, rss))
                 if progress is not None:
                     print(f"  {target:<6} {stack:<16} turns {turns} conc {conc:>3}: "
@@ -210,10 +210,10 @@ def _target_rows(gen: LoadGenerator, plan: Plan, target: str, stack: str, prefil
                           file=progress, flush=True)
 
     if target == "direct":
-        measure(decode, None)
+        measure_rows(decode, None)
         return rows
     with proxy(target, stack, prefill, decode, plan.baseline) as (url, pid):
-        measure(url, pid)
+        measure_rows(url, pid)
         long_job = {**job, "duration": plan.duration * plan.long_factor, "turns": max(plan.turns),
                     "concurrency": plan.long_concurrency}
         result, _, rss = measure(gen, url, pid, long_job)
