@@ -27,6 +27,7 @@ from typing import Any
 from proxy.json_codec import loads
 
 REASONING_FIELDS = ("reasoning", "reasoning_content")
+_REASONING, _REASONING_OLDER = REASONING_FIELDS
 # What ends an SSE event: a blank line, in any of the three line endings the spec allows.
 SSE_EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
@@ -77,8 +78,8 @@ def parse_payload(payload: Any) -> Delta:
         if isinstance(message, dict):  # chat: a streamed delta or a whole message
             text += _string(message.get("content"))
             # The first of REASONING_FIELDS that holds text (a server may send both).
-            reasoning += (_string(message.get("reasoning"))
-                          or _string(message.get("reasoning_content")))
+            reasoning += (_string(message.get(_REASONING))
+                          or _string(message.get(_REASONING_OLDER)))
         else:  # completions
             text += _string(choice.get("text"))
         if isinstance(choice.get("finish_reason"), str):

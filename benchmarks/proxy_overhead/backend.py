@@ -25,6 +25,11 @@ MODEL = "bench-model"
 _P_MARKERS = (b'"do_remote_decode":true', b'"do_remote_decode": true')
 
 
+def is_prefill_leg(body: bytes) -> bool:
+    """Whether a request body is a P leg (the proxy asked for a remote decode)."""
+    return any(marker in body for marker in _P_MARKERS)
+
+
 def stream_events(tokens: int, usage: bool) -> list[bytes]:
     """The SSE events of one streamed chat reply of `tokens` tokens, as vLLM writes them."""
     base = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1,
@@ -74,7 +79,7 @@ def build_app(tokens: int) -> web.Application:
 
     async def complete(request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        if any(marker in body for marker in _P_MARKERS):
+        if is_prefill_leg(body):
             return web.Response(body=prefilled, content_type="application/json")
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)

@@ -26,13 +26,17 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-_P_MARKERS = (b'"do_remote_decode":true', b'"do_remote_decode": true')
 
 
 def _app(policy: str) -> Any:
     import httpx
 
-    from benchmarks.proxy_overhead.backend import MODEL, prefill_answer, stream_events
+    from benchmarks.proxy_overhead.backend import (
+        MODEL,
+        is_prefill_leg,
+        prefill_answer,
+        stream_events,
+    )
     from proxy import create_app
     from proxy.config import config_from_args
 
@@ -44,7 +48,7 @@ def _app(policy: str) -> Any:
             return httpx.Response(200)
         if request.url.path.endswith("/v1/models"):
             return httpx.Response(200, json=models)
-        if any(marker in request.content for marker in _P_MARKERS):
+        if is_prefill_leg(request.content):
             return httpx.Response(200, content=prefilled,
                                   headers={"content-type": "application/json"})
         return httpx.Response(200, content=events, headers={"content-type": "text/event-stream"})
