@@ -32,13 +32,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from proxy.redact import redacted_url as redacted
 from proxy.session_ledger import SessionLedger, new_session
 from proxy.session_store import SessionStore
 from proxy.sessions import ChatTranscript, Held, Lookup, Session, Transcript, Version
@@ -123,16 +123,6 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if ARGV[2] == '0' then return redis.call('ZCOUNT', ARGV[1] .. 'live', now, '+inf') end
 return redis.call('ZRANGEBYSCORE', ARGV[1] .. 'live', now, '+inf', 'LIMIT', 0, ARGV[2])
 """
-
-
-def redacted(url: str) -> str:
-    """The URL without its password (for log lines)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _encode(session: Session) -> list[str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -19,10 +18,12 @@ import httpx
 import yaml
 
 from profiler.cli import HelpFormatter, base_url
+from profiler.profile.probe import check_forced_route
 from profiler.profile.runner import ProfileGrid, Profiler, grid_from_mapping
 from profiler.replay.client import first_model
 from profiler.tables.io import build_meta, meta_path, read_table
 from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES
+from proxy.redact import redacted_command, redacted_url
 from proxy.tokens import TokenCounter, token_counter
 
 INTERRUPTED_EXIT = 130
@@ -153,24 +154,26 @@ def _split(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def check_out_table(out: Path, grid: ProfileGrid, force: bool) -> None:
+def check_out_table(out: Path, grid: ProfileGrid, force: bool) -> int:
     """A finished table (every grid cell measured) is replaced only with --force; a partial one
-    is resumed (said on stderr)."""
+    is resumed (said on stderr). Returns how many rows the run starts from (0: a new table)."""
     if not out.exists():
-        return
+        return 0
     if force:
         for path in (out, out.with_suffix(".parquet"), meta_path(out)):
             path.unlink(missing_ok=True)
-        return
+        return 0
     from profiler.profile.runner import cell_key, measured_keys
 
-    done = measured_keys(read_table(out))
+    table = read_table(out)
+    done = measured_keys(table)
     wanted = {cell_key(*cell) for cell in grid.cells()}
     if wanted <= done:
         raise ValueError(f"{out} already holds every cell of this grid (a finished profile); "
                          "pass --force to measure it again, or choose another --out")
     print(f"ppd profile: resuming {out}: {len(wanted & done)} of {len(wanted)} cells already "
           "measured", file=sys.stderr)
+    return len(table)
 
 
 def main(argv: list[str]) -> int:
@@ -180,24 +183,37 @@ def main(argv: list[str]) -> int:
     grid = grid_from_args(args)
     if args.out.suffix != ".csv":
         raise ValueError("--out names the CSV (NAME.csv); Parquet and meta.json go beside it")
-    check_out_table(args.out, grid, args.force)
+    resumed = check_out_table(args.out, grid, args.force)
     tokenizer = _load_tokenizer(args.tokenizer)
     started = time.monotonic()
-    command = shlex.join(["ppd", "profile", *argv])
+    command = redacted_command(["ppd", "profile", *argv], secrets=(args.admin_key,))
     from profiler.cluster.procs import sigterm_as_interrupt
 
     try:
         with sigterm_as_interrupt():  # SIGTERM too: say how to resume
             frame = _profile(args, grid, tokenizer, command)
     except KeyboardInterrupt:
-        print(f"ppd profile: interrupted; the cells measured so far are in {args.out}. "
-              f"Run the same command again to resume:\n  {command}", file=sys.stderr)
+        print(interrupt_message(args.out, command), file=sys.stderr)
         return INTERRUPTED_EXIT
-    print(f"profiled {len(frame)} cells in {time.monotonic() - started:.0f} s -> {args.out}")
+    new = len(frame) - resumed
+    already = f"; {resumed} cells were already in the table (resumed)" if resumed else ""
+    print(f"profiled {new} cells in {time.monotonic() - started:.0f} s{already} -> {args.out}")
     from profiler.tables.cli import render_decisions
 
     print(render_decisions(args.out, w_ttft=args.w_ttft, w_tpot=args.w_tpot))
     return 0
+
+
+def interrupt_message(out: Path, command: str) -> str:
+    """What a stopped run kept, and the command that resumes it (secrets shown as ***)."""
+    again = f"Run the same command again to resume:\n  {command}"
+    if "***" in command:
+        again += "\n(the secrets above read ***: give yours again)"
+    if not out.exists():
+        return (f"ppd profile: interrupted before the first cell was finished: no table was "
+                f"written yet ({out} does not exist). {again}")
+    return (f"ppd profile: interrupted; the {len(read_table(out))} cells measured so far are "
+            f"in {out}. {again}")
 
 
 def _profile(args: argparse.Namespace, grid: ProfileGrid, tokenizer: TokenCounter | None,
@@ -224,8 +240,10 @@ def _load_tokenizer(path: Path | None) -> TokenCounter | None:
 
 async def _profile_target(args: argparse.Namespace, grid: ProfileGrid,
                           tokenizer: TokenCounter | None, command: str) -> Any:
-    async with httpx.AsyncClient(base_url=args.target, timeout=10) as client:
+    async with httpx.AsyncClient(base_url=args.target, timeout=grid.timeout_s) as client:
         model = args.model or await first_model(client)
+        # Before any cell: a target that does not force routes would give a table that lies.
+        await check_forced_route(client, model, args.admin_key)
         layout = args.layout_label or await reported_layout(client)
     from profiler.emulate.label import emulated_backend, emulation_of
 
@@ -234,7 +252,7 @@ async def _profile_target(args: argparse.Namespace, grid: ProfileGrid,
         model=model, layout=layout,
         backend=emulated_backend(preset) if preset else "vllm (remote, via proxy)",
         grid=grid.as_meta(), weights={"w_ttft": args.w_ttft, "w_tpot": args.w_tpot},
-        extra={"command": command, "target": args.target,
+        extra={"command": command, "target": redacted_url(args.target),
                **({"emulated": preset} if preset else {})},
     )
     # build_meta describes this machine; with --target the nodes are elsewhere.

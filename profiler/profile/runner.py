@@ -302,6 +302,11 @@ class Profiler:
             transport=self.transport,
         )
         stats = turn2_stats(result.records, route)
+        refused = next((r for r in result.records if r.status == 401), None)
+        if refused is not None:
+            # Every later cell would fail the same way: stop now, with the fix.
+            raise ValueError(f"the proxy refused the forced route ({refused.error}); pass its "
+                             "admin key with --admin-key KEY (the key it was started with)")
         failed = [r for r in result.records if not r.success]
         if failed:
             # The table records the success rate; the operator also needs to see why.

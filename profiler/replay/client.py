@@ -319,8 +319,10 @@ async def first_model(client: httpx.AsyncClient) -> str:
         response.raise_for_status()
         return str(response.json()["data"][0]["id"])
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-        url = str(client.base_url).rstrip("/") + "/v1/models"
-        raise ReplayError(f"cannot get a model from {url}: {type(exc).__name__}: {exc}") from None
+        base = str(client.base_url).rstrip("/")
+        hint = f": is the proxy running at {base}?" if isinstance(exc, httpx.TransportError) else ""
+        raise ReplayError(f"cannot get a model from {base}/v1/models: {type(exc).__name__}: "
+                          f"{exc}{hint}") from None
 
 
 async def replay(

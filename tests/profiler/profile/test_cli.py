@@ -5,20 +5,31 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pandas as pd
 import pytest
 
 from profiler.cli import main as ppd
 from profiler.profile import cli as profile_cli
 from profiler.tables.io import read_table
+from proxy import ProxyConfig, create_app
+from proxy.config import NodeSpec, Policy, PolicyConfig
+from proxy.route import Role
+from proxy.server import running
+from tests.fakes.background import in_background
 from tests.fakes.fake_openai_timed import FakeTimedServer, serve_in_thread
+from tests.fakes.fake_vllm import FakeVLLM
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +67,11 @@ def test_a_partial_table_is_resumed_with_a_note(
     assert ppd(_argv(fake_url, out, "--request-rate", "16")) == 0
     capsys.readouterr()
     assert ppd(_argv(fake_url, out, "--request-rate", "16,24")) == 0
-    err = capsys.readouterr().err
-    assert "resuming" in err and "1 of 2 cells already measured" in err
+    captured = capsys.readouterr()
+    assert "resuming" in captured.err and "1 of 2 cells already measured" in captured.err
+    # The cell measured in this run apart from the one it resumed.
+    assert "profiled 1 cells in" in captured.out
+    assert "1 cells were already in the table (resumed)" in captured.out
     assert sorted(read_table(out)["qps"]) == [16.0, 24.0]
 
 
@@ -103,7 +117,8 @@ def test_sigterm_mid_profile_keeps_the_measured_cells_and_says_how_to_resume(
     repo = Path(__file__).resolve().parents[3]
     process = subprocess.Popen(
         [sys.executable, "-m", "profiler.cli", *_argv(fake_url, out, "--request-rate",
-                                                      "16,17,18,19,20,21")],
+                                                      "16,17,18,19,20,21", "--admin-key",
+                                                      "s3cret")],
         env={**os.environ, "PYTHONPATH": str(repo)}, cwd=tmp_path,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -119,3 +134,125 @@ def test_sigterm_mid_profile_keeps_the_measured_cells_and_says_how_to_resume(
     assert "interrupted" in stderr and "again to resume" in stderr
     measured = len(read_table(out))
     assert 1 <= measured < 6
+    assert f"the {measured} cells measured so far are in {out}" in stderr
+    assert "s3cret" not in stderr and "--admin-key '***'" in stderr
+
+
+# --- the target must be a ppd proxy that forces routes (issue 23, items 8 and 9) ---
+
+def _pd_proxy(admin_key: str | None = None) -> Callable[[], Any]:
+    """A real proxy in front of fake P and D nodes: yields (proxy URL, P, D)."""
+    @asynccontextmanager
+    async def cluster() -> AsyncIterator[tuple[str, FakeVLLM, FakeVLLM]]:
+        async with FakeVLLM("p") as p, FakeVLLM("d") as d:
+            config = ProxyConfig(nodes=(NodeSpec(p.url, Role.PREFILL),
+                                        NodeSpec(d.url, Role.DECODE)),
+                                 port=0, admin_key=admin_key)
+            async with running(create_app(config)) as proxy:
+                yield proxy.url, p, d
+    return cluster
+
+
+def test_a_vllm_node_as_target_is_refused_before_any_cell(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "t.csv"
+
+    @asynccontextmanager
+    async def node() -> AsyncIterator[FakeVLLM]:
+        async with FakeVLLM("node") as fake:
+            yield fake
+
+    with in_background(node) as fake:
+        # A long --duration: the refusal must come from the probe, not after the cells.
+        started = time.monotonic()
+        assert ppd([*_argv(fake.url, out, "--request-rate", "4"), "--duration", "30"]) == 1
+        assert time.monotonic() - started < 15
+        assert len(fake.completions) == 1  # the one probe turn, no cell
+    err = capsys.readouterr().err
+    assert "did not take the forced route" in err and "no x-ppd-route header" in err
+    assert "ppd proxy" in err
+    assert not out.exists()
+
+
+def test_a_proxy_under_policy_replica_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "t.csv"
+
+    @asynccontextmanager
+    async def replica_proxy() -> AsyncIterator[str]:
+        async with FakeVLLM("r") as node:
+            config = ProxyConfig(nodes=(NodeSpec(node.url, Role.REPLICA),), port=0,
+                                 policy=PolicyConfig(kind=Policy.REPLICA))
+            async with running(create_app(config)) as proxy:
+                yield proxy.url
+
+    with in_background(replica_proxy) as url:
+        assert ppd(_argv(url, out, "--request-rate", "4")) == 1
+    err = capsys.readouterr().err
+    assert "x-ppd-route: replica" in err and "--policy replica" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("key", "fix"), [
+    (None, "pass the proxy's admin key with --admin-key KEY"),
+    ("wrong", "the --admin-key given is not the proxy's"),
+])
+def test_no_or_a_wrong_admin_key_stops_at_the_first_401_with_the_fix(
+        key: str | None, fix: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "t.csv"
+    with in_background(_pd_proxy("right")) as (url, p, d):
+        argv = [*_argv(url, out, "--request-rate", "4"), "--duration", "30",
+                *(["--admin-key", key] if key else [])]
+        started = time.monotonic()
+        assert ppd(argv) == 1
+        assert time.monotonic() - started < 15
+        assert not p.completions and not d.completions  # refused by the proxy itself
+    err = capsys.readouterr().err
+    assert "401" in err and fix in err
+    assert not out.exists()
+
+
+def test_the_right_admin_key_profiles_through_a_real_proxy(tmp_path: Path) -> None:
+    out = tmp_path / "t.csv"
+    with in_background(_pd_proxy("right")) as (url, _, _):
+        assert ppd([*_argv(url, out, "--request-rate", "16"), "--duration", "1",
+                    "--admin-key", "right"]) == 0
+    row = read_table(out).iloc[0]
+    assert row["pd_success"] == 1.0 and row["local_success"] == 1.0
+
+
+def test_a_target_that_is_down_asks_whether_the_proxy_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    assert ppd(_argv(url, tmp_path / "t.csv", "--request-rate", "4")) == 1
+    assert f"is the proxy running at {url}?" in capsys.readouterr().err
+
+
+# --- secrets and messages (issue 23, items 11 and 12) ---
+
+def test_the_admin_key_is_never_recorded_or_printed(
+        fake_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "t.csv"
+    assert ppd(_argv(fake_url, out, "--request-rate", "16", "--admin-key", "s3cret")) == 0
+    meta = (tmp_path / "t.meta.json").read_text()
+    assert "s3cret" not in meta
+    command = shlex.split(json.loads(meta)["command"])
+    assert command[command.index("--admin-key") + 1] == "***"
+    captured = capsys.readouterr()
+    assert "s3cret" not in captured.out + captured.err
+
+
+def test_the_interrupt_message_names_a_table_only_when_one_exists(tmp_path: Path) -> None:
+    out = tmp_path / "t.csv"
+    text = profile_cli.interrupt_message(out, "ppd profile --admin-key *** --out t.csv")
+    assert "no table was written yet" in text and "does not exist" in text
+    assert "give yours again" in text
+    pd.DataFrame([{"context_class": "small", "workload": "tiny", "qps": 1.0, "pd_ttft_ms": 1,
+                   "pd_tpot_ms": 1, "local_ttft_ms": 1, "local_tpot_ms": 1, "pd_success": 1,
+                   "local_success": 1, "n_requests": 1}]).to_csv(out, index=False)
+    text = profile_cli.interrupt_message(out, "ppd profile --out t.csv")
+    assert f"the 1 cells measured so far are in {out}" in text
+    assert "give yours again" not in text
