@@ -6,7 +6,9 @@ reported (`requests/s`). `--qps` is a deprecated alias.
 
 SIGINT/SIGTERM stop the run early: requests in flight are abandoned, and the turns completed
 so far are written as usual (requests.csv, summary.json with `"interrupted": true`); the exit
-status is then 130. A finished --out directory is never overwritten without --force.
+status is then 130. An --out directory that holds a run, finished or interrupted, is never
+overwritten without --force. A run in which no request succeeded (or fewer than
+--min-success of them) exits 1 and prints its first errors; its outputs are written all the same.
 """
 
 from __future__ import annotations
@@ -16,14 +18,13 @@ import asyncio
 import contextlib
 import json
 import math
-import shlex
 import signal
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 from profiler.cli import HelpFormatter, base_url
-from profiler.replay.client import ReplayConfig, ReplayResult, replay
+from profiler.replay.client import ReplayConfig, ReplayResult, RequestRecord, replay
 from profiler.replay.dataset import DatasetSpec, load_dataset
 from profiler.replay.metrics import summarize
 from profiler.replay.output import SUMMARY_FILE, summary_table, write_run
@@ -31,9 +32,12 @@ from profiler.traces.conversation import Conversation
 from profiler.traces.formats import TraceFormat
 from profiler.traces.load import TraceFilter
 from profiler.traces.synthetic import synthetic_names
+from proxy.redact import MASK, redacted_command, redacted_url
 from proxy.tokens import token_counter
 
 INTERRUPTED_EXIT = 130
+FAILED_EXIT = 1
+FIRST_ERRORS = 3
 EXAMPLE = """\
 example:
   ppd replay --target http://127.0.0.1:8000 --dataset synthetic:mixed \\
@@ -95,7 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path,
                         help="output directory (default: runs/replay-UTCTIME)")
     parser.add_argument("--force", action="store_true",
-                        help="overwrite --out even if it holds a finished run")
+                        help="overwrite --out even if it holds a run (finished or interrupted)")
+    parser.add_argument("--min-success", type=float, metavar="F",
+                        help="exit 1 when the share of requests that succeeded is below F "
+                        "(0-1; default: only when none did)")
     parser.add_argument("--label", help="name of this run in reports (default: the --out "
                         "directory's name when it looks like NAME@X, else DATASET@RATE)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -117,7 +124,8 @@ def conversation_rate(args: argparse.Namespace) -> float:
 
 
 def check_out_dir(out: Path, force: bool) -> None:
-    """Refuse to overwrite a finished run (its summary.json, not interrupted) without --force."""
+    """Refuse to overwrite a run's measurements (its summary.json) without --force, whether
+    the run finished or was interrupted: what was measured is never lost silently."""
     summary = out / SUMMARY_FILE
     if force or not summary.is_file():
         return
@@ -128,6 +136,49 @@ def check_out_dir(out: Path, force: bool) -> None:
     if not interrupted:
         raise ValueError(f"{out} already holds a finished run ({summary}); pass --force to "
                          "overwrite it, or choose another --out")
+    raise ValueError(f"{out} holds an interrupted run (the turns it completed, {summary} says "
+                     "\"interrupted\": true). A replay cannot resume (its arrivals are timed): "
+                     "pass --force to replace it with a new run, or choose another --out to "
+                     "keep it")
+
+
+def check_positive(flag: str, value: float | None, what: str) -> None:
+    """A flag that must be a positive number, named in the error."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{flag} must be > 0 ({what}), got {value:g}")
+
+
+def min_success(text: float | None) -> float | None:
+    """--min-success: a share of requests, 0 < F <= 1."""
+    if text is not None and not 0 < text <= 1:
+        raise ValueError(f"--min-success is a share of requests between 0 and 1 (e.g. 0.95), "
+                         f"got {text:g}")
+    return text
+
+
+def failure_report(records: list[RequestRecord], threshold: float | None) -> str | None:
+    """Why the run failed (nothing succeeded, or fewer than threshold), with its first
+    distinct errors; None when it did not."""
+    ok = sum(record.success for record in records)
+    if records and ok and (threshold is None or ok / len(records) >= threshold):
+        return None
+    if not records:
+        return "ppd replay: failed: no request completed"
+    if not ok:
+        head = f"ppd replay: failed: none of the {len(records)} requests succeeded"
+    else:
+        head = (f"ppd replay: failed: {ok}/{len(records)} requests succeeded "
+                f"({ok / len(records):.1%}), below --min-success {threshold:g}")
+    errors: dict[str, int] = {}
+    for record in records:
+        if not record.success:
+            reason = record.error or f"HTTP {record.status}"
+            errors[reason] = errors.get(reason, 0) + 1
+    lines = [f"  {count} x {reason}" for reason, count in list(errors.items())[:FIRST_ERRORS]]
+    more = len(errors) - FIRST_ERRORS
+    if more > 0:
+        lines.append(f"  ... and {more} other errors (requests.csv has every one)")
+    return "\n".join([f"{head}; first errors:", *lines])
 
 
 async def replay_until_signal(conversations: list[Conversation],
@@ -188,6 +239,9 @@ def default_label(out: Path | None, dataset: str, qps: float) -> str:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     rate = conversation_rate(args)
+    check_positive("--duration", args.duration, "seconds during which conversations start")
+    check_positive("--timeout", args.timeout, "seconds per request")
+    threshold = min_success(args.min_success)
     slo = parse_slo(args.slo)
     out = args.out or Path("runs") / f"replay-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     check_out_dir(out, args.force)
@@ -213,7 +267,7 @@ def main(argv: list[str]) -> int:
     result = asyncio.run(replay_until_signal(conversations, config))
     summary = summarize(result.records, result.wall_time_s, slo=slo)
     label = args.label or default_label(args.out, args.dataset, rate)
-    command = shlex.join(["ppd", "replay", *argv])
+    command = redacted_command(["ppd", "replay", *argv], secrets=(args.admin_key,))
     from profiler.emulate.label import emulated_backend, emulation_of
 
     preset = emulation_of(args.target)
@@ -222,11 +276,17 @@ def main(argv: list[str]) -> int:
               extra={"command": command}, backend=backend)
     on = f" ({backend})" if backend else ""
     print(summary_table({**summary, "conversation_rate": rate},
-                        title=f"ppd replay: {label} -> {args.target}{on}"))
+                        title=f"ppd replay: {label} -> {redacted_url(args.target)}{on}"))
     print(f"outputs in {out}/")
+    failure = failure_report(result.records, threshold)
+    if failure:
+        print(failure, file=sys.stderr)
     if result.interrupted:
+        secrets = "\n(the secrets above read ***: give yours again)" if MASK in command else ""
+        again = command if args.force else f"{command} --force"
         print(f"ppd replay: interrupted after {len(result.records)} completed turns: they are "
               f"in {out}/ (summary.json says \"interrupted\": true). A replay cannot resume "
-              f"(arrivals are timed); re-run to replace it:\n  {command}", file=sys.stderr)
+              f"(arrivals are timed); to keep them, re-run with another --out; to replace "
+              f"them, re-run with --force:\n  {again}{secrets}", file=sys.stderr)
         return INTERRUPTED_EXIT
-    return 0
+    return FAILED_EXIT if failure else 0

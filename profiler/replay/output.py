@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profiler.replay.client import ReplayConfig, ReplayResult, RequestRecord
+from proxy.redact import redacted_url
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -62,6 +63,7 @@ def config_dict(config: ReplayConfig) -> dict[str, Any]:
     for field in fields(ReplayConfig):
         value = getattr(config, field.name)
         out[field.name] = (value is not None) if callable(value) else value
+    out["target"] = redacted_url(config.target)
     return out
 
 
@@ -89,7 +91,7 @@ def write_run(
     frame.to_parquet(out_dir / REQUESTS_PARQUET, index=False)
     document = {
         "label": label,
-        "target": result.config.target,
+        "target": redacted_url(result.config.target),
         "dataset": dataset,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": config_dict(result.config),

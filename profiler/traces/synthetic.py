@@ -18,6 +18,7 @@ Named workloads for `ppd replay --dataset synthetic:NAME`:
 
 from __future__ import annotations
 
+import difflib
 import random
 from collections.abc import Sequence
 
@@ -176,7 +177,8 @@ def named_workload(
         return out
     profile, sep, shape = name.partition("-")
     if not sep:
-        raise ValueError(
-            f"unknown synthetic workload {name!r}; expected e.g. small-mid_bal, mixed, multi-4"
-        )
+        close = difflib.get_close_matches(name, synthetic_names())
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise ValueError(f"unknown synthetic workload {name!r}; {hint}expected e.g. "
+                         "small-mid_bal, mixed, multi-4 (all: `ppd replay --help`)")
     return two_turn_conversations(_profile(profile), shape, count, seed=seed, tokenizer=tokenizer)

@@ -87,6 +87,14 @@ def test_replay_a_trace_file_through_the_dispatcher(fake_url: str, tmp_path: Pat
     (["--dataset", "synthetic:mixed", "--slo", "fast"], "--slo wants TTFT_MS,TPOT_MS"),
     (["--dataset", "synthetic:mixed", "--conversation-rate", "0"],
      "--conversation-rate must be > 0"),
+    (["--dataset", "mixed"], "did you mean synthetic:mixed?"),
+    (["--dataset", "synthetic:mixd"], "did you mean mixed?"),
+    (["--dataset", "sharegtp"], "did you mean sharegpt?"),
+    (["--dataset", "small-mid_bla"], "did you mean synthetic:small-mid_bal"),
+    (["--dataset", "synthetic:mixed", "--duration", "0"], "--duration must be > 0"),
+    (["--dataset", "synthetic:mixed", "--timeout", "-1"], "--timeout must be > 0"),
+    (["--dataset", "synthetic:mixed", "--min-success", "95"],
+     "--min-success is a share of requests between 0 and 1"),
 ])
 def test_bad_input_is_one_clear_error(argv: list[str], message: str,
                                       capsys: pytest.CaptureFixture[str]) -> None:
@@ -145,14 +153,64 @@ def test_a_finished_run_is_not_overwritten_without_force(fake_url: str, tmp_path
     assert ppd([*argv, "--force"]) == 0
 
 
-def test_an_interrupted_run_may_be_replaced_without_force(tmp_path: Path) -> None:
+def test_an_interrupted_run_is_not_overwritten_without_force(tmp_path: Path) -> None:
     out = tmp_path / "run"
     out.mkdir()
     (out / "summary.json").write_text(json.dumps({"interrupted": True}))
-    replay_cli.check_out_dir(out, force=False)  # no error
+    with pytest.raises(ValueError, match="holds an interrupted run") as refused:
+        replay_cli.check_out_dir(out, force=False)
+    # Says why it cannot be resumed, and how to replace or keep it.
+    assert "cannot resume" in str(refused.value) and "--force" in str(refused.value)
+    assert "another --out to keep it" in str(refused.value)
+    replay_cli.check_out_dir(out, force=True)  # replacing it is a choice
     (out / "summary.json").write_text(json.dumps({"interrupted": False}))
     with pytest.raises(ValueError, match="finished run"):
         replay_cli.check_out_dir(out, force=False)
+
+
+def _replay_argv(url: str, out: Path, *extra: str) -> list[str]:
+    return ["replay", "--target", url, "--dataset", "synthetic:small-tiny",
+            "--conversation-rate", "20", "--duration", "0.3", "--max-conversations", "4",
+            "--max-tokens-cap", "2", "--timeout", "2", "--out", str(out), "--no-progress",
+            *extra]
+
+
+def test_a_run_where_every_request_failed_exits_1_with_the_first_errors(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    with serve_in_thread(FakeTimedServer(status=500)) as url:
+        assert ppd(_replay_argv(url, out)) == 1
+    err = capsys.readouterr().err
+    assert "none of the 4 requests succeeded; first errors:" in err
+    assert "4 x HTTP 500: injected failure" in err
+    # What it measured is kept all the same.
+    assert len(pd.read_csv(out / "requests.csv")) == 4
+
+
+def test_min_success_fails_a_run_below_the_share(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Turn 1 answers at once, turn 2 outlasts the timeout: half the requests succeed.
+    app = FakeTimedServer(ttft_s=0.005, itl_s=0.001,
+                          ttft_for_turn=lambda turn: 0.005 if turn == 1 else 30.0)
+    with serve_in_thread(app) as url:
+        argv = _replay_argv(url, tmp_path / "a", "--timeout", "0.5")
+        assert ppd(argv) == 0  # some succeeded, no threshold given
+        capsys.readouterr()
+        argv = _replay_argv(url, tmp_path / "b", "--timeout", "0.5", "--min-success", "0.9")
+        assert ppd(argv) == 1
+    err = capsys.readouterr().err
+    assert "4/8 requests succeeded (50.0%), below --min-success 0.9" in err
+    assert "4 x timeout after 0.5 s" in err
+
+
+def test_the_admin_key_is_not_in_the_summary(tmp_path: Path, fake_url: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    assert ppd(_replay_argv(fake_url, out, "--force-route", "local",
+                            "--admin-key", "s3cret")) == 0
+    assert "s3cret" not in (out / "summary.json").read_text()
+    captured = capsys.readouterr()
+    assert "s3cret" not in captured.out + captured.err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -165,7 +223,7 @@ def test_a_signal_mid_replay_keeps_the_completed_turns(tmp_path: Path,
             [sys.executable, "-m", "profiler.cli", "replay", "--target", url,
              "--dataset", "synthetic:small-tiny", "--conversation-rate", "10",
              "--duration", "600", "--max-tokens-cap", "4", "--out", str(out),
-             "--no-progress"],
+             "--no-progress", "--force-route", "local", "--admin-key", "s3cret"],
             env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
@@ -184,3 +242,5 @@ def test_a_signal_mid_replay_keeps_the_completed_turns(tmp_path: Path,
     assert completed >= 6 and document["summary"]["success_rate"] == 1.0
     assert len(pd.read_csv(out / "requests.csv")) == completed
     assert "interrupted after" in stderr and "re-run" in stderr and str(out) in stdout
+    assert "another --out" in stderr and "--force" in stderr
+    assert "s3cret" not in stderr + (out / "summary.json").read_text()
