@@ -60,6 +60,7 @@ class Run:
     dataset: str | None = None
     target: str | None = None
     interrupted: bool = False
+    seed: int | None = None  # the replay's --seed: with the dataset, which conversations ran
 
     @property
     def series(self) -> str:
@@ -71,6 +72,10 @@ def load_run(path: Path) -> Run:
     file = path / SUMMARY_FILE if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"{path} has no {SUMMARY_FILE} (not a `ppd replay --out` dir?)")
+    if file.suffix in (".parquet", ".csv"):
+        raise ValueError(f"{file} is {what_table(file)}, not a replay run: `ppd report compare` "
+                         "reads the directories `ppd replay --out DIR` (or `ppd sim run --out "
+                         f"DIR`) writes, e.g. `ppd report compare runs/pd@1 runs/ppd@1`")
     try:
         document = json.loads(file.read_text())
         summary = document["summary"]
@@ -80,10 +85,36 @@ def load_run(path: Path) -> Run:
         raise ValueError(f"{file} is not a ppd replay summary ({exc})") from None
     label = str(document.get("label") or file.parent.name)
     backend = document.get("backend")
+    seed = document["config"].get("seed") if isinstance(document.get("config"), dict) else None
     return Run(path=file.parent, label=label, qps=qps, summary=summary,
                dataset=document.get("dataset"), target=document.get("target"),
                interrupted=bool(document.get("interrupted")),
-               backend=str(backend) if backend else None)
+               backend=str(backend) if backend else None,
+               seed=seed if isinstance(seed, int) else None)
+
+
+def what_table(path: Path) -> str:
+    """What a table file given in place of a run directory is, and which command reads it."""
+    from profiler.tables.io import TABLE_COLUMNS
+
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            columns = set(pq.read_schema(path).names)
+        else:
+            import pandas as pd
+
+            columns = set(pd.read_csv(path, nrows=0).columns)
+    except Exception:  # noqa: BLE001 - unreadable: say so instead of guessing
+        return "a table file ppd cannot read"
+    if {"layout", "dataset", "qps", "policy"} <= columns:
+        return "a simulator grid (`ppd sim grid`; `ppd sim paper FILE` reads it)"
+    if set(TABLE_COLUMNS) <= columns:
+        return "a decision table (`ppd profile`; `ppd table show FILE` reads it)"
+    if {"conversation_id", "turn", "ttft_ms"} <= columns:
+        return f"a run's request table (pass its directory, {path.parent})"
+    return "a table file"
 
 
 def mismatch_warnings(runs: Sequence[Run]) -> list[str]:
@@ -94,6 +125,17 @@ def mismatch_warnings(runs: Sequence[Run]) -> list[str]:
         if len(values) > 1:
             listing = ", ".join(f"{run.label}: {getattr(run, key)}" for run in runs)
             warnings.append(f"the runs replayed different {what} ({listing})")
+    same: dict[tuple[Any, ...], list[Run]] = {}
+    for run in runs:
+        if run.seed is not None:
+            same.setdefault((run.dataset, run.seed, run.target), []).append(run)
+    for (dataset, seed, _), group in same.items():
+        if len(group) > 1:
+            labels = ", ".join(run.label for run in group)
+            warnings.append(
+                f"{labels} replayed the same conversations ({dataset}, --seed {seed}) on the "
+                "same target: the later runs may find the earlier ones' prompts in the nodes' "
+                "prefix cache and look faster for it; replay them with different --seed values")
     for run in runs:
         if run.interrupted:
             warnings.append(f"{run.label} was interrupted (it holds the turns completed "

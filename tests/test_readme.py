@@ -46,3 +46,21 @@ def test_make_install_provides_the_readme_datasets() -> None:
 
     assert sharegpt_package_file().stat().st_size > 1_000_000
     assert "--dataset sharegpt" in README
+
+
+def test_the_quick_start_replays_compared_use_different_seeds() -> None:
+    # The same seed resends the first run's prompts, which the nodes still cache: the second
+    # run would look faster for no reason of routing.
+    block = README.split("<!-- readme-check:start -->")[1].split("<!-- readme-check:end -->")[0]
+    commands = re.sub(r"\\\n\s*", " ", block)
+    seeds = {}
+    for line in commands.splitlines():
+        if line.startswith("ppd replay "):
+            out = re.search(r"--out (\S+)", line)
+            seed = re.search(r"--seed (\S+)", line)
+            seeds[out.group(1) if out else line] = seed.group(1) if seed else "0"
+    compared = re.search(r"^ppd report compare (.*?) --out", commands, flags=re.MULTILINE)
+    assert compared is not None
+    runs = compared.group(1).split()
+    assert len(runs) >= 2 and all(run in seeds for run in runs)
+    assert len({seeds[run] for run in runs}) == len(runs), seeds

@@ -84,10 +84,14 @@ class ProfileGrid:
             raise ValueError("the grid needs at least one context, workload and qps point")
         if any(q <= 0 for q in self.qps):
             raise ValueError(f"qps points must be > 0, got {list(self.qps)}")
-        if self.duration_s <= 0 or self.timeout_s <= 0:
-            raise ValueError("duration and timeout must be > 0")
+        # Named by flag and grid key: the grid comes from flags or a YAML file.
+        for flag, key, value in (("--duration", "duration_s", self.duration_s),
+                                 ("--timeout", "timeout_s", self.timeout_s)):
+            if not value > 0:
+                raise ValueError(f"{flag} (grid key {key}) must be > 0 seconds, got {value:g}")
         if self.warmup_conversations < 0:
-            raise ValueError("warm-up conversations must be >= 0")
+            raise ValueError("--warmup (grid key warmup_conversations) must be >= 0, got "
+                             f"{self.warmup_conversations}")
 
     def cells(self) -> list[Cell]:
         return [

@@ -1,5 +1,9 @@
-"""`ppd sim presets|step|fit`: the engine model's cost presets from the command line.
+"""`ppd sim`: the cluster simulator (run, grid, paper) and the engine model it runs on
+(presets, step, fit), in virtual time, without GPUs.
 
+    ppd sim run --layout 1P3D --dataset synthetic:mixed --conversation-rate 4 --policy pd
+    ppd sim grid --layouts 1P3D,4R --datasets paper --out runs/grid.parquet
+    ppd sim paper runs/grid.parquet --out runs/paper
     ppd sim presets
     ppd sim step --preset h100:llama-3.1-8b --decode 32 --context 2048 --prefill 256
     ppd sim fit runs/replica-cpu --out tables/cost/cpu-tiny.json
@@ -17,15 +21,17 @@ from profiler.sim.transfer import LINKS, MODEL_SHAPES
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ppd sim", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    actions = parser.add_subparsers(dest="action", required=True)
-    actions.add_parser("presets", help="list cost presets, KV model shapes and links")
+    # One line each in --help (under 54 characters: argparse wraps longer ones at 80 columns).
+    actions = parser.add_subparsers(dest="action", required=True, metavar="COMMAND",
+                                    title="commands (`ppd sim COMMAND --help` for its flags)")
     # The cluster simulator's commands (profiler.simulate); main() hands them over unparsed.
     actions.add_parser("run", add_help=False,
-                       help="simulate a replay on a P/D cluster + the proxy (see run --help)")
+                       help="simulate one replay on a P/D cluster + the proxy")
     actions.add_parser("grid", add_help=False,
-                       help="simulate layouts x workloads x qps x policies into one table")
+                       help="simulate layouts x workloads x loads x policies")
     actions.add_parser("paper", add_help=False,
-                       help="the PPD paper's tables and plots from a grid table")
+                       help="the PPD paper's tables and plots from a grid")
+    actions.add_parser("presets", help="list cost presets, KV model shapes and links")
 
     step = actions.add_parser("step", help="print the modelled time of one engine step")
     step.add_argument("--preset", required=True,

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from profiler.simulate.grid import PAPER_LAYOUTS, paper_datasets
+from profiler.tables.io import read_csv_file
 
 # The paper's figures (../shared/paper-reference.md), to print beside ours.
 PAPER_TABLE1 = {"1P3D": (-57.8, -65.2, -73.3), "2P2D": (-47.7, -51.6, -56.2),
@@ -50,13 +54,64 @@ def mode_of(policy: str) -> str:
     return policy
 
 
+def _workload(dataset: str) -> str:
+    return dataset.removeprefix("synthetic:")
+
+
+def coverage_notes(grid: pd.DataFrame) -> list[str]:
+    """What this grid lacks or adds against the paper's setup, and which tables it cannot
+    fill (and why): said in tables.md and on stderr, so a partial grid never reads as the
+    paper's."""
+    notes = []
+    layouts = set(grid["layout"])
+    missing_layouts = [layout for layout in PAPER_LAYOUTS if layout not in layouts]
+    if missing_layouts:
+        notes.append(f"the grid lacks the paper's layouts {', '.join(missing_layouts)}: "
+                     "their rows are left out")
+    ours = {_workload(dataset) for dataset in grid["dataset"]}
+    paper = [_workload(dataset) for dataset in paper_datasets()]
+    missing = [name for name in paper if name not in ours]
+    if missing:
+        listed = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4
+                                           else "")
+        notes.append(f"the grid lacks {len(missing)} of the paper's {len(paper)} workloads "
+                     f"({listed}): every mean below is over the workloads it has")
+    extra = sorted(ours - set(paper))
+    if extra:
+        notes.append(f"the grid has workloads outside the paper's ({', '.join(extra)}): they "
+                     "are averaged in beside the paper's figures, which are over its 18 only")
+    for table, why in omitted_tables(grid).items():
+        notes.append(f"{table} is left out: {why}")
+    return notes
+
+
+def omitted_tables(grid: pd.DataFrame) -> dict[str, str]:
+    """The paper's tables this grid cannot fill -> why."""
+    policies = set(grid["policy"])
+    omitted = {}
+    if not {"pd", "local"} <= policies:
+        omitted["Table 1"] = "it needs runs of both policies pd (x=0) and local (x=1)"
+    if "replica" not in policies:
+        why = "it needs replica runs (a 4R layout) to set against the P/D modes"
+        omitted["Table 2"] = why
+        omitted["Table 4"] = why
+    elif not set(TABLE4_QPS) & set(grid["qps"]):
+        omitted["Table 4"] = (f"it needs runs at the paper's high loads (QPS "
+                              f"{', '.join(f'{q:g}' for q in TABLE4_QPS)})")
+    return omitted
+
+
 def table1(grid: pd.DataFrame) -> pd.DataFrame:
-    """Mean over workloads and band qps of (T2TTFT_local - T2TTFT_pd) / T2TTFT_pd, in %."""
+    """Mean over workloads and band qps of (T2TTFT_local - T2TTFT_pd) / T2TTFT_pd, in %, for
+    the P/D layouts the grid simulated (the paper's first)."""
     key = ["layout", "dataset", "qps"]
     ttft = grid.pivot_table(index=key, columns="policy", values="turn2plus_ttft_ms_mean")
     change = ((ttft["local"] - ttft["pd"]) / ttft["pd"] * 100).rename("change").reset_index()
+    simulated = set(change.dropna()["layout"])
+    layouts = [layout for layout in PAPER_TABLE1 if layout in simulated] + sorted(
+        simulated - set(PAPER_TABLE1))
     rows = {}
-    for layout in PAPER_TABLE1:
+    for layout in layouts:
         part = change[change["layout"] == layout]
         rows[layout] = [part[(part["qps"] >= lo) & (part["qps"] <= hi)]["change"].mean()
                         for _, lo, hi in BANDS]
@@ -94,6 +149,8 @@ def table4(grid: pd.DataFrame) -> pd.DataFrame:
     rows = {}
     for (layout, policy) in PAPER_TABLE4:
         part = grid[(grid["layout"] == layout) & (grid["policy"] == policy)]
+        if part.empty:
+            continue  # not simulated: no row, rather than a row of blanks
         rows[f"{layout} {mode_of(policy)}"] = [
             (1.0 - part[part["qps"] == q]["success_rate"]).mean() * 100 for q in TABLE4_QPS]
     return pd.DataFrame.from_dict(rows, orient="index",
@@ -191,7 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ppd sim paper",
         description="The PPD paper's Tables 1, 2, 4 and the ppd-vs-fixed comparison from a "
-        "`ppd sim grid` table, beside the paper's figures (markdown + plots).")
+        "`ppd sim grid` table, beside the paper's figures (markdown + plots). A grid that "
+        "lacks what a table needs (4R replica runs for Tables 2 and 4, say) gets that table "
+        "left out, with the reason in tables.md and on stderr.")
     parser.add_argument("grid", type=Path, nargs="+",
                         help="ppd sim grid tables (.parquet or .csv), read as one")
     parser.add_argument("--out", type=Path, required=True, help="directory for tables/plots")
@@ -201,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
 def load_grid(path: Path) -> pd.DataFrame:
     if not path.is_file():
         raise ValueError(f"grid table not found: {path} (write one with `ppd sim grid`)")
-    frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    frame = (pd.read_parquet(path) if path.suffix == ".parquet"
+             else read_csv_file(path, "a grid table (`ppd sim grid --out` writes one)"))
     missing = {"layout", "dataset", "qps", "policy"} - set(frame.columns)
     if missing:
         raise ValueError(f"{path} is not a ppd sim grid table (missing {sorted(missing)})")
@@ -213,6 +273,8 @@ def main(argv: list[str]) -> int:
     from profiler.simulate.paper_report import write_report
 
     grid = pd.concat([load_grid(path) for path in args.grid], ignore_index=True)
+    for note in coverage_notes(grid):
+        print(f"ppd sim paper: warning: {note}", file=sys.stderr)
     written = write_report(grid, args.out, source=" + ".join(map(str, args.grid)))
     print("\n".join(f"wrote {path}" for path in written))
     return 0

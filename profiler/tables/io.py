@@ -39,6 +39,18 @@ def meta_path(table_path: Path) -> Path:
     return table_path.with_name(table_path.stem + ".meta.json")
 
 
+def read_csv_file(path: Path, what: str) -> pd.DataFrame:
+    """pd.read_csv, with an error that names the file (and what it should have been) when it
+    is empty or not CSV, instead of pandas' own ("No columns to parse from file")."""
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{path} is empty (not even a header row): it should be {what}") \
+            from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not a readable CSV ({exc}): it should be {what}") from None
+
+
 def read_table(path: Path) -> pd.DataFrame:
     """A table as a DataFrame with at least TABLE_COLUMNS; a clear error otherwise."""
     if not path.exists():
@@ -46,7 +58,7 @@ def read_table(path: Path) -> pd.DataFrame:
     if path.suffix == ".parquet":
         frame = pd.read_parquet(path)
     elif path.suffix == ".csv":
-        frame = pd.read_csv(path)
+        frame = read_csv_file(path, "a decision table (`ppd profile --out` writes one)")
     else:
         raise ValueError(f"{path}: a decision table is a .csv or .parquet file")
     missing = [column for column in TABLE_COLUMNS if column not in frame.columns]

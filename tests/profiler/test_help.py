@@ -44,3 +44,24 @@ def test_a_target_ending_in_v1_is_refused_with_the_fix(
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "ends in /v1" in err and "http://127.0.0.1:8000)" in err
+
+
+def test_sim_help_lists_every_subcommand_with_one_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from profiler.sim.cli import build_parser
+
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["sim", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    [actions] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    helps = {choice.dest: choice.help for choice in actions._choices_actions}
+    assert {"run", "grid", "paper"} <= set(helps)
+    for name, text in helps.items():
+        # The whole help on the name's own line: not wrapped onto a second one.
+        assert any(re.fullmatch(rf"\s+{name}\s+{re.escape(str(text))}", line)
+                   for line in lines), f"`ppd sim --help` has no one-line entry for {name}"
+    main(["--help"])
+    assert re.search(r"^\s+sim\s+cluster simulator", capsys.readouterr().out, flags=re.M)

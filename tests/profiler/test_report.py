@@ -115,3 +115,34 @@ def test_one_load_point_gets_an_axis_from_zero(tmp_path: Path) -> None:
     assert axis.get_xlim() == (0.0, 0.625)
     assert axis.get_ylim() == pytest.approx((0.0, 115.0))  # the point is not on the edge
     plt.close(figure)
+
+
+@pytest.mark.parametrize(("name", "frame", "what"), [
+    ("grid.parquet", pd.DataFrame({"layout": ["1P3D"], "dataset": ["small-tiny"], "qps": [1.0],
+                                   "policy": ["pd"]}), "a simulator grid (`ppd sim grid`"),
+    ("table.csv", None, "a decision table (`ppd profile`"),
+])
+def test_a_table_given_for_a_run_says_what_it_is_and_what_to_pass(
+        name: str, frame: pd.DataFrame | None, what: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / name
+    if frame is None:
+        from profiler.tables.io import TABLE_COLUMNS
+
+        frame = pd.DataFrame([{column: 1 for column in TABLE_COLUMNS}])
+    if path.suffix == ".parquet":
+        frame.to_parquet(path)
+    else:
+        frame.to_csv(path, index=False)
+    assert ppd(["report", "compare", str(path), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert what in err and "ppd replay --out DIR" in err
+
+
+def test_runs_of_the_same_conversations_are_compared_with_a_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = [_run_dir(tmp_path, "a", 1.0, 0.1, "pd"), _run_dir(tmp_path, "b", 1.0, 0.1, "local")]
+    assert ppd(["report", "compare", *map(str, runs), "--out", str(tmp_path / "o")]) == 0
+    err = capsys.readouterr().err
+    assert "pd@1, local@1 replayed the same conversations (syn, --seed 0)" in err
+    assert "different --seed values" in err

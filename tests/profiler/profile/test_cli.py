@@ -256,3 +256,14 @@ def test_the_interrupt_message_names_a_table_only_when_one_exists(tmp_path: Path
     text = profile_cli.interrupt_message(out, "ppd profile --out t.csv")
     assert f"the 1 cells measured so far are in {out}" in text
     assert "give yours again" not in text
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--duration", "0"), ("--timeout", "-1"),
+                                             ("--warmup", "-1")])
+def test_a_bad_grid_flag_is_named_in_the_error(flag: str, value: str, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*_argv("http://127.0.0.1:9", tmp_path / "t.csv", "--request-rate", "1"),
+            flag, value]
+    assert ppd(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"ppd profile: error: {flag} (grid key ")

@@ -93,3 +93,50 @@ def test_the_committed_report_tables_regenerate_from_the_committed_grid(tmp_path
 
     write_report(load_grid(root / grid), tmp_path, source=grid)
     assert (tmp_path / "tables.md").read_text() == committed
+
+
+def test_paper_command_names_an_empty_grid_file(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "grid.csv").write_text("")
+    assert ppd(["sim", "paper", str(tmp_path / "grid.csv"), "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "grid.csv is empty" in err and "ppd sim grid" in err
+
+
+def test_a_partial_grid_says_what_it_lacks_and_prints_no_empty_rows(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # One P/D layout, no 4R replica runs, one of the paper's workloads and one of its own.
+    grid = _grid()
+    grid = grid[(grid["layout"] == "1P3D")].copy()
+    grid.loc[grid["dataset"] == "large-huge_paste", "dataset"] = "synthetic:multi-4"
+    path = tmp_path / "grid.parquet"
+    grid.to_parquet(path)
+    assert ppd(["sim", "paper", str(path), "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    text = (tmp_path / "out" / "tables.md").read_text()
+    for said in (err, text):
+        assert "lacks the paper's layouts 4R, 2P2D, 3P1D" in said
+        assert "lacks 17 of the paper's 18 workloads" in said
+        assert "workloads outside the paper's (multi-4)" in said
+        assert "Table 2 is left out: it needs replica runs" in said
+        assert "Table 4 is left out: it needs replica runs" in said
+    table1_rows = text.split("## Table 1")[1].split("##")[0]
+    assert "| 1P3D |" in table1_rows and "2P2D" not in table1_rows
+    assert "## Table 2" not in text and "## Table 4" not in text
+
+
+def test_table4_has_rows_only_for_what_was_simulated() -> None:
+    grid = _grid()
+    t4 = table4(grid[grid["layout"] != "2P2D"])
+    assert [label for label in t4.index if label.startswith("2P2D")] == []
+    assert "3P1D x=0" in t4.index
+
+
+def test_a_full_grid_has_no_coverage_notes() -> None:
+    from profiler.simulate.grid import paper_datasets
+    from profiler.simulate.paper import coverage_notes
+
+    rows = [{"layout": layout, "dataset": dataset, "qps": 16.0, "policy": policy}
+            for layout in ("4R", "1P3D", "2P2D", "3P1D") for dataset in paper_datasets()
+            for policy in (("replica",) if layout == "4R" else ("pd", "local"))]
+    assert coverage_notes(pd.DataFrame(rows)) == []

@@ -102,3 +102,10 @@ def test_a_route_without_latency_is_written_unmeasured_and_still_loads(tmp_path:
 def test_the_shipped_table_passes_strict_validation() -> None:
     shipped = Path(__file__).resolve().parents[3] / "tables" / "tiny-cpu-1p1d.csv"
     assert len(DecisionTable.load(shipped)) == len(read_table(shipped))
+
+
+def test_an_empty_csv_is_named_with_what_it_should_be(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(ValueError, match=r"empty\.csv is empty .*a decision table"):
+        read_table(empty)
