@@ -25,6 +25,7 @@ import yaml
 from proxy.breaker import DEFAULT_COOLDOWN_S, DEFAULT_FAILURES
 from proxy.logs import LogFormat, LogLevel
 from proxy.options import add_flags, option, option_fields
+from proxy.redact import redacted_url
 from proxy.route import Role
 from proxy.table import DEFAULT_SUCCESS_MARGIN
 
@@ -211,7 +212,7 @@ class ProxyConfig:
 def _check_scale_out(store: str, workers: int, discovery: str | None) -> None:
     if store != "memory" and not store.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError("--session-store must be memory or redis://HOST:PORT/DB "
-                          f"(rediss://, unix:///PATH also work), got {store!r}")
+                          f"(rediss://, unix:///PATH also work), got {redacted_url(store)!r}")
     if workers < 1:
         raise ConfigError("--workers must be >= 1")
     if workers > 1 and store == "memory":

@@ -46,3 +46,11 @@ def test_the_command_is_shell_quoted() -> None:
     command = redacted_command(["ppd", "profile", "--admin-key", "k", "--out", "a b.csv"])
     assert shlex.split(command) == ["ppd", "profile", "--admin-key", MASK, "--out", "a b.csv"]
     assert "k" not in shlex.split(command)
+
+
+def test_a_bad_session_store_url_is_refused_without_its_password() -> None:
+    from proxy.config import ConfigError, ProxyConfig
+
+    with pytest.raises(ConfigError) as refused:
+        ProxyConfig(session_store="http://:pw0rd@127.0.0.1:6379/0")
+    assert "--session-store" in str(refused.value) and "pw0rd" not in str(refused.value)
