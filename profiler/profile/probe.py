@@ -13,6 +13,7 @@ from __future__ import annotations
 import httpx
 
 from profiler.replay.wire import error_message
+from proxy.redact import redacted_url
 from proxy.route import RouteKind
 
 # pd: a turn 1 can always take it (local needs a session on a decode node).
@@ -28,7 +29,7 @@ async def check_forced_route(client: httpx.AsyncClient, model: str,
                              admin_key: str | None) -> None:
     """Send one tiny turn forced to PROBE_ROUTE; raise TargetRefused unless the answer is a 200
     that took that route (the `x-ppd-route` response header)."""
-    url = str(client.base_url).rstrip("/")
+    url = redacted_url(str(client.base_url).rstrip("/"))
     headers = {"x-ppd-route": PROBE_ROUTE.value, "x-session-id": PROBE_SESSION}
     if admin_key:
         headers["authorization"] = f"Bearer {admin_key}"

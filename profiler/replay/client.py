@@ -29,6 +29,7 @@ import httpx
 from profiler.replay.wire import Api, History, error_message
 from profiler.traces.conversation import Conversation
 from proxy.completion import parse_data
+from proxy.redact import redacted_url
 
 log = logging.getLogger(__name__)
 
@@ -319,7 +320,7 @@ async def first_model(client: httpx.AsyncClient) -> str:
         response.raise_for_status()
         return str(response.json()["data"][0]["id"])
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-        base = str(client.base_url).rstrip("/")
+        base = redacted_url(str(client.base_url).rstrip("/"))
         hint = f": is the proxy running at {base}?" if isinstance(exc, httpx.TransportError) else ""
         raise ReplayError(f"cannot get a model from {base}/v1/models: {type(exc).__name__}: "
                           f"{exc}{hint}") from None

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -244,3 +245,14 @@ def test_a_signal_mid_replay_keeps_the_completed_turns(tmp_path: Path,
     assert "interrupted after" in stderr and "re-run" in stderr and str(out) in stdout
     assert "another --out" in stderr and "--force" in stderr
     assert "s3cret" not in stderr + (out / "summary.json").read_text()
+
+
+def test_a_target_that_is_down_asks_whether_the_proxy_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://user:pw0rd@127.0.0.1:{sock.getsockname()[1]}"
+    assert ppd(_replay_argv(url, tmp_path / "run")) == 1
+    err = capsys.readouterr().err
+    assert f"is the proxy running at {url.replace('pw0rd', '***')}?" in err
+    assert "pw0rd" not in err
