@@ -24,9 +24,11 @@ from profiler.replay.client import first_model
 from profiler.tables.io import build_meta, meta_path, read_table
 from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES
 from proxy.redact import redacted_command, redacted_url
+from proxy.table import MEASURED, STATUS_COLUMN
 from proxy.tokens import TokenCounter, token_counter
 
 INTERRUPTED_EXIT = 130
+FAILED_EXIT = 1
 
 
 def explain_grid() -> str:
@@ -201,6 +203,11 @@ def main(argv: list[str]) -> int:
     from profiler.tables.cli import render_decisions
 
     print(render_decisions(args.out, w_ttft=args.w_ttft, w_tpot=args.w_tpot))
+    if STATUS_COLUMN in frame and not (frame[STATUS_COLUMN] == MEASURED).any():
+        # A table of gaps: the proxy would send every turn P->D, as if nothing were profiled.
+        print(f"ppd profile: failed: no cell of {args.out} was measured (the requests of "
+              "every cell failed; the warnings above name the first errors)", file=sys.stderr)
+        return FAILED_EXIT
     return 0
 
 

@@ -267,3 +267,17 @@ def test_a_bad_grid_flag_is_named_in_the_error(flag: str, value: str, tmp_path: 
     assert ppd(argv) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"ppd profile: error: {flag} (grid key ")
+
+
+def test_a_profile_where_no_cell_was_measured_exits_1(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The probe (a turn 1) passes; every turn 2 outlasts the timeout, so no cell has latencies.
+    app = FakeTimedServer(ttft_s=0.005, itl_s=0.001,
+                          ttft_for_turn=lambda turn: 0.005 if turn == 1 else 30.0)
+    out = tmp_path / "t.csv"
+    with serve_in_thread(app) as url:
+        argv = [*_argv(url, out, "--request-rate", "16"), "--timeout", "0.5"]
+        assert ppd(argv) == 1
+    err = capsys.readouterr().err
+    assert "no cell of" in err and "was measured" in err and "timeout after 0.5 s" in err
+    assert read_table(out)["status"].tolist() == ["unmeasured"]
