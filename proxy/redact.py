@@ -88,3 +88,8 @@ def _redacted_value(value: str, known: Sequence[str]) -> str:
 def redacted_command(argv: Sequence[str], secrets: Iterable[str | None] = ()) -> str:
     """`shlex.join` of the redacted argv: the command line as ppd records and prints it."""
     return shlex.join(redacted_argv(argv, secrets))
+
+
+def rerun_note(command: str) -> str:
+    """A line to print under a redacted command the user is told to run again."""
+    return f"\n(the secrets above read {MASK}: give yours again)" if MASK in command else ""

@@ -23,7 +23,7 @@ from profiler.profile.runner import ProfileGrid, Profiler, grid_from_mapping
 from profiler.replay.client import first_model
 from profiler.tables.io import build_meta, meta_path, read_table
 from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES
-from proxy.redact import redacted_command, redacted_url
+from proxy.redact import redacted_command, redacted_url, rerun_note
 from proxy.table import MEASURED, STATUS_COLUMN
 from proxy.tokens import TokenCounter, token_counter
 
@@ -213,9 +213,7 @@ def main(argv: list[str]) -> int:
 
 def interrupt_message(out: Path, command: str) -> str:
     """What a stopped run kept, and the command that resumes it (secrets shown as ***)."""
-    again = f"Run the same command again to resume:\n  {command}"
-    if "***" in command:
-        again += "\n(the secrets above read ***: give yours again)"
+    again = f"Run the same command again to resume:\n  {command}{rerun_note(command)}"
     if not out.exists():
         return (f"ppd profile: interrupted before the first cell was finished: no table was "
                 f"written yet ({out} does not exist). {again}")

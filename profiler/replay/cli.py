@@ -32,7 +32,7 @@ from profiler.traces.conversation import Conversation
 from profiler.traces.formats import TraceFormat
 from profiler.traces.load import TraceFilter
 from profiler.traces.synthetic import synthetic_names
-from proxy.redact import MASK, redacted_command, redacted_url
+from proxy.redact import redacted_command, redacted_url, rerun_note
 from proxy.tokens import token_counter
 
 INTERRUPTED_EXIT = 130
@@ -282,11 +282,10 @@ def main(argv: list[str]) -> int:
     if failure:
         print(failure, file=sys.stderr)
     if result.interrupted:
-        secrets = "\n(the secrets above read ***: give yours again)" if MASK in command else ""
         again = command if args.force else f"{command} --force"
         print(f"ppd replay: interrupted after {len(result.records)} completed turns: they are "
               f"in {out}/ (summary.json says \"interrupted\": true). A replay cannot resume "
               f"(arrivals are timed); to keep them, re-run with another --out; to replace "
-              f"them, re-run with --force:\n  {again}{secrets}", file=sys.stderr)
+              f"them, re-run with --force:\n  {again}{rerun_note(command)}", file=sys.stderr)
         return INTERRUPTED_EXIT
     return FAILED_EXIT if failure else 0
