@@ -272,7 +272,8 @@ class Router:
             result = await forward.open_stream(self._client(), node.base, endpoint, body,
                                                request_id)
         else:
-            result = await forward.fetch(self._client(), node.base, endpoint, body, request_id)
+            result = await forward.complete(self._client(), node.base, endpoint, body,
+                                            request_id)
         if isinstance(result, Answer):
             lease.settle(node, ok=True)
         return _Served(route, result, node, prefill)

@@ -73,6 +73,27 @@ async def test_a_slow_p_is_waited_for() -> None:
     assert h.router.metrics.stats()["failovers"] == 0
 
 
+# ---- A D that answers 200 with a body that is not JSON (issue 23, item 6) ----
+
+async def test_a_non_json_200_from_the_only_d_is_a_502_as_from_p() -> None:
+    for bad in ("p1", "d1"):
+        async with router_over("p1", "d1") as h:
+            h.cluster[bad].script(Fault.garbage())
+            with pytest.raises(UpstreamError) as raised:
+                await h.send(chat("x"))
+            assert_clean(h)
+        assert raised.value.status == 502 and "non-JSON" in raised.value.message, bad
+
+
+async def test_a_non_json_200_from_d_fails_over_to_another_d() -> None:
+    async with router_over("p1", "d1", "d2") as h:
+        h.cluster["d1"].script(Fault.garbage())
+        reply, content = await h.ask(chat("x"))
+        assert_clean(h)
+    assert (reply.status, reply.headers["x-ppd-decode"]) == (200, "http://d2")
+    assert text_of(content) == "Hello from d2, a fake node."
+
+
 # ---- D faults before the first byte: the turn is redone P->D on another D ----
 
 async def test_a_refused_d_is_down_at_once_and_the_turn_redone_on_another_d() -> None:
