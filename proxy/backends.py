@@ -176,8 +176,11 @@ class BackendPool:
         return {m for n in self._nodes.values() for m in n.models}
 
     def can_serve(self, roles: Iterable[Role]) -> bool:
-        """Whether every role listed has a healthy node."""
-        return all(self.healthy(role) for role in roles)
+        """Whether every role listed has a node a request may go to now or after its probe:
+        healthy, with its circuit not open (a half-open one is waiting for a request)."""
+        now = self._clock()
+        return all(any(self.breaker.state(n.circuit, now) is not CircuitState.OPEN
+                       for n in self.healthy(role)) for role in roles)
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Every node as plain data (for /stats, /health and the metrics)."""

@@ -12,6 +12,7 @@ sent; a streamed reply that breaks after its first byte ends with an in-band err
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from proxy import forward, wire
 from proxy.backends import Backend, BackendPool
 from proxy.completion import Captured, ReplyCapture
 from proxy.config import Policy
-from proxy.errors import NotFound, Overloaded, ProxyError
+from proxy.errors import NotFound, Overloaded, ProxyError, UpstreamTimeout
 from proxy.failover import Failover, charge
 from proxy.forward import Answer, UpstreamStream
 from proxy.lease import Admission, Lease
@@ -32,7 +33,7 @@ from proxy.load import RateMeter, RunningMean
 from proxy.logs import AccessEntry
 from proxy.metrics import ProxyMetrics
 from proxy.policies import Decision, Reason, RoutingPolicy
-from proxy.relay import Relay
+from proxy.relay import Relay, StreamLimits
 from proxy.route import Role, RouteKind, Workload
 from proxy.session_store import SessionStore
 from proxy.sessions import Lookup, Transcript
@@ -91,6 +92,10 @@ class _Served:
         """A node answered 4xx: the client's request is at fault and gets that answer."""
         return isinstance(self.result, Answer) and self.result.rejected
 
+    def proves(self) -> bool:
+        """Whether the request was servable (the nodes that failed it before were at fault)."""
+        return not self.rejected
+
 
 @dataclass(slots=True)
 class _Turn:
@@ -121,7 +126,8 @@ class Router:
 
     def __init__(self, pool: BackendPool, sessions: SessionStore, policy: RoutingPolicy,
                  counter: TokenCounter, metrics: ProxyMetrics, load: RateMeter,
-                 clock: Callable[[], float], max_in_flight: int | None = None) -> None:
+                 clock: Callable[[], float], max_in_flight: int | None = None,
+                 request_timeout: float | None = None) -> None:
         self.pool = pool
         self.sessions = sessions
         self.policy = policy
@@ -131,6 +137,8 @@ class Router:
         self.clock = clock
         self.expected_output = RunningMean(DEFAULT_EXPECTED_OUTPUT)
         self.admission = Admission(pool, max_in_flight)
+        # The whole request's budget, stream included (`--request-timeout`); None: unbounded.
+        self.request_timeout = request_timeout
         self.client: httpx.AsyncClient | None = None
 
     async def handle(self, incoming: Incoming) -> Reply:
@@ -166,12 +174,18 @@ class Router:
                                              None if explicit is None else str(explicit))
         access.session, access.turn = lookup.session.id, lookup.turn
         self.load.record()
+        deadline = (None if self.request_timeout is None
+                    else asyncio.get_running_loop().time() + self.request_timeout)
         turn = _Turn(incoming, transcript, lookup, self._workload(incoming, transcript, lookup),
-                     started, Failover(self.pool, lease, self.metrics), access)
+                     started, Failover(self.pool, lease, self.metrics, deadline), access)
         decision = self._decide(turn)
         access.decided(decision)
         try:
-            served = await self._serve(turn, decision)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    served = await self._serve(turn, decision)
+            except TimeoutError:
+                raise UpstreamTimeout(self._over_budget(), kind="deadline") from None
         except ProxyError as exc:
             exc.headers.update(turn.headers())
             self.metrics.responded(exc.status)
@@ -188,6 +202,10 @@ class Router:
             self.metrics.first_byte(served.route, ttft)
         self.metrics.responded(served.result.status)
         return await self._reply(turn, served, lease)
+
+    def _over_budget(self) -> str:
+        return (f"the request did not complete within --request-timeout "
+                f"({self.request_timeout or 0:g} s)")
 
     def _check_model(self, model: Any) -> None:
         known = self.pool.models()
@@ -224,7 +242,8 @@ class Router:
         if decision.kind is RouteKind.REPLICA:
             turn.route = RouteKind.REPLICA
             served = await turn.failover.run(Role.REPLICA, session.decode, lambda node: self._leg(
-                turn, RouteKind.REPLICA, node, wire.local_body(body), wire.request_id()))
+                turn, RouteKind.REPLICA, node, wire.local_body(body), wire.request_id()),
+                _Served.proves)
             if not served.rejected and served.decode is not None:
                 session.decode = served.decode.url
             return served
@@ -238,7 +257,7 @@ class Router:
                     return local
         turn.route = RouteKind.PD
         return await turn.failover.run(Role.DECODE, session.decode,
-                                       lambda decode: self._pd(turn, decode))
+                                       lambda decode: self._pd(turn, decode), _Served.proves)
 
     async def _pd(self, turn: _Turn, decode: Backend) -> _Served:
         """One P->D try on decode: the P leg (failing over among Ps), then D's leg."""
@@ -253,7 +272,8 @@ class Router:
             return prefill, request_id, result
 
         prefill, request_id, result = await turn.failover.run(
-            Role.PREFILL, turn.lookup.session.prefill, prefill_on)
+            Role.PREFILL, turn.lookup.session.prefill, prefill_on,
+            lambda tried: isinstance(tried[2], forward.Prefilled))
         if isinstance(result, Answer):  # P rejected the request: D is not asked
             return _Served(RouteKind.PD, result, None, prefill)
         served = await self._leg(turn, RouteKind.PD, decode,
@@ -301,6 +321,9 @@ class Router:
         node, relay_lease = served.decode, lease.hand_over()
 
         def on_failure(exc: ProxyError) -> None:
+            if exc.kind == "deadline":  # the request's budget ran out, not the node
+                turn.access.error = exc.message
+                return
             log.warning("upstream %s failed mid-stream: %s", node.url, exc.message)
             self.metrics.upstream_error(node.role.value, "midstream")
             turn.access.error = f"failed mid-stream: {exc.message}"
@@ -317,7 +340,9 @@ class Router:
                                None if complete else "stream closed before the end (client gone?)")
 
         headers["cache-control"] = "no-cache"
-        relay = Relay(result, node, relay_lease, capture, on_reply, on_failure, on_close)
+        relay = Relay(result, node, relay_lease, capture, on_reply, on_failure, on_close,
+                      limits=StreamLimits(turn.failover.deadline, self._over_budget(),
+                                          requested_output_tokens(turn.incoming.body)))
         return Reply(result.status, headers, relay, result.content_type)
 
     def _finished(self, turn: _Turn, route: RouteKind) -> None:
