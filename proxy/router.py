@@ -110,11 +110,18 @@ class _Turn:
     access: AccessEntry
     route: RouteKind | None = None  # the route being tried
 
+    @property
+    def session_label(self) -> str:
+        """The session id the client is told: its own id when it chose one (whichever branch
+        of it this is, so a reused id answers as an unused one), else the session's."""
+        explicit = self.incoming.body.get("conversation_id", self.incoming.session_id)
+        return self.lookup.session.id if explicit is None else str(explicit)
+
     def headers(self) -> dict[str, str]:
         """The x-ppd-* headers known so far (an error response carries them too)."""
         # A client-chosen id may hold CR/LF or non-Latin-1 text: percent-encode what is not
         # plain visible ASCII (and `%` itself, so the encoding can be undone).
-        session = quote(self.lookup.session.id, safe=_HEADER_SAFE)
+        session = quote(self.session_label, safe=_HEADER_SAFE)
         headers = {"x-ppd-session": session, "x-ppd-turn": str(self.lookup.turn)}
         if self.route is not None:
             headers["x-ppd-route"] = self.route.value
@@ -172,12 +179,12 @@ class Router:
         explicit = incoming.body.get("conversation_id", incoming.session_id)
         lookup = await self.sessions.resolve(transcript,
                                              None if explicit is None else str(explicit))
-        access.session, access.turn = lookup.session.id, lookup.turn
         self.load.record()
         deadline = (None if self.request_timeout is None
                     else asyncio.get_running_loop().time() + self.request_timeout)
         turn = _Turn(incoming, transcript, lookup, self._workload(incoming, transcript, lookup),
                      started, Failover(self.pool, lease, self.metrics, deadline), access)
+        access.session, access.turn = turn.session_label, lookup.turn
         decision = self._decide(turn)
         access.decided(decision)
         try:
