@@ -41,8 +41,11 @@ from proxy.sessions import Held, Lookup, Session, Transcript, Version, namespace
 def new_session(transcript: Transcript, explicit_id: str | None, now: float,
                 home: Session | None = None, session_id: str | None = None) -> Session:
     """A session not stored yet, named session_id (default: the explicit id, else a new
-    `h-...` id); a new branch starts on the nodes of `home`, the latest session of its
-    namespace, whose prefix caches already hold the shared opening."""
+    `h-...` id); a new hash-keyed branch starts on the nodes of `home`, the latest session of
+    its namespace, whose prefix caches already hold the shared opening. A new branch under an
+    explicit id does not: where it lands would tell a client that the id is in use."""
+    if explicit_id is not None:
+        home = None
     if session_id is None:
         session_id = (explicit_id if explicit_id is not None
                       else f"h-{transcript.opening[:12]}-{secrets.token_hex(4)}")

@@ -242,3 +242,14 @@ def test_identical_histories_all_continue_on_their_second_turn() -> None:
     third = ledger.resolve(Transcript.from_chat(
         msgs("Hi", "Hello.", "question 3", "answer 3", "more", system=system)))
     assert (third.continuation, third.turn) == (True, 3)
+
+
+def test_a_new_branch_under_a_used_id_does_not_start_on_its_nodes() -> None:
+    # Where a branch lands (x-ppd-decode) must not tell a client that an id is in use.
+    ledger = SessionLedger(3600, 100, FakeClock(1000.0))
+    t = Transcript.from_chat(msgs("opening"))
+    lookup = ledger.resolve(t, "used")
+    lookup.session.decode = "http://d1"
+    ledger.record_turn(lookup, t.held_after("reply", 10))
+    probe = ledger.resolve(Transcript.from_chat(msgs("opening", "guess", "more")), "used")
+    assert (probe.continuation, probe.session.decode, probe.session.prefill) == (False, None, None)
