@@ -9,9 +9,9 @@ turn count, last access, and `Held`: a fingerprint of the exact text D holds in 
 A request is a *continuation* iff it strictly extends that text (chat: its messages start with
 the previous messages + `proxy.completion.assistant_message(reply)`, compared by role and text
 only, the reasoning of a reasoning model not included; completions: its prompt starts with the
-previous prompt + reply; docs/architecture.md, "Session tracking"). Anything else (edited
-history, a retry, another user whose first message is the same) is a new branch and counts as
-turn 1. Sessions live in namespaces (the opening, with the explicit id if any), so two users
+previous prompt + reply; docs/architecture.md, "Session tracking"). A request that extends
+no text a D holds (edited history, another user whose first message is the same) is a new
+branch and counts as turn 1. Sessions live in namespaces (the opening, with the explicit id if any), so two users
 with the same opening each continue their own conversation, and nothing but a session's own
 next turn replaces it (`proxy.session_ledger` has the index and the forks).
 
