@@ -31,6 +31,7 @@ from typing import TypeVar
 
 from proxy.backends import Backend, BackendPool
 from proxy.breaker import CircuitState
+from proxy.deadline import Deadline
 from proxy.errors import NoBackend, ProxyError, UpstreamError, UpstreamTimeout
 from proxy.lease import Lease
 from proxy.metrics import ProxyMetrics
@@ -56,11 +57,11 @@ class Failover:
     the failures whose cost is settled once the role's tries are over."""
 
     def __init__(self, pool: BackendPool, lease: Lease, metrics: ProxyMetrics,
-                 deadline: float | None = None) -> None:
+                 deadline: Deadline | None = None) -> None:
         self.pool = pool
         self.lease = lease
         self.metrics = metrics
-        self.deadline = deadline  # event-loop time the whole request must be done by
+        self.deadline = deadline  # the whole request's (None: unbounded)
         self.last: ProxyError | None = None
         self._excluded: defaultdict[Role, set[str]] = defaultdict(set)
         self._failed: defaultdict[Role, list[tuple[Backend, ProxyError]]] = defaultdict(list)
@@ -88,8 +89,7 @@ class Failover:
         except asyncio.CancelledError:
             # The request's deadline (the router's timeout) cancels the innermost leg first:
             # that node did not answer within the whole budget, a timeout like any other.
-            if not self._expired and self.deadline is not None and (
-                    asyncio.get_running_loop().time() >= self.deadline):
+            if not self._expired and self.deadline is not None and self.deadline.expired:
                 self._expired = True
                 self.metrics.upstream_error(node.role.value, "timeout")
                 self._failure(node, UpstreamTimeout(f"backend {node.url} did not answer "

@@ -19,13 +19,13 @@ upstream response so vLLM aborts the request), releases whatever is still held.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 
 from proxy.backends import Backend
 from proxy.completion import SSE_EVENT_ENDS, Captured, ReplyCapture
+from proxy.deadline import Deadline, DeadlineExceeded, guarded
 from proxy.errors import ProxyError, UpstreamError, UpstreamTimeout
 from proxy.forward import UpstreamStream
 from proxy.lease import Lease
@@ -33,10 +33,10 @@ from proxy.lease import Lease
 
 @dataclass(frozen=True, slots=True)
 class StreamLimits:
-    """What bounds a stream: the event-loop time it must end by (None: no deadline), the
-    message for when it does not, and the request's max_tokens (None: no cap)."""
+    """What bounds a stream: the request's deadline (None: none; the relay closes it), the
+    message for when it expires, and the request's max_tokens (None: no cap)."""
 
-    deadline: float | None = None
+    deadline: Deadline | None = None
     over_budget: str = "the request timed out"
     max_tokens: int | None = None
 
@@ -144,17 +144,17 @@ class Relay:
 
     async def _bounded(self, chunks: AsyncGenerator[bytes, None]
                        ) -> AsyncGenerator[bytes, None]:
-        """The chunks, each awaited within the request's deadline (a timeout scope per read:
-        one around the whole loop would fire while the client is being written to)."""
+        """The chunks, each read under the request's deadline (`proxy.deadline`: one timer
+        for the whole stream, guarding only the reads, never the writes to the client)."""
         deadline = self._limits.deadline
         try:
             while True:
                 try:
-                    async with asyncio.timeout_at(deadline):
+                    with guarded(deadline):
                         chunk = await anext(chunks)
                 except StopAsyncIteration:
                     return
-                except TimeoutError:
+                except DeadlineExceeded:
                     raise UpstreamTimeout(self._limits.over_budget, kind="deadline") from None
                 yield chunk
         finally:
@@ -179,5 +179,7 @@ class Relay:
             await self._stream.aclose()
         finally:
             self._lease.release()
+            if self._limits.deadline is not None:
+                self._limits.deadline.close()
             if self._on_close is not None:
                 self._on_close()

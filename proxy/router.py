@@ -12,7 +12,6 @@ sent; a streamed reply that breaks after its first byte ends with an in-band err
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from proxy import forward, wire
 from proxy.backends import Backend, BackendPool
 from proxy.completion import Captured, ReplyCapture
 from proxy.config import Policy
+from proxy.deadline import Deadline, DeadlineExceeded, guarded
 from proxy.errors import NotFound, Overloaded, ProxyError, UpstreamTimeout
 from proxy.failover import Failover, charge
 from proxy.forward import Answer, UpstreamStream
@@ -180,18 +180,28 @@ class Router:
         lookup = await self.sessions.resolve(transcript,
                                              None if explicit is None else str(explicit))
         self.load.record()
-        deadline = (None if self.request_timeout is None
-                    else asyncio.get_running_loop().time() + self.request_timeout)
+        deadline = None if self.request_timeout is None else Deadline(self.request_timeout)
         turn = _Turn(incoming, transcript, lookup, self._workload(incoming, transcript, lookup),
                      started, Failover(self.pool, lease, self.metrics, deadline), access)
         access.session, access.turn = turn.session_label, lookup.turn
+        relayed = False
+        try:
+            reply = await self._route(turn, lease)
+            relayed = isinstance(reply.body, Relay)
+        finally:
+            if deadline is not None and not relayed:
+                deadline.close()  # a relay closes it when its stream ends
+        return reply
+
+    async def _route(self, turn: _Turn, lease: Lease) -> Reply:
+        incoming, lookup, access, started = turn.incoming, turn.lookup, turn.access, turn.started
         decision = self._decide(turn)
         access.decided(decision)
         try:
             try:
-                async with asyncio.timeout_at(deadline):
+                with guarded(turn.failover.deadline):
                     served = await self._serve(turn, decision)
-            except TimeoutError:
+            except DeadlineExceeded:
                 raise UpstreamTimeout(self._over_budget(), kind="deadline") from None
         except ProxyError as exc:
             exc.headers.update(turn.headers())

@@ -11,9 +11,9 @@ the previous messages + `proxy.completion.assistant_message(reply)`, compared by
 only, the reasoning of a reasoning model not included; completions: its prompt starts with the
 previous prompt + reply; docs/architecture.md, "Session tracking"). A request that extends
 no text a D holds (edited history, another user whose first message is the same) is a new
-branch and counts as turn 1. Sessions live in namespaces (the opening, with the explicit id if any), so two users
-with the same opening each continue their own conversation, and nothing but a session's own
-next turn replaces it (`proxy.session_ledger` has the index and the forks).
+branch and counts as turn 1. Sessions live in namespaces (the opening, with the explicit id
+if any), so two users with the same opening each continue their own conversation, and nothing
+but a session's own next turn replaces it (`proxy.session_ledger`: the index and the forks).
 
 This module is the vocabulary (transcripts, fingerprints, sessions, lookups). Where sessions
 live is `proxy.session_store` (in memory by default, `proxy.redis_store` for several
