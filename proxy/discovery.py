@@ -136,6 +136,7 @@ class Discovery:
         self._pool = pool
         self._token = token.encode() if token else None
         self.rejected = 0  # heartbeats dropped: malformed, unauthenticated, or for a static node
+        self._ignored: set[str] = set()  # static nodes whose heartbeats were ignored (logged)
         self._warned_at = -math.inf
         self._address = address
         self._timeout = heartbeat_timeout
@@ -180,6 +181,11 @@ class Discovery:
         if static is not None:
             # Configured by flag, file or cluster.json: the configuration and the health
             # checks own it, so its own heartbeat (P2pNccl nodes send them) changes nothing.
+            if static.url not in self._ignored:  # once per node: they come every few seconds
+                self._ignored.add(static.url)
+                log.info("heartbeats for %s ignored: it is configured statically (a P2pNccl "
+                         "node that needs its zmq address must register, not be given by flag)",
+                         static.url)
             return
         known = self._pool.get(beat.url) is not None
         self._pool.add(beat.url, beat.role, source=Source.DISCOVERED,
