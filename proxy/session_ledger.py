@@ -37,6 +37,10 @@ from typing import Any
 
 from proxy.sessions import Held, Lookup, Session, Transcript, Version, namespace
 
+# The index keeps the last few texts each session recorded (a fork from further back is rare),
+# so its size is at most this many entries per live session, however long conversations get.
+POINTS_PER_SESSION = 8
+
 
 def new_session(transcript: Transcript, explicit_id: str | None, now: float,
                 home: Session | None = None, session_id: str | None = None) -> Session:
@@ -139,6 +143,8 @@ class SessionLedger:
             keys = self._keys.setdefault(session.id, [])
             if key not in keys:
                 keys.append(key)
+                if len(keys) > POINTS_PER_SESSION:
+                    self._unindex(keys.pop(0))
         while len(self._sessions) > self._max:
             self._drop(next(iter(self._sessions)))
 
@@ -155,16 +161,19 @@ class SessionLedger:
     def _drop(self, session_id: str) -> None:
         session = self._sessions.pop(session_id)
         for key in self._keys.pop(session_id, []):
-            point = self._held.pop(key)
-            assert point.held is not None  # only held texts are indexed
-            lengths = self._lengths[key[0]]
-            lengths[point.held.length] -= 1
-            if lengths[point.held.length] <= 0:
-                del lengths[point.held.length]
-            if not lengths:
-                del self._lengths[key[0]]
+            self._unindex(key)
         if self._home.get(session.opening) == session_id:
             del self._home[session.opening]
+
+    def _unindex(self, key: tuple[str, str]) -> None:
+        point = self._held.pop(key)
+        assert point.held is not None  # only held texts are indexed
+        lengths = self._lengths[key[0]]
+        lengths[point.held.length] -= 1
+        if lengths[point.held.length] <= 0:
+            del lengths[point.held.length]
+        if not lengths:
+            del self._lengths[key[0]]
 
     def _expire(self, now: float) -> None:
         # Sessions sit in write order, so the expired ones are all at the front.

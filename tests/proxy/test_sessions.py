@@ -253,3 +253,17 @@ def test_a_new_branch_under_a_used_id_does_not_start_on_its_nodes() -> None:
     ledger.record_turn(lookup, t.held_after("reply", 10))
     probe = ledger.resolve(Transcript.from_chat(msgs("opening", "guess", "more")), "used")
     assert (probe.continuation, probe.session.decode, probe.session.prefill) == (False, None, None)
+
+
+def test_the_index_keeps_a_bounded_number_of_points_per_session() -> None:
+    from proxy.session_ledger import POINTS_PER_SESSION
+
+    ledger = SessionLedger(3600, 100, FakeClock(1000.0))
+    history = ["Hi"]
+    for i in range(3 * POINTS_PER_SESSION):
+        serve(ledger, msgs(*history), f"r{i}")
+        history += [f"r{i}", f"q{i}"]
+    assert len(ledger) == 1
+    assert len(ledger._held) == POINTS_PER_SESSION  # noqa: SLF001 - the bound is the point
+    latest = ledger.resolve(Transcript.from_chat(msgs(*history)))
+    assert latest.continuation and latest.turn == 3 * POINTS_PER_SESSION + 1
