@@ -15,8 +15,10 @@ the request is done with the role, because only then is it known whose fault it 
   gets a strike (the same request worked elsewhere, so the failure was the node's);
 - it failed on every node tried: the request itself may be the cause (a prompt that trips an
   engine bug fails everywhere), so it counts at most once: one strike, on the first node that
-  failed it, and none when that failure was a 5xx answer (vLLM answers a request's faults with
-  4xx and a sick engine fails its /health; a 5xx nobody contradicted proves nothing).
+  failed it, and none when that failure was a 5xx answer. vLLM (serve/exception_handling)
+  answers 500 for an EngineGenerateError, which its own code says "could be request
+  specific", while a dead engine (EngineDeadError) makes its /health answer 503, which the
+  health checks act on: a 5xx that no other node contradicted proves nothing against a node.
 So a client cannot lock everyone out by sending requests that make every D answer 500, while
 a node that fails what the others serve, or that resets and times out, is still taken out.
 """
