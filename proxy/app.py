@@ -2,7 +2,8 @@
 
 Routes: POST /v1/chat/completions, POST /v1/completions (served ahead of Quart by
 `proxy.endpoints`, the hot path), GET /v1/models, GET /health
-(503 while no route can be served), GET /metrics (Prometheus), GET /stats (JSON counters),
+(503 exactly while no route can be served: no healthy P and D, or replica, whose circuit is
+not open), GET /metrics (Prometheus), GET /stats (JSON counters),
 GET /sessions (admin: 404 while no --admin-key is set, 401 without it).
 
 Forcing header `x-ppd-route: pd|local` (the profiler uses it): needs `authorization: Bearer
@@ -69,7 +70,8 @@ class ProxyState:
     response_headers: dict[str, str] = field(default_factory=dict)
 
     def required_roles(self) -> tuple[Role, ...]:
-        """The roles that must have a healthy node for any request to be served."""
+        """The roles that must each have a usable node for any request to be served (the
+        policy replica routes only to replicas; the others need a P->D pair)."""
         if self.config.policy.kind is Policy.REPLICA:
             return (Role.REPLICA,)
         return (Role.PREFILL, Role.DECODE)
@@ -87,7 +89,7 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
     watch_store(metrics.registry, sessions)
     load = RateMeter(config.load_window, clock)
     router = Router(pool, sessions, policy, token_counter(config.tokenizer), metrics, load, clock,
-                    config.max_in_flight)
+                    config.max_in_flight, config.request_timeout)
     metrics.watch(pool.snapshot, lambda: router.admission.open)
     discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock,
                            config.discovery_token) if config.discovery else None)

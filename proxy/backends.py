@@ -63,7 +63,14 @@ class BackendPool:
     def add(self, url: str, role: Role, *, source: Source = Source.STATIC,
             zmq_address: str | None = None, models: Iterable[str] | None = None,
             now: float = 0.0) -> Backend:
-        """Add a node, or refresh it (a heartbeat from a known node also marks it healthy)."""
+        """Add a node, or refresh it (a heartbeat from a known node also marks it healthy).
+
+        A discovered node (a heartbeat) never changes a static one, whatever it claims: not
+        its role, zmq address (where P2pNccl sends the KV), models, health or lifetime; the
+        static node is returned unchanged. Its URL is matched without a trailing slash, so a
+        twin spelled `http://host:port/` cannot slip in beside it either."""
+        if source is Source.DISCOVERED and (static := self.static_twin(url)) is not None:
+            return static
         node = self._nodes.get(url)
         if node is None or node.role is not role:
             node = Backend(url, role, source=source)
@@ -75,6 +82,12 @@ class BackendPool:
         if source is Source.DISCOVERED:
             node.healthy = True
         return node
+
+    def static_twin(self, url: str) -> Backend | None:
+        """The static node at url (trailing slashes ignored), if any."""
+        base = url.rstrip("/")
+        return next((n for n in self._nodes.values()
+                     if n.source is Source.STATIC and n.base == base), None)
 
     def remove(self, url: str) -> bool:
         """Drop a node; its sessions are re-homed on their next turn."""
@@ -163,8 +176,11 @@ class BackendPool:
         return {m for n in self._nodes.values() for m in n.models}
 
     def can_serve(self, roles: Iterable[Role]) -> bool:
-        """Whether every role listed has a healthy node."""
-        return all(self.healthy(role) for role in roles)
+        """Whether every role listed has a node a request may go to now or after its probe:
+        healthy, with its circuit not open (a half-open one is waiting for a request)."""
+        now = self._clock()
+        return all(any(self.breaker.state(n.circuit, now) is not CircuitState.OPEN
+                       for n in self.healthy(role)) for role in roles)
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Every node as plain data (for /stats, /health and the metrics)."""

@@ -138,6 +138,9 @@ class ReplyCapture:
         self._done = False
         self._failed = False
         self._cr = False
+        # Streamed events of choice 0 that carried generated text: each holds at least one
+        # token, so more of them than max_tokens is a reply past its limit (`proxy.relay`).
+        self.token_events = 0
 
     def feed(self, chunk: bytes) -> None:
         """Take the next body bytes."""
@@ -162,6 +165,7 @@ class ReplyCapture:
             self._failed = True
             return
         self._done = self._done or delta.done
+        self.token_events += delta.has_tokens
         self._text.append(delta.text)
         self._reasoning.append(delta.reasoning)
         self._usage = delta.usage or self._usage

@@ -145,7 +145,10 @@ class ProxyConfig:
     max_body_bytes: int = option(16 * 1024 * 1024, "request body limit in bytes", metavar="N")
     max_in_flight: int | None = option(
         None, "answer 429 while N completion requests are open", metavar="N")
-    request_timeout: float = option(600.0, "upstream read timeout in seconds", metavar="S")
+    request_timeout: float = option(
+        600.0, "the whole request's budget in seconds, stream included: past it the client "
+        "gets a 504, or a streamed reply ends with an in-band error (also each upstream read's "
+        "timeout)", metavar="S")
     connect_timeout: float = option(5.0, "upstream connect timeout in seconds", metavar="S")
     health_interval: float = option(5.0, "seconds between health checks", metavar="S")
     load_window: float = option(

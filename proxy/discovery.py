@@ -12,7 +12,9 @@ must carry `"token": T` (compared in constant time; `ppd register --token`), and
 the proxy refuses to bind a non-loopback address unless `--insecure-discovery` (ProxyConfig).
 vLLM's own P2pNccl heartbeats cannot carry a token: with a token set, legacy nodes register
 through `ppd register --legacy --token`. Heartbeats never touch a static node (configured by
-flag, file or cluster.json): they cannot change its role, mark it healthy or make it expire.
+flag, file or cluster.json, matched without a trailing slash): they cannot change its role,
+zmq address, model list or health, nor make it expire; a heartbeat from a static node is
+ignored (give such a P2pNccl node as a discovered one if it needs the legacy request id).
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ class Discovery:
         self._pool = pool
         self._token = token.encode() if token else None
         self.rejected = 0  # heartbeats dropped: malformed, unauthenticated, or for a static node
+        self._ignored: set[str] = set()  # static nodes whose heartbeats were ignored (logged)
         self._warned_at = -math.inf
         self._address = address
         self._timeout = heartbeat_timeout
@@ -164,9 +167,9 @@ class Discovery:
             beat = parse_heartbeat(payload)
             if not self._authentic(beat):
                 raise HeartbeatError(f"heartbeat for {beat.url} without the discovery token")
-            node = self._pool.get(beat.url)
-            if node is not None and node.source is Source.STATIC and node.role is not beat.role:
-                raise HeartbeatError(f"{beat.url} is a static {node.role} node; a heartbeat "
+            static = self._pool.static_twin(beat.url)
+            if static is not None and static.role is not beat.role:
+                raise HeartbeatError(f"{beat.url} is a static {static.role} node; a heartbeat "
                                      f"cannot make it {beat.role}")
         except HeartbeatError as exc:
             self.rejected += 1
@@ -175,12 +178,19 @@ class Discovery:
                 self._warned_at = self._clock()
                 log.warning("ignoring heartbeat: %s (%d rejected so far)", exc, self.rejected)
             return
-        # A static node keeps its source: health checks, not heartbeats, say whether it is up.
-        static = node is not None and node.source is Source.STATIC
-        self._pool.add(beat.url, beat.role, source=Source.STATIC if static else Source.DISCOVERED,
-                       zmq_address=beat.zmq_address,
-                       models=beat.models, now=self._clock())
-        if node is None:
+        if static is not None:
+            # Configured by flag, file or cluster.json: the configuration and the health
+            # checks own it, so its own heartbeat (P2pNccl nodes send them) changes nothing.
+            if static.url not in self._ignored:  # once per node: they come every few seconds
+                self._ignored.add(static.url)
+                log.info("heartbeats for %s ignored: it is configured statically (a P2pNccl "
+                         "node that needs its zmq address must register, not be given by flag)",
+                         static.url)
+            return
+        known = self._pool.get(beat.url) is not None
+        self._pool.add(beat.url, beat.role, source=Source.DISCOVERED,
+                       zmq_address=beat.zmq_address, models=beat.models, now=self._clock())
+        if not known:
             log.info("node registered: %s (%s)", beat.url, beat.role)
 
     def _authentic(self, beat: Heartbeat) -> bool:

@@ -4,6 +4,7 @@
     ├── BadRequest (400)          malformed JSON, missing/mistyped fields, bad forcing header
     ├── Unauthorized (401)        missing or wrong API / admin key
     ├── NotFound (404)            a model no backend serves
+    ├── RequestTimeout (408)      the client's headers or body too slow (proxy.server)
     ├── PayloadTooLarge (413)     body over --max-body-bytes
     ├── Overloaded (429)          admission control (--max-in-flight)
     ├── UpstreamError (502)       backend connection error or 5xx, after failover
@@ -66,6 +67,12 @@ class NotFound(ProxyError):
     status = 404
     type = "invalid_request_error"
     code = "model_not_found"
+
+
+class RequestTimeout(ProxyError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
 
 
 class PayloadTooLarge(ProxyError):

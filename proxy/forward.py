@@ -3,6 +3,7 @@
 - `fetch`: a non-streamed leg. The whole body is read before anything reaches the client, so
   an upstream that dies mid-body is an UpstreamError (a 502 or a failover), never a 200 with
   half a JSON document. vLLM's non-streamed replies are small; buffering them costs nothing.
+- `complete`: a non-streamed D, local or replica leg (a fetch whose 2xx must be JSON, or 502).
 - `prefill`: the P leg (a fetch); returns P's kv_transfer_params (or None).
 - `open_stream`: a streamed D, local or replica leg. It returns once the first body chunk has
   arrived, so every failure that can still be hidden from the client (refused, reset, 5xx, a
@@ -33,7 +34,7 @@ from typing import Any
 import httpx
 
 from proxy.errors import UpstreamError, UpstreamTimeout
-from proxy.json_codec import dumps
+from proxy.json_codec import dumps, loads
 from proxy.validate import Endpoint
 
 # How much of a failing upstream's body to quote in the error message.
@@ -116,6 +117,22 @@ async def fetch(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
     url = base_url + endpoint.value
     response = await _post(client, url, body, request_id, stream=False)
     return _answer(response, response.content, url)
+
+
+async def complete(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
+                   body: dict[str, Any], request_id: str) -> Answer:
+    """A non-streamed leg that answers the client: a 2xx must be a JSON object, as from P; a
+    body that is not (an HTML error page, a cut document) is the node's failure, a 502."""
+    answer = await fetch(client, base_url, endpoint, body, request_id)
+    if not answer.rejected:
+        try:
+            data = loads(answer.body)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise UpstreamError(f"backend {base_url + endpoint.value} answered non-JSON "
+                                f"(status {answer.status})", kind="protocol")
+    return answer
 
 
 async def prefill(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,

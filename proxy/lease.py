@@ -52,8 +52,9 @@ class Lease:
         self._admission.pool.occupy(node)
         self._nodes.append(node)
 
-    def settle(self, node: Backend, ok: bool) -> None:
-        """The leg on node is over with a verdict: free its slot and tell its breaker.
+    def settle(self, node: Backend, ok: bool | None) -> None:
+        """The leg on node is over: free its slot and tell its breaker the verdict (None: the
+        verdict comes later, from `proxy.failover`).
 
         A no-op when node's slot is not held (already settled or released), so a verdict
         can never be counted twice.
@@ -65,7 +66,7 @@ class Lease:
         pool.vacate(node)
         if ok:
             pool.succeeded(node)
-        else:
+        elif ok is not None:
             pool.failed(node)
 
     def hand_over(self) -> Lease:

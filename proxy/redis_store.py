@@ -1,11 +1,12 @@
 """Sessions in Redis/Valkey, shared by every worker and replica (`--session-store redis://...`).
 
 Layout (prefix `ppd:`; a standalone server, not a cluster: the scripts name keys they derive):
-- `s:ID` hash: one session (opening, hashed, decode, prefill, turns, last_access, created and
-  the held fingerprint hl/hd/ht);
-- `h:DIGEST` -> ID: the hash-keyed session whose D holds that text (`proxy.session_ledger`
-  explains the index); `l:OPENING`: the held lengths of that opening's branches; `o:OPENING`
-  -> ID: its latest branch, whose nodes a new branch starts on;
+- `s:ID` hash: one session (namespace as `opening`, hashed, decode, prefill, turns,
+  last_access, created and the held fingerprint hl/hd/ht);
+- `h:NS:DIGEST` hash: the session (its fields and `id`) as it was when it recorded that text
+  in namespace NS (`proxy.session_ledger` explains the index, forks included; an entry stays
+  after its session moved on); `l:NS`: the held lengths of the namespace's entries; `o:NS` ->
+  ID: its latest session, whose nodes a new branch starts on;
 - `live`: sorted set ID -> expiry, for the live count and the admin snapshot.
 Every key expires `--session-ttl` after the session's last recorded turn (PEXPIRE in the
 store, so an idle session needs no process to forget it).
@@ -39,9 +40,17 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from proxy.redact import redacted_url as redacted
-from proxy.session_ledger import SessionLedger, new_session
+from proxy.session_ledger import SessionLedger, branch_id, fork, new_session
 from proxy.session_store import SessionStore
-from proxy.sessions import ChatTranscript, Held, Lookup, Session, Transcript, Version
+from proxy.sessions import (
+    ChatTranscript,
+    Held,
+    Lookup,
+    Session,
+    Transcript,
+    Version,
+    namespace,
+)
 
 log = logging.getLogger("ppd.proxy")
 
@@ -55,35 +64,28 @@ CACHE_MAX = 100_000
 SNAPSHOT_MAX = 10_000
 _ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 
-# ARGV: prefix, id, opening -> {id, record}; an id used with another opening lives at ID~OPENING.
-_FETCH_EXPLICIT = """
-local p, id = ARGV[1], ARGV[2]
-local rec = redis.call('HGETALL', p .. 's:' .. id)
-if #rec > 0 and redis.call('HGET', p .. 's:' .. id, 'opening') ~= ARGV[3] then
-  id = id .. '~' .. string.sub(ARGV[3], 1, 16)
-  rec = redis.call('HGETALL', p .. 's:' .. id)
-end
-return {id, rec}
-"""
-
-# ARGV: prefix, opening, digests longest first -> {id, record, 1} for the session holding the
-# longest, else {home id, home record, 0} (the opening's latest branch) or {'', {}, 0}.
-_FETCH_HASHED = """
-local p = ARGV[1]
-for i = 3, #ARGV do
-  local id = redis.call('GET', p .. 'h:' .. ARGV[i])
-  if id then
-    local rec = redis.call('HGETALL', p .. 's:' .. id)
-    if #rec > 0 then return {id, rec, 1} end
+# ARGV: prefix, namespace, candidate id ('' = none), digests longest first ->
+# {1, point record, current record} for the entry of the longest digest held, else
+# {0, home id, home record, 1 if the candidate id is taken}.
+_FETCH = """
+local p, ns = ARGV[1], ARGV[2]
+for i = 4, #ARGV do
+  local point = redis.call('HGETALL', p .. 'h:' .. ns .. ':' .. ARGV[i])
+  if #point > 0 then
+    local id = redis.call('HGET', p .. 'h:' .. ns .. ':' .. ARGV[i], 'id')
+    return {1, point, redis.call('HGETALL', p .. 's:' .. id)}
   end
 end
-local home = redis.call('GET', p .. 'o:' .. ARGV[2])
-if home then return {home, redis.call('HGETALL', p .. 's:' .. home), 0} end
-return {'', {}, 0}
+local home = redis.call('GET', p .. 'o:' .. ns) or ''
+local rec = {}
+if home ~= '' then rec = redis.call('HGETALL', p .. 's:' .. home) end
+local taken = 0
+if ARGV[3] ~= '' then taken = redis.call('EXISTS', p .. 's:' .. ARGV[3]) end
+return {0, home, rec, taken}
 """
 
 # ARGV: prefix, id, expected turns ('' = must not exist), expected held digest, ttl ms,
-# opening, hashed, held length, held digest, then the record's field/value pairs -> 1 or 0.
+# namespace, (unused), held length, held digest, then the record's field/value pairs -> 1 or 0.
 _COMMIT = """
 local p, id = ARGV[1], ARGV[2]
 local key = p .. 's:' .. id
@@ -94,20 +96,19 @@ elseif cur[1] ~= ARGV[3] or (cur[2] or '') ~= ARGV[4] then
   return 0
 end
 local ttl = tonumber(ARGV[5])
-local opening, hashed, hl, hd = ARGV[6], ARGV[7] == '1', ARGV[8], ARGV[9]
-if hashed and cur[2] and cur[2] ~= '' and cur[2] ~= hd
-    and redis.call('GET', p .. 'h:' .. cur[2]) == id then
-  redis.call('DEL', p .. 'h:' .. cur[2])
-end
+local ns, hl, hd = ARGV[6], ARGV[8], ARGV[9]
 redis.call('DEL', key)
 redis.call('HSET', key, unpack(ARGV, 10))
 redis.call('PEXPIRE', key, ttl)
-if hashed and hd ~= '' then
-  redis.call('SET', p .. 'h:' .. hd, id, 'PX', ttl)
-  redis.call('SADD', p .. 'l:' .. opening, hl)
-  redis.call('PEXPIRE', p .. 'l:' .. opening, ttl)
-  redis.call('SET', p .. 'o:' .. opening, id, 'PX', ttl)
+if hd ~= '' then
+  local point = p .. 'h:' .. ns .. ':' .. hd
+  redis.call('DEL', point)
+  redis.call('HSET', point, 'id', id, unpack(ARGV, 10))
+  redis.call('PEXPIRE', point, ttl)
+  redis.call('SADD', p .. 'l:' .. ns, hl)
+  redis.call('PEXPIRE', p .. 'l:' .. ns, ttl)
 end
+redis.call('SET', p .. 'o:' .. ns, id, 'PX', ttl)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZADD', p .. 'live', now + ttl, id)
@@ -137,6 +138,7 @@ def _encode(session: Session) -> list[str]:
 
 def _decode(session_id: str, flat: Sequence[str]) -> Session:
     rec = dict(zip(flat[::2], flat[1::2], strict=True))
+    rec.pop("id", None)  # an index entry names its session
     held = (Held(int(rec["hl"]), rec["hd"], int(rec["ht"])) if rec.get("hd") else None)
     return Session(session_id, rec.get("opening", ""), rec.get("hashed") == "1",
                    rec.get("decode") or None, rec.get("prefill") or None,
@@ -176,8 +178,7 @@ class RedisStore(SessionStore):
             self.url, decode_responses=True, socket_connect_timeout=CONNECT_TIMEOUT_S,
             socket_timeout=COMMAND_TIMEOUT_S, retry=Retry(NoBackoff(), 0))
         self._scripts = {name: self._client.register_script(source) for name, source in (
-            ("explicit", _FETCH_EXPLICIT), ("hashed", _FETCH_HASHED), ("commit", _COMMIT),
-            ("live", _LIVE))}
+            ("fetch", _FETCH), ("commit", _COMMIT), ("live", _LIVE))}
         self._up = True
         await self._check()
         if self._up:
@@ -202,14 +203,13 @@ class RedisStore(SessionStore):
     async def resolve(self, transcript: Transcript, explicit_id: str | None = None) -> Lookup:
         cached = self._cache.resolve(transcript, explicit_id)
         held = cached.session.held
-        if cached.continuation and held is not None and transcript.one_turn_after(held):
+        if (cached.continuation and cached.version is not None and held is not None
+                and transcript.one_turn_after(held)):
             self.cache_hits += 1
             return cached
         if self._up:
             try:
-                if explicit_id is not None:
-                    return await self._fetch_explicit(transcript, explicit_id)
-                return await self._fetch_hashed(transcript)
+                return await self._fetch(transcript, explicit_id)
             except _ERRORS as exc:
                 self._lost(exc)
         return Lookup(new_session(transcript, explicit_id, self._clock()), False)
@@ -254,31 +254,33 @@ class RedisStore(SessionStore):
     def live(self) -> int:
         return self._live
 
-    async def _fetch_explicit(self, transcript: Transcript, explicit_id: str) -> Lookup:
-        session_id, flat = await self._run("explicit",
-                                           [self._prefix, explicit_id, transcript.opening])
-        if not flat:
-            return Lookup(new_session(transcript, session_id, self._clock()), False)
-        stored = _decode(session_id, flat)
-        return Lookup(stored, transcript.continues(stored.held), Version.of(stored))
-
-    async def _fetch_hashed(self, transcript: Transcript) -> Lookup:
+    async def _fetch(self, transcript: Transcript, explicit_id: str | None) -> Lookup:
+        space = namespace(transcript, explicit_id)
         if not transcript.extendable:
             lengths: Sequence[int] = ()
         elif isinstance(transcript, ChatTranscript):
             lengths = range(1, transcript.length)
-        else:  # a prompt: hash only at the lengths its opening's branches hold
+        else:  # a prompt: hash only at the lengths its namespace's entries hold
             assert self._client is not None
-            members = await self._client.smembers(f"{self._prefix}l:{transcript.opening}")
+            members = await self._client.smembers(f"{self._prefix}l:{space}")
             lengths = [int(n) for n in members]
         matches = transcript.prefix_digests(lengths)
         digests = sorted(matches, key=matches.__getitem__, reverse=True)
-        session_id, flat, found = await self._run(
-            "hashed", [self._prefix, transcript.opening, *digests])
-        stored = _decode(session_id, flat) if flat else None
-        if found and stored is not None and transcript.continues(stored.held):
-            return Lookup(stored, True, Version.of(stored))
-        return Lookup(new_session(transcript, None, self._clock(), stored), False)
+        found, *rest = await self._run("fetch", [self._prefix, space, explicit_id or "",
+                                                 *digests])
+        now = self._clock()
+        if found:
+            point_flat, current_flat = rest
+            session_id = dict(zip(point_flat[::2], point_flat[1::2], strict=True))["id"]
+            point = _decode(session_id, point_flat)
+            current = _decode(session_id, current_flat) if current_flat else None
+            if current is not None and current.held == point.held:
+                return Lookup(current, True, Version.of(current))
+            return Lookup(fork(point, branch_id(explicit_id, transcript), now), True)
+        home_id, home_flat, taken = rest
+        home = _decode(home_id, home_flat) if home_flat else None
+        session_id = branch_id(explicit_id, transcript) if taken else None
+        return Lookup(new_session(transcript, explicit_id, now, home, session_id), False)
 
     async def _run(self, script: str, args: list[Any]) -> Any:
         return await self._scripts[script](keys=[], args=args)

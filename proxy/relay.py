@@ -6,6 +6,11 @@ then end the stream with one well-formed in-band error event, `data: {"error": {
 `[DONE]` - the `openai` client raises an APIError on it instead of returning a cut reply as
 if it were whole. A failure after `[DONE]` changes nothing: the reply is complete.
 
+`StreamLimits` bound a stream: the request's deadline (`--request-timeout` bounds the whole
+request, stream included; the budget running out is not the node's fault) and max_tokens (a D
+that streams more events carrying tokens than the request's max_tokens is a runaway: cut, and
+charged to the node). Either ends the stream with the in-band error event.
+
 The relay owns the request's lease from the moment the router hands it over: a clean end
 settles D's slot as a success, a failure as D's failure (the router's `on_failure`), and the
 close, early or not (Quart closes the body when the client disconnects, which closes the
@@ -16,12 +21,24 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
 
 from proxy.backends import Backend
 from proxy.completion import SSE_EVENT_ENDS, Captured, ReplyCapture
-from proxy.errors import ProxyError
+from proxy.deadline import Deadline, DeadlineExceeded, guarded
+from proxy.errors import ProxyError, UpstreamError, UpstreamTimeout
 from proxy.forward import UpstreamStream
 from proxy.lease import Lease
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLimits:
+    """What bounds a stream: the request's deadline (None: none; the relay closes it), the
+    message for when it expires, and the request's max_tokens (None: no cap)."""
+
+    deadline: Deadline | None = None
+    over_budget: str = "the request timed out"
+    max_tokens: int | None = None
 
 
 def error_event(exc: ProxyError) -> bytes:
@@ -67,8 +84,10 @@ class Relay:
                  capture: ReplyCapture,
                  on_reply: Callable[[Captured], Awaitable[None] | None],
                  on_failure: Callable[[ProxyError], None],
-                 on_close: Callable[[], None] | None = None) -> None:
+                 on_close: Callable[[], None] | None = None,
+                 limits: StreamLimits = StreamLimits()) -> None:
         self._stream = stream
+        self._limits = limits
         self._node = node
         self._lease = lease
         self._capture = capture
@@ -94,7 +113,7 @@ class Relay:
     async def _relay(self) -> AsyncGenerator[bytes, None]:
         framer = SseFramer()
         try:
-            async for chunk in self._stream.chunks():
+            async for chunk in self._bounded(self._stream.chunks()):
                 # The client gets the bytes before the capture parses them (the first token is
                 # not delayed by reading the rest of a chunk), except `[DONE]`: the turn is
                 # recorded before the client can read it, so a client that sends its next turn
@@ -103,6 +122,10 @@ class Relay:
                 if head:
                     yield head
                 self._capture.feed(chunk)
+                limit = self._limits.max_tokens
+                if limit is not None and self._capture.token_events > limit and not done:
+                    raise UpstreamError(f"backend {self._node.url} streamed past the request's "
+                                        f"max_tokens ({limit}); reply cut", kind="runaway")
                 if self._capture.stream_done:
                     await self._reply_once()
                 if done:
@@ -118,6 +141,24 @@ class Relay:
             yield rest
         self._lease.settle(self._node, ok=True)
         await self._reply_once()
+
+    async def _bounded(self, chunks: AsyncGenerator[bytes, None]
+                       ) -> AsyncGenerator[bytes, None]:
+        """The chunks, each read under the request's deadline (`proxy.deadline`: one timer
+        for the whole stream, guarding only the reads, never the writes to the client)."""
+        deadline = self._limits.deadline
+        try:
+            while True:
+                try:
+                    with guarded(deadline):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    return
+                except DeadlineExceeded:
+                    raise UpstreamTimeout(self._limits.over_budget, kind="deadline") from None
+                yield chunk
+        finally:
+            await chunks.aclose()
 
     async def _reply_once(self) -> None:
         if not self._replied:
@@ -138,5 +179,7 @@ class Relay:
             await self._stream.aclose()
         finally:
             self._lease.release()
+            if self._limits.deadline is not None:
+                self._limits.deadline.close()
             if self._on_close is not None:
                 self._on_close()

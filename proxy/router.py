@@ -24,7 +24,8 @@ from proxy import forward, wire
 from proxy.backends import Backend, BackendPool
 from proxy.completion import Captured, ReplyCapture
 from proxy.config import Policy
-from proxy.errors import NotFound, Overloaded, ProxyError
+from proxy.deadline import Deadline, DeadlineExceeded, guarded
+from proxy.errors import NotFound, Overloaded, ProxyError, UpstreamTimeout
 from proxy.failover import Failover, charge
 from proxy.forward import Answer, UpstreamStream
 from proxy.lease import Admission, Lease
@@ -32,7 +33,7 @@ from proxy.load import RateMeter, RunningMean
 from proxy.logs import AccessEntry
 from proxy.metrics import ProxyMetrics
 from proxy.policies import Decision, Reason, RoutingPolicy
-from proxy.relay import Relay
+from proxy.relay import Relay, StreamLimits
 from proxy.route import Role, RouteKind, Workload
 from proxy.session_store import SessionStore
 from proxy.sessions import Lookup, Transcript
@@ -91,6 +92,10 @@ class _Served:
         """A node answered 4xx: the client's request is at fault and gets that answer."""
         return isinstance(self.result, Answer) and self.result.rejected
 
+    def proves(self) -> bool:
+        """Whether the request was servable (the nodes that failed it before were at fault)."""
+        return not self.rejected
+
 
 @dataclass(slots=True)
 class _Turn:
@@ -105,11 +110,18 @@ class _Turn:
     access: AccessEntry
     route: RouteKind | None = None  # the route being tried
 
+    @property
+    def session_label(self) -> str:
+        """The session id the client is told: its own id when it chose one (whichever branch
+        of it this is, so a reused id answers as an unused one), else the session's."""
+        explicit = self.incoming.body.get("conversation_id", self.incoming.session_id)
+        return self.lookup.session.id if explicit is None else str(explicit)
+
     def headers(self) -> dict[str, str]:
         """The x-ppd-* headers known so far (an error response carries them too)."""
         # A client-chosen id may hold CR/LF or non-Latin-1 text: percent-encode what is not
         # plain visible ASCII (and `%` itself, so the encoding can be undone).
-        session = quote(self.lookup.session.id, safe=_HEADER_SAFE)
+        session = quote(self.session_label, safe=_HEADER_SAFE)
         headers = {"x-ppd-session": session, "x-ppd-turn": str(self.lookup.turn)}
         if self.route is not None:
             headers["x-ppd-route"] = self.route.value
@@ -121,7 +133,8 @@ class Router:
 
     def __init__(self, pool: BackendPool, sessions: SessionStore, policy: RoutingPolicy,
                  counter: TokenCounter, metrics: ProxyMetrics, load: RateMeter,
-                 clock: Callable[[], float], max_in_flight: int | None = None) -> None:
+                 clock: Callable[[], float], max_in_flight: int | None = None,
+                 request_timeout: float | None = None) -> None:
         self.pool = pool
         self.sessions = sessions
         self.policy = policy
@@ -131,6 +144,8 @@ class Router:
         self.clock = clock
         self.expected_output = RunningMean(DEFAULT_EXPECTED_OUTPUT)
         self.admission = Admission(pool, max_in_flight)
+        # The whole request's budget, stream included (`--request-timeout`); None: unbounded.
+        self.request_timeout = request_timeout
         self.client: httpx.AsyncClient | None = None
 
     async def handle(self, incoming: Incoming) -> Reply:
@@ -164,14 +179,30 @@ class Router:
         explicit = incoming.body.get("conversation_id", incoming.session_id)
         lookup = await self.sessions.resolve(transcript,
                                              None if explicit is None else str(explicit))
-        access.session, access.turn = lookup.session.id, lookup.turn
         self.load.record()
+        deadline = None if self.request_timeout is None else Deadline(self.request_timeout)
         turn = _Turn(incoming, transcript, lookup, self._workload(incoming, transcript, lookup),
-                     started, Failover(self.pool, lease, self.metrics), access)
+                     started, Failover(self.pool, lease, self.metrics, deadline), access)
+        access.session, access.turn = turn.session_label, lookup.turn
+        relayed = False
+        try:
+            reply = await self._route(turn, lease)
+            relayed = isinstance(reply.body, Relay)
+        finally:
+            if deadline is not None and not relayed:
+                deadline.close()  # a relay closes it when its stream ends
+        return reply
+
+    async def _route(self, turn: _Turn, lease: Lease) -> Reply:
+        incoming, lookup, access, started = turn.incoming, turn.lookup, turn.access, turn.started
         decision = self._decide(turn)
         access.decided(decision)
         try:
-            served = await self._serve(turn, decision)
+            try:
+                with guarded(turn.failover.deadline):
+                    served = await self._serve(turn, decision)
+            except DeadlineExceeded:
+                raise UpstreamTimeout(self._over_budget(), kind="deadline") from None
         except ProxyError as exc:
             exc.headers.update(turn.headers())
             self.metrics.responded(exc.status)
@@ -188,6 +219,10 @@ class Router:
             self.metrics.first_byte(served.route, ttft)
         self.metrics.responded(served.result.status)
         return await self._reply(turn, served, lease)
+
+    def _over_budget(self) -> str:
+        return (f"the request did not complete within --request-timeout "
+                f"({self.request_timeout or 0:g} s)")
 
     def _check_model(self, model: Any) -> None:
         known = self.pool.models()
@@ -224,7 +259,8 @@ class Router:
         if decision.kind is RouteKind.REPLICA:
             turn.route = RouteKind.REPLICA
             served = await turn.failover.run(Role.REPLICA, session.decode, lambda node: self._leg(
-                turn, RouteKind.REPLICA, node, wire.local_body(body), wire.request_id()))
+                turn, RouteKind.REPLICA, node, wire.local_body(body), wire.request_id()),
+                _Served.proves)
             if not served.rejected and served.decode is not None:
                 session.decode = served.decode.url
             return served
@@ -238,7 +274,7 @@ class Router:
                     return local
         turn.route = RouteKind.PD
         return await turn.failover.run(Role.DECODE, session.decode,
-                                       lambda decode: self._pd(turn, decode))
+                                       lambda decode: self._pd(turn, decode), _Served.proves)
 
     async def _pd(self, turn: _Turn, decode: Backend) -> _Served:
         """One P->D try on decode: the P leg (failing over among Ps), then D's leg."""
@@ -253,7 +289,8 @@ class Router:
             return prefill, request_id, result
 
         prefill, request_id, result = await turn.failover.run(
-            Role.PREFILL, turn.lookup.session.prefill, prefill_on)
+            Role.PREFILL, turn.lookup.session.prefill, prefill_on,
+            lambda tried: isinstance(tried[2], forward.Prefilled))
         if isinstance(result, Answer):  # P rejected the request: D is not asked
             return _Served(RouteKind.PD, result, None, prefill)
         served = await self._leg(turn, RouteKind.PD, decode,
@@ -272,7 +309,8 @@ class Router:
             result = await forward.open_stream(self._client(), node.base, endpoint, body,
                                                request_id)
         else:
-            result = await forward.fetch(self._client(), node.base, endpoint, body, request_id)
+            result = await forward.complete(self._client(), node.base, endpoint, body,
+                                            request_id)
         if isinstance(result, Answer):
             lease.settle(node, ok=True)
         return _Served(route, result, node, prefill)
@@ -300,6 +338,9 @@ class Router:
         node, relay_lease = served.decode, lease.hand_over()
 
         def on_failure(exc: ProxyError) -> None:
+            if exc.kind == "deadline":  # the request's budget ran out, not the node
+                turn.access.error = exc.message
+                return
             log.warning("upstream %s failed mid-stream: %s", node.url, exc.message)
             self.metrics.upstream_error(node.role.value, "midstream")
             turn.access.error = f"failed mid-stream: {exc.message}"
@@ -316,7 +357,9 @@ class Router:
                                None if complete else "stream closed before the end (client gone?)")
 
         headers["cache-control"] = "no-cache"
-        relay = Relay(result, node, relay_lease, capture, on_reply, on_failure, on_close)
+        relay = Relay(result, node, relay_lease, capture, on_reply, on_failure, on_close,
+                      limits=StreamLimits(turn.failover.deadline, self._over_budget(),
+                                          requested_output_tokens(turn.incoming.body)))
         return Reply(result.status, headers, relay, result.content_type)
 
     def _finished(self, turn: _Turn, route: RouteKind) -> None:

@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import Any
 
 from proxy.config import ProxyConfig
-from proxy.errors import BadRequest
+from proxy.errors import BadRequest, ProxyError, RequestTimeout
 from proxy.lifespan import Lifespan
 
 log = logging.getLogger("ppd.proxy")
@@ -48,7 +48,17 @@ log = logging.getLogger("ppd.proxy")
 #   net.core.somaxconn); hypercorn's 100 dropped requests on bursts of 500 new clients.
 # - A graceful shutdown lets open streams finish for `grace` seconds: `ppd proxy` passes
 #   --shutdown-grace (30 s by default); in-process servers (tests, demo) wait SHUTDOWN_GRACE_S.
+# - A request's headers must arrive within HEADER_TIMEOUT_S of its first byte (of the
+#   connection, for a new one) and its body within BODY_TIMEOUT_S of its headers, or the
+#   connection gets a 408 and is closed: without a deadline a client sending a byte a second
+#   held its connection forever (issue 23; 200 such connections were all held). These are
+#   totals, not idle timers (nginx's client_header/body_timeout reset on every read, which a
+#   byte a second defeats). An API client sends its headers in one packet and a body of at
+#   most --max-body-bytes (16 MiB: ~1.3 s at 100 Mbit/s), so both leave a wide margin.
+#   Uvicorn has neither (only the idle keep-alive timer); `_uvicorn`'s protocol adds them.
 KEEP_ALIVE_S = 20.0
+HEADER_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 60.0
 LISTEN_BACKLOG = 2048
 SHUTDOWN_GRACE_S = 5.0
 
@@ -94,15 +104,72 @@ def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float
     import uvicorn
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+    header_timeout, body_timeout = HEADER_TIMEOUT_S, BODY_TIMEOUT_S
+
     class Protocol(HttpToolsProtocol):
+        # One deadline at a time: the headers' (from the connection or the request's first
+        # byte), then the body's (from the headers); cleared once the request is read whole.
+        _deadline: asyncio.TimerHandle | None = None
+
         def send_400_response(self, msg: str) -> None:
             # A request the HTTP parser refuses (bad bytes in a header, a broken request
             # line) gets the proxy's OpenAI-shaped error like every other refusal.
-            body = BadRequest(f"malformed HTTP request: {msg}").body_bytes()
-            self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json"
+            self._close_with(b"400 Bad Request", BadRequest(f"malformed HTTP request: {msg}"))
+
+        def _close_with(self, status: bytes, error: ProxyError) -> None:
+            self._clear_deadline()
+            body = error.body_bytes()
+            self.transport.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json"
                                  b"\r\ncontent-length: " + str(len(body)).encode()
                                  + b"\r\nconnection: close\r\n\r\n" + body)
             self.transport.close()
+
+        def _arm(self, seconds: float, what: str) -> None:
+            self._clear_deadline()
+            self._deadline = self.loop.call_later(seconds, self._expired, seconds, what)
+
+        def _clear_deadline(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expired(self, seconds: float, what: str) -> None:
+            self._deadline = None
+            if self.transport.is_closing():
+                return
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                if cycle.response_started:  # cannot happen before the body is read; be safe
+                    self.transport.close()
+                    return
+                # The app is waiting for the body: it reads a disconnect, its answer goes
+                # nowhere, and the client gets the 408.
+                cycle.disconnected = True
+                cycle.message_event.set()
+            self._close_with(b"408 Request Timeout",
+                             RequestTimeout(f"the request's {what} did not arrive within "
+                                            f"{seconds:g} s"))
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm(header_timeout, "headers")
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._clear_deadline()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self._deadline is None:  # a new connection's deadline already runs
+                self._arm(header_timeout, "headers")
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            self._arm(body_timeout, "body")
+
+        def on_message_complete(self) -> None:
+            self._clear_deadline()
+            super().on_message_complete()
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager

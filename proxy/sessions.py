@@ -9,10 +9,11 @@ turn count, last access, and `Held`: a fingerprint of the exact text D holds in 
 A request is a *continuation* iff it strictly extends that text (chat: its messages start with
 the previous messages + `proxy.completion.assistant_message(reply)`, compared by role and text
 only, the reasoning of a reasoning model not included; completions: its prompt starts with the
-previous prompt + reply; docs/architecture.md, "Session tracking"). Anything else (edited
-history, a retry, another user whose first message is the same) is a new branch and counts as
-turn 1. Hash-keyed sessions keep one session per branch, so two users with the same opening
-each continue their own conversation.
+previous prompt + reply; docs/architecture.md, "Session tracking"). A request that extends
+no text a D holds (edited history, another user whose first message is the same) is a new
+branch and counts as turn 1. Sessions live in namespaces (the opening, with the explicit id
+if any), so two users with the same opening each continue their own conversation, and nothing
+but a session's own next turn replaces it (`proxy.session_ledger`: the index and the forks).
 
 This module is the vocabulary (transcripts, fingerprints, sessions, lookups). Where sessions
 live is `proxy.session_store` (in memory by default, `proxy.redis_store` for several
@@ -186,8 +187,8 @@ class Session:
     """One conversation branch: its home nodes, turns served, and what its D holds."""
 
     id: str
-    opening: str  # digest of the conversation's opening
-    hashed: bool  # found by its opening and held fingerprint (no explicit id)
+    opening: str  # its namespace: the opening's digest (with the explicit id, if any)
+    hashed: bool  # no explicit id: the client is told this id (else its own)
     decode: str | None = None
     prefill: str | None = None
     turns: int = 0
@@ -243,6 +244,11 @@ class Lookup:
                        s.created or now)
 
 
-def explicit_key(session_id: str, opening: str) -> str:
-    """Where a conversation_id reused with another opening lives (the first keeps the id)."""
-    return f"{session_id}~{opening[:16]}"
+def namespace(transcript: Transcript, explicit_id: str | None) -> str:
+    """Where a request's sessions live: its opening's digest, or, under an explicit id, a
+    digest of the id and the opening (an id reused with another opening is another
+    namespace, and an id never meets a hash-keyed conversation)."""
+    if explicit_id is None:
+        return transcript.opening
+    return _digest(b"id\x00" + explicit_id.encode("utf-8", "surrogatepass") + b"\x00"
+                   + transcript.opening.encode())

@@ -60,6 +60,16 @@ class Fault:
         return Fault("die_after", chunks=chunks)
 
     @staticmethod
+    def garbage() -> Fault:
+        """Answer 200 with a body that is not JSON (a broken node or a foreign server)."""
+        return Fault("garbage")
+
+    @staticmethod
+    def endless() -> Fault:
+        """Stream far past max_tokens (a runaway D): a thousand more events before [DONE]."""
+        return Fault("endless")
+
+    @staticmethod
     def hang() -> Fault:
         """Receive the request and never answer (until the caller gives up)."""
         return Fault("hang")
@@ -141,10 +151,15 @@ class MockNode:
                                "code": fault.status_code}}
             return httpx.Response(fault.status_code, content=json.dumps(error).encode(),
                                   headers={"content-type": "application/json"})
+        if fault.kind == "garbage":
+            return httpx.Response(200, content=b"<html>502 Bad Gateway</html>",
+                                  headers={"content-type": "application/json"})
         chat = request.url.path.endswith("/chat/completions")
         words = f"Hello from {self.name}, a fake node.".split(" ")
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         words = words[:limit] if limit else words
+        if fault.kind == "endless":
+            words = words + ["more"] * 1000
         usage = {"prompt_tokens": 10, "completion_tokens": len(words), "total_tokens": 10 +
                  len(words)}
         if body.get("stream"):

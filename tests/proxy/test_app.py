@@ -174,3 +174,44 @@ async def test_tokenizer_dir_counts_the_new_messages_exactly(
                 "Hello", reply_text(first), new))
         routes.append(second.headers["x-ppd-route"])
     assert routes == ["local", "pd"]
+
+
+async def test_health_is_503_exactly_when_no_route_can_be_served() -> None:
+    # Issue 23, item 2: circuits count. Poison requests (every D answers 500) open nothing and
+    # /health stays 200; resets on both Ds from different requests open both circuits: 503
+    # while they are open, 200 again once the cool-down lets a probe through.
+    from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role
+    from tests.fakes.mock_vllm import Fault, MockCluster
+    from tests.proxy.helpers import FakeClock
+
+    cluster = MockCluster("p1", "d1", "d2")
+    nodes = tuple(NodeSpec(n.url, Role.PREFILL if name[0] == "p" else Role.DECODE)
+                  for name, n in cluster.nodes.items())
+    clock = FakeClock(100.0)
+    config = ProxyConfig(nodes=nodes, policy=PolicyConfig(Policy.PD), port=0,
+                         health_interval=600, breaker_failures=1, breaker_cooldown=10.0)
+    app = proxy.create_app(config, transport=cluster.transport, clock=clock)
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        for i in range(3):
+            cluster["d1"].script(Fault.status(500))
+            cluster["d2"].script(Fault.status(500))
+            poison = await client.post("/v1/chat/completions", json=chat_body(f"poison {i}"))
+            assert poison.status_code == 502
+        after_poison = await client.get("/health")
+        served = await client.post("/v1/chat/completions", json=chat_body("someone else"))
+        for name in ("d1", "d2"):  # two requests, each reset by the D it reached first
+            cluster["d1"].script(Fault.reset())
+            cluster["d2"].script(Fault.reset())
+            await client.post("/v1/chat/completions", json=chat_body(f"reset {name}"))
+        down = await client.get("/health")
+        down_body = await down.get_json()
+        circuits = {n["url"]: n["circuit"] for n in down_body["nodes"]}
+        refused = await client.post("/v1/chat/completions", json=chat_body("while open"))
+        clock.now += 10.0
+        back = await client.get("/health")
+    assert after_poison.status_code == 200 and served.status_code == 200
+    assert circuits == {"http://p1": "closed", "http://d1": "open", "http://d2": "open"}
+    assert down.status_code == 503 and down_body["status"] == "unavailable"
+    assert refused.status_code == 503
+    assert back.status_code == 200

@@ -198,15 +198,62 @@ async def test_a_refused_d_is_down_at_once_and_the_turn_served_by_another(
     assert len(cluster["p1"].completions) == 2  # P redone for the new D
 
 
-async def test_a_hanging_p_times_out_and_the_turn_goes_to_another_p(
+async def test_a_hanging_p_costs_its_request_the_budget_and_a_strike(
         cluster: dict[str, FakeVLLM]) -> None:
+    # --request-timeout bounds the whole request: a P that never answers uses it all (504, a
+    # strike on P); the next request goes to the other P (least picked), and the strikes take
+    # the hanging one out (its circuit) as for any node that keeps timing out.
     cluster["p1"].faults.hang = True
     config = replace(config_for(cluster, Policy.PD), request_timeout=0.3)
     async with serve_proxy(config) as proxy:
-        response = await proxy.client.post("/v1/chat/completions", json=chat_body("x"))
+        first = await proxy.client.post("/v1/chat/completions", json=chat_body("x"))
+        second = await proxy.client.post("/v1/chat/completions", json=chat_body("y"))
         nodes = {n["url"]: n for n in proxy.state.pool.snapshot()}
         stats = (await proxy.client.get("/stats")).json()
-    assert response.status_code == 200
-    assert response.headers["x-ppd-prefill"] == cluster["p2"].url
+    assert first.status_code == 504 and "--request-timeout" in first.json()["error"]["message"]
+    assert second.status_code == 200
+    assert second.headers["x-ppd-prefill"] == cluster["p2"].url
     assert nodes[cluster["p1"].url]["healthy"] and nodes[cluster["p1"].url]["failures"] == 1
     assert stats["upstream_errors"] == {"prefill:timeout": 1}
+
+
+# ---- The request timeout bounds the whole request; a runaway stream is cut (issue 23, 5) ----
+
+async def test_the_request_timeout_bounds_a_stream_that_never_ends() -> None:
+    async with FakeVLLM("p1") as p1, FakeVLLM("d1", reply="word " * 2000,
+                                              chunk_delay_s=0.01) as d1:
+        config = config_for({"p1": p1, "d1": d1}, Policy.PD, request_timeout=1.0)
+        async with serve_proxy(config) as proxy:
+            started = asyncio.get_running_loop().time()
+            body = chat_body("talk", stream=True)
+            del body["max_tokens"]
+            response = await proxy.client.post("/v1/chat/completions", json=body)
+            elapsed = asyncio.get_running_loop().time() - started
+            nodes = {n["url"]: n for n in proxy.state.pool.snapshot()}
+    assert response.status_code == 200
+    assert elapsed < 3.0, elapsed  # ~20 s of stream cut at the 1 s budget
+    last = response.text.rstrip().rsplit("\n\n", 1)[-1]
+    assert "[DONE]" not in response.text
+    assert "--request-timeout" in json.loads(last.removeprefix("data: "))["error"]["message"]
+    # The budget ran out, not the node: its circuit is not charged.
+    assert nodes[d1.url]["failures"] == 0
+
+
+async def test_the_request_timeout_bounds_legs_that_each_answer_in_time() -> None:
+    # P and D each answer within the read timeout, together they do not: a 504 at the budget.
+    async with FakeVLLM("p1") as p1, FakeVLLM("d1") as d1:
+        p1.faults.delay_s = d1.faults.delay_s = 0.8
+        config = config_for({"p1": p1, "d1": d1}, Policy.PD, request_timeout=1.0)
+        async with serve_proxy(config) as proxy:
+            started = asyncio.get_running_loop().time()
+            response = await proxy.client.post("/v1/chat/completions", json=chat_body("x"))
+            elapsed = asyncio.get_running_loop().time() - started
+    assert response.status_code == 504, response.text
+    assert "--request-timeout" in response.json()["error"]["message"]
+    assert elapsed < 1.5, elapsed
+
+
+def test_request_timeout_help_says_it_bounds_the_whole_request() -> None:
+    from proxy.config import build_parser
+
+    assert "whole request" in " ".join(build_parser().format_help().split())

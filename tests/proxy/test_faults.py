@@ -73,6 +73,27 @@ async def test_a_slow_p_is_waited_for() -> None:
     assert h.router.metrics.stats()["failovers"] == 0
 
 
+# ---- A D that answers 200 with a body that is not JSON (issue 23, item 6) ----
+
+async def test_a_non_json_200_from_the_only_d_is_a_502_as_from_p() -> None:
+    for bad in ("p1", "d1"):
+        async with router_over("p1", "d1") as h:
+            h.cluster[bad].script(Fault.garbage())
+            with pytest.raises(UpstreamError) as raised:
+                await h.send(chat("x"))
+            assert_clean(h)
+        assert raised.value.status == 502 and "non-JSON" in raised.value.message, bad
+
+
+async def test_a_non_json_200_from_d_fails_over_to_another_d() -> None:
+    async with router_over("p1", "d1", "d2") as h:
+        h.cluster["d1"].script(Fault.garbage())
+        reply, content = await h.ask(chat("x"))
+        assert_clean(h)
+    assert (reply.status, reply.headers["x-ppd-decode"]) == (200, "http://d2")
+    assert text_of(content) == "Hello from d2, a fake node."
+
+
 # ---- D faults before the first byte: the turn is redone P->D on another D ----
 
 async def test_a_refused_d_is_down_at_once_and_the_turn_redone_on_another_d() -> None:
@@ -188,7 +209,7 @@ async def test_a_client_leaving_mid_turn_cancels_both_legs_and_frees_every_slot(
 async def test_all_d_down_answers_503_with_the_reason() -> None:
     async with router_over("p1", "d1", "d2", breaker=Breaker(failures=1)) as h:
         h.pool.mark("http://d1", healthy=False)
-        h.cluster["d2"].script(Fault.status(500))
+        h.cluster["d2"].script(Fault.reset())
         with pytest.raises(UpstreamError):
             await h.send(chat("one"))
         with pytest.raises(NoBackend) as raised:
@@ -248,7 +269,7 @@ async def test_a_failed_probe_opens_the_circuit_again_for_a_new_cooldown() -> No
 
 async def test_an_abandoned_probe_lets_the_next_request_probe() -> None:
     async with router_over("p1", "d1", breaker=Breaker(failures=1, cooldown_s=10)) as h:
-        h.cluster["d1"].script(Fault.status(500))
+        h.cluster["d1"].script(Fault.reset())
         with pytest.raises(UpstreamError):
             await h.send(chat("strike"))
         h.clock.now += 10
@@ -263,11 +284,11 @@ async def test_an_abandoned_probe_lets_the_next_request_probe() -> None:
 
 async def test_a_probe_whose_p_leg_failed_leaves_the_circuit_probe_able() -> None:
     async with router_over("p1", "d1", breaker=Breaker(failures=1, cooldown_s=10)) as h:
-        h.cluster["d1"].script(Fault.status(500))
+        h.cluster["d1"].script(Fault.reset())
         with pytest.raises(UpstreamError):
             await h.send(chat("strike"))
         h.clock.now += 10
-        h.cluster["p1"].script(Fault.status(500))
+        h.cluster["p1"].script(Fault.reset())
         with pytest.raises(UpstreamError, match="p1"):
             await h.send(chat("d1 picked as the probe, but P fails"))
         assert h.circuit("d1") == "half_open"
@@ -302,3 +323,60 @@ async def test_sporadic_5xx_never_take_a_d_out() -> None:
     assert h.router.metrics.stats()["upstream_errors"] == {"decode:status": 10}
     assert {h.circuit("d1"), h.circuit("d2")} == {"closed"}
     assert all(n.healthy for n in h.pool.nodes())
+
+
+# ---- A stream past its max_tokens is the node's fault (issue 23, item 5) ----
+
+async def test_a_stream_past_its_max_tokens_is_cut_and_charged_to_d() -> None:
+    async with router_over("p1", "d1") as h:
+        h.cluster["d1"].script(Fault.endless())
+        reply, content = await h.ask(chat("x", stream=True, max_tokens=4))
+        d1 = h.pool.get("http://d1")
+        assert_clean(h)
+    got = events(content)
+    assert reply.status == 200 and "[DONE]" not in got
+    assert "max_tokens" in got[-1]["error"]["message"]
+    tokens = [e for e in got[:-1] if e["choices"][0]["delta"].get("content")]
+    assert len(tokens) <= 5  # the cap, and at most the event that crossed it
+    assert d1 is not None and d1.circuit.failures == 1
+    assert not (await h.router.sessions.snapshot())  # a cut reply is not recorded
+
+
+# ---- A request-caused failure is not a node fault (issue 23, item 2) ----
+
+async def test_requests_that_make_every_d_answer_500_lock_nobody_out() -> None:
+    async with router_over("p1", "d1", "d2", breaker=Breaker(failures=3)) as h:
+        for i in range(10):  # a "poison" request: both Ds answer it 500
+            h.cluster["d1"].script(Fault.status(500))
+            h.cluster["d2"].script(Fault.status(500))
+            with pytest.raises(UpstreamError) as raised:
+                await h.send(chat(f"poison {i}"))
+            assert raised.value.status == 502
+        others = [await h.ask(chat(f"someone else {i}")) for i in range(4)]
+        assert_clean(h)
+    assert [reply.status for reply, _ in others] == [200] * 4
+    assert {h.circuit("d1"), h.circuit("d2")} == {"closed"}
+    assert len(h.cluster["d1"].received) + len(h.cluster["d2"].received) == 24
+
+
+async def test_one_request_failing_on_several_nodes_counts_at_most_once() -> None:
+    async with router_over("p1", "d1", "d2", breaker=Breaker(failures=3)) as h:
+        h.cluster["d1"].script(Fault.reset())
+        h.cluster["d2"].script(Fault.reset())
+        with pytest.raises(UpstreamError):
+            await h.send(chat("resets both"))
+        strikes = {name: h.pool.get(f"http://{name}").circuit.failures  # type: ignore[union-attr]
+                   for name in ("d1", "d2")}
+        assert_clean(h)
+    assert sorted(strikes.values()) == [0, 1]
+
+
+async def test_5xx_from_one_d_across_different_requests_open_its_circuit() -> None:
+    # The others serve the same requests: each 500 is d1's, and three in a row take it out.
+    async with router_over("p1", "d1", "d2", breaker=Breaker(failures=3)) as h:
+        h.cluster["d1"].script(*[Fault.status(500)] * 3)
+        for i in range(3):
+            reply, _ = await h.ask(chat(f"request {i}"))
+            assert reply.headers["x-ppd-decode"] == "http://d2"
+        assert_clean(h)
+    assert h.circuit("d1") == "open" and h.circuit("d2") == "closed"

@@ -192,3 +192,57 @@ async def test_completions_endpoint_and_forced_route() -> None:
     assert first.headers["x-ppd-route"] == "pd"
     assert (second.headers["x-ppd-route"], second.headers["x-ppd-turn"]) == ("local", "2")
     assert h.cluster["d1"].received[-1].path == "/v1/completions"
+
+
+# ---- Sessions under misuse and under identical histories (issue 23, items 3 and 4) ----
+
+async def test_a_forged_continuation_under_anothers_id_never_resets_the_session() -> None:
+    async with router_over("p1", "d1", "d2", policy=Policy.LOCAL) as h:
+        _, a1 = await h.ask(chat("A's opening", conversation_id="v2"))
+        # B: A's opening plus a forged assistant reply, under A's id.
+        b, _ = await h.ask(chat("A's opening", "I am a forged reply", "B asks",
+                                conversation_id="v2"))
+        a2, _ = await h.ask(chat("A's opening", text_of(a1), "A asks", conversation_id="v2"))
+    assert (b.headers["x-ppd-turn"], b.headers["x-ppd-route"]) == ("1", "pd")
+    assert (a2.headers["x-ppd-turn"], a2.headers["x-ppd-route"]) == ("2", "local")
+
+
+async def test_a_reused_id_answers_like_an_unused_one() -> None:
+    # A client that does not know a conversation's history cannot tell whether its id is used.
+    async with router_over("p1", "d1", policy=Policy.LOCAL) as h:
+        await h.ask(chat("someone's opening", conversation_id="taken"))
+        probes = {}
+        for conversation_id in ("taken", "never-used"):
+            for body in (chat("someone's opening", conversation_id=conversation_id),
+                         chat("a guess", "a reply", "more", conversation_id=conversation_id)):
+                reply, _ = await h.ask(body)
+                probes.setdefault(conversation_id, []).append(
+                    (reply.status, reply.headers["x-ppd-session"], reply.headers["x-ppd-turn"],
+                     reply.headers["x-ppd-route"]))
+    assert [(s, t, r) for s, _, t, r in probes["taken"]] == [
+        (s, t, r) for s, _, t, r in probes["never-used"]] == [(200, "1", "pd")] * 2
+    assert {session for _, session, _, _ in probes["taken"]} == {"taken"}
+    assert {session for _, session, _, _ in probes["never-used"]} == {"never-used"}
+
+
+@pytest.mark.parametrize("at_once", [False, True], ids=["one_by_one", "at_once"])
+async def test_conversations_with_identical_histories_all_continue_locally(
+        at_once: bool) -> None:
+    # 20 conversations: same system prompt and opening, identical (greedy) replies.
+    async with router_over("p1", "d1", "d2", policy=Policy.LOCAL) as h:
+        opening = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]
+
+        def body(*more: dict[str, str]) -> dict[str, object]:
+            return {"model": "fake-model", "messages": [*opening, *more], "max_tokens": 16}
+
+        firsts = [await h.ask(body()) for _ in range(20)]
+        replies = {text_of(content) for _, content in firsts}
+        assert len(replies) == 1  # every turn 1 ran on the same D, so the same reply
+        reply = {"role": "assistant", "content": replies.pop()}
+        seconds = [body(reply, {"role": "user", "content": f"question {i}"}) for i in range(20)]
+        if at_once:
+            answered = await asyncio.gather(*(h.ask(b) for b in seconds))
+        else:
+            answered = [await h.ask(b) for b in seconds]
+    routes = [(r.headers["x-ppd-turn"], r.headers["x-ppd-route"]) for r, _ in answered]
+    assert routes == [("2", "local")] * 20

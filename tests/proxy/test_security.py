@@ -76,6 +76,49 @@ def test_a_heartbeat_never_changes_a_static_nodes_role_health_or_lifetime() -> N
     assert discovery.rejected == 1
 
 
+async def test_a_forged_heartbeat_never_rewrites_a_node_given_by_flag(
+        cluster: dict[str, FakeVLLM]) -> None:
+    # Issue 23, item 1: P2pNccl heartbeats naming the flag-given P and D (loopback only) must
+    # not give them a zmq address (where P2pNccl sends the KV) or a model list.
+    nodes = {"p1": cluster["p1"], "d1": cluster["d1"]}
+    config = replace(config_for(nodes, Policy.PD), discovery="tcp://127.0.0.1:0")
+    async with serve_proxy(config) as proxy:
+        discovery = proxy.state.discovery
+        assert discovery is not None
+        for kind, name, zmq_address in (("P", "p1", "127.6.6.6:9"), ("D", "d1", "127.7.7.7:9")):
+            http_address = cluster[name].url.removeprefix("http://")
+            for address in (http_address, http_address + "/"):  # also a trailing-slash twin
+                discovery.handle(msgpack.packb({"type": kind, "http_address": address,
+                                                "zmq_address": zmq_address}))
+            discovery.handle(beat(cluster[name].url, "prefill" if kind == "P" else "decode",
+                                  models=["evil"]))
+        response = await proxy.client.post("/v1/chat/completions", json=chat_body("x"))
+        models = (await proxy.client.get("/v1/models")).json()["data"]
+        pool = proxy.state.pool
+    assert response.status_code == 200
+    request_id = cluster["p1"].completions[-1].headers["x-request-id"]
+    assert "127.6.6.6" not in request_id and "127.7.7.7" not in request_id
+    assert [m["id"] for m in models] == ["fake-model"]
+    assert sorted(n.url for n in pool.nodes()) == sorted([cluster["p1"].url, cluster["d1"].url])
+    assert all(n.zmq_address is None and n.models == ("fake-model",) and n.source is Source.STATIC
+               for n in pool.nodes())
+
+
+def test_a_discovered_add_never_changes_a_static_node() -> None:
+    pool = BackendPool([NodeSpec("http://127.0.0.1:8100", Role.PREFILL)])
+    static = pool.get("http://127.0.0.1:8100")
+    assert static is not None
+    static.models = ("m",)
+    for url in ("http://127.0.0.1:8100", "http://127.0.0.1:8100/"):
+        pool.add(url, Role.DECODE, source=Source.DISCOVERED, zmq_address="127.6.6.6:9",
+                 models=["evil"], now=5.0)
+        pool.add(url, Role.PREFILL, source=Source.DISCOVERED, zmq_address="127.6.6.6:9",
+                 models=["evil"], now=5.0)
+    assert pool.nodes() == [static]
+    assert (static.role, static.zmq_address, static.models, static.source) == (
+        Role.PREFILL, None, ("m",), Source.STATIC)
+
+
 def test_a_flood_of_rejected_heartbeats_logs_one_line_a_minute(
         caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeClock()

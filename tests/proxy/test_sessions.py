@@ -200,3 +200,70 @@ def test_a_turn_that_lost_the_race_is_not_recorded() -> None:
     stored = ledger.get("c")
     assert stored is not None and stored.turns == 2
     assert Transcript.from_chat(msgs("Hi", "Hello", "next", "one", "x")).continues(stored.held)
+
+
+# ---- issue 23, items 3 and 4 ----
+
+def test_a_history_that_does_not_continue_an_id_forks_and_never_replaces_it() -> None:
+    ledger = SessionLedger(3600, 100, FakeClock(1000.0))
+    assert serve(ledger, msgs("A's opening"), "A's reply", explicit="v2") == ("v2", 1)
+    # B: A's opening and a forged reply under the same id: a branch of its own, at turn 1.
+    forged, turn = serve(ledger, msgs("A's opening", "forged", "B asks"), "B's reply",
+                         explicit="v2")
+    assert turn == 1 and forged != "v2"
+    # A's real turn 2 still continues A's session, and B's branch continues too.
+    lookup = ledger.resolve(Transcript.from_chat(msgs("A's opening", "A's reply", "A asks")),
+                            "v2")
+    assert (lookup.session.id, lookup.turn, lookup.cached_tokens) == ("v2", 2, 20)
+    lookup = ledger.resolve(Transcript.from_chat(
+        msgs("A's opening", "forged", "B asks", "B's reply", "more")), "v2")
+    assert (lookup.session.id, lookup.turn) == (forged, 2)
+
+
+def test_identical_histories_all_continue_on_their_second_turn() -> None:
+    # 20 conversations, same system prompt and opening, identical (greedy) replies.
+    ledger = SessionLedger(3600, 1000, FakeClock(1000.0))
+    system = "You are terse."
+    for _ in range(20):
+        serve(ledger, msgs("Hi", system=system), "Hello.")
+    # One after the other ...
+    for i in range(10):
+        t = Transcript.from_chat(msgs("Hi", "Hello.", f"question {i}", system=system))
+        lookup = ledger.resolve(t)
+        assert (lookup.continuation, lookup.turn, lookup.cached_tokens) == (True, 2, 30), i
+        assert ledger.record_turn(lookup, t.held_after(f"answer {i}", 50)) is not None
+    # ... and all at once: every one continues (routes local); the index keeps them all.
+    transcripts = [Transcript.from_chat(msgs("Hi", "Hello.", f"q{i}", system=system))
+                   for i in range(10, 20)]
+    lookups = [ledger.resolve(t) for t in transcripts]
+    assert all(lk.continuation and lk.turn == 2 for lk in lookups)
+    for t, lk in zip(transcripts, lookups, strict=True):
+        ledger.record_turn(lk, t.held_after("a", 50))
+    third = ledger.resolve(Transcript.from_chat(
+        msgs("Hi", "Hello.", "question 3", "answer 3", "more", system=system)))
+    assert (third.continuation, third.turn) == (True, 3)
+
+
+def test_a_new_branch_under_a_used_id_does_not_start_on_its_nodes() -> None:
+    # Where a branch lands (x-ppd-decode) must not tell a client that an id is in use.
+    ledger = SessionLedger(3600, 100, FakeClock(1000.0))
+    t = Transcript.from_chat(msgs("opening"))
+    lookup = ledger.resolve(t, "used")
+    lookup.session.decode = "http://d1"
+    ledger.record_turn(lookup, t.held_after("reply", 10))
+    probe = ledger.resolve(Transcript.from_chat(msgs("opening", "guess", "more")), "used")
+    assert (probe.continuation, probe.session.decode, probe.session.prefill) == (False, None, None)
+
+
+def test_the_index_keeps_a_bounded_number_of_points_per_session() -> None:
+    from proxy.session_ledger import POINTS_PER_SESSION
+
+    ledger = SessionLedger(3600, 100, FakeClock(1000.0))
+    history = ["Hi"]
+    for i in range(3 * POINTS_PER_SESSION):
+        serve(ledger, msgs(*history), f"r{i}")
+        history += [f"r{i}", f"q{i}"]
+    assert len(ledger) == 1
+    assert len(ledger._held) == POINTS_PER_SESSION  # noqa: SLF001 - the bound is the point
+    latest = ledger.resolve(Transcript.from_chat(msgs(*history)))
+    assert latest.continuation and latest.turn == 3 * POINTS_PER_SESSION + 1

@@ -121,14 +121,15 @@ async def test_concurrent_turns_of_one_session_compare_and_set(
         winner = "from a" if results[0] else "from b"
         loser = "from b" if results[0] else "from a"
         # The winner's reply is what the session holds, from either process; the loser's
-        # turn counts as unrecorded.
+        # turn counts as unrecorded: its next turn continues from the text D still holds
+        # (turn 1's), as a branch beside the session.
         for store in (a, b):
             lookup = await store.resolve(Transcript.from_chat(
                 msgs("Hi", "Hello", "next", winner, "x")), "c")
-            assert lookup.continuation and lookup.turn == 3
+            assert (lookup.session.id, lookup.continuation, lookup.turn) == ("c", True, 3)
             lost = await store.resolve(Transcript.from_chat(
                 msgs("Hi", "Hello", "next", loser, "x")), "c")
-            assert not lost.continuation
+            assert lost.continuation and lost.turn == 2 and lost.session.id.startswith("c~")
 
 
 async def test_a_turn_read_before_another_process_moved_on_does_not_overwrite(
@@ -210,3 +211,29 @@ async def test_the_admin_snapshot_and_live_count_come_from_the_store(
     assert live == 2
     assert sorted((s["id"] == "c", s["decode"], s["turns"]) for s in snapshot) == [
         (False, "http://d1", 1), (True, "http://d2", 1)]
+
+
+async def test_a_forged_history_under_an_id_forks_and_a_reused_id_looks_unused(
+        redis_server: RedisServer) -> None:
+    # Issue 23, item 3, with the sessions shared by two processes.
+    async with stores(redis_server.url) as (a, b):
+        await turn(a, msgs("A's opening"), "A's reply", explicit="v2")
+        forged, _ = await turn(b, msgs("A's opening", "forged", "B asks"), "B's reply",
+                               explicit="v2")
+        fresh, _ = await turn(b, msgs("A's opening", "forged", "B asks"), "B's reply",
+                              explicit="never-used")
+        a2, _ = await turn(b, msgs("A's opening", "A's reply", "A asks"), "more", explicit="v2")
+    assert (forged.turn, fresh.turn) == (1, 1) and forged.session.id.startswith("v2~")
+    assert (a2.session.id, a2.turn, a2.continuation) == ("v2", 2, True)
+
+
+async def test_identical_histories_all_continue_across_processes(
+        redis_server: RedisServer) -> None:
+    # Issue 23, item 4: 20 conversations with the same opening and the same reply.
+    async with stores(redis_server.url) as (a, b):
+        for i in range(20):
+            await turn((a, b)[i % 2], msgs("Hi", system="terse"), "Hello.")
+        seconds = [await turn((b, a)[i % 2], msgs("Hi", "Hello.", f"q{i}", system="terse"),
+                              f"r{i}") for i in range(20)]
+    assert [(lk.continuation, lk.turn) for lk, _ in seconds] == [(True, 2)] * 20
+    assert all(recorded for _, recorded in seconds)
