@@ -31,6 +31,8 @@ PROMPT_TOKENS = "vllm:prompt_tokens_total"
 KV_LEASE_S = 6
 COUNTERS = (PREFIX_HITS, EXTERNAL_HITS, REQUESTS, PROMPT_TOKENS)
 KV_USAGE = "vllm:kv_cache_usage_perc"  # gauge: share of KV blocks held by requests (0..1)
+# P's count of prompts whose KV it freed because no D pulled it before the lease ran out.
+EXPIRED_LEASES = "vllm:nixl_num_kv_expired_reqs_total"
 
 _WORDS = (
     "river", "mountain", "signal", "packet", "kernel", "window", "garden", "silver", "orange",
@@ -81,14 +83,16 @@ def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
     return {name: after[name] - before[name] for name in COUNTERS}
 
 
+def sample_sum(url: str, name: str) -> float:
+    """The sum of the node's /metrics samples called `name` (0 when it has none yet)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples if sample.name == name)
+
+
 def kv_usage(url: str) -> float:
     """The share of the node's KV cache blocks held by requests (vLLM's gauge, 0..1)."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == KV_USAGE:
-                return float(sample.value)
-    raise AssertionError(f"{url}/metrics has no {KV_USAGE}")
+    return sample_sum(url, KV_USAGE)
 
 
 def wait_for_kv_usage_zero(url: str, timeout_s: float) -> float:
