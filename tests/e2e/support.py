@@ -4,7 +4,6 @@ in-process proxy, chat turns."""
 from __future__ import annotations
 
 import random
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,16 +43,25 @@ _WORDS = (
 
 def free_base_port(nodes: int) -> int:
     """A base port whose node ports and NIXL side-channel ports are all free right now (the
-    machine is shared: fixed ports collide with other runs)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
+    machine is shared: fixed ports collide with other runs). Drawn below the kernel's
+    ephemeral range: there, any outgoing connection may take a port between this check and
+    vLLM's bind (seen: a D's NIXL handshake listener failing with "Address already in use")."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10000, low - NIXL_SIDE_CHANNEL_OFFSET - nodes)
         ports = [base + i for i in range(nodes)]
         ports += [base + NIXL_SIDE_CHANNEL_OFFSET + i for i in range(nodes)]
-        if max(ports) < 65000 and all(port_free("127.0.0.1", port) for port in ports):
+        if all(port_free("127.0.0.1", port) for port in ports):
             return base
     raise RuntimeError("no free block of ports for a cluster")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def start_e2e_cluster(layout: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory,
