@@ -46,7 +46,7 @@ from profiler.cluster.plan import (
     plan_nodes,
 )
 from profiler.cluster.procs import ManagedProcess, StartupError
-from profiler.cluster.warmup import WarmupError, warm_up
+from profiler.cluster.warmup import WarmupError, warm_up, warm_up_transfers
 from profiler.models.prepare import (
     ModelName,
     default_model_dir,
@@ -231,8 +231,11 @@ def start_cluster(config: ClusterConfig, progress: Progress = _quiet) -> Cluster
             [n.proc for n in started], "/v1/models", config.startup_timeout_s,
             on_ready=lambda p, s: progress(f"{p.name} ready after {s:.0f} s"),
         )
-        if config.connector is Connector.NIXL and config.device is Device.CPU:
-            warm_up([n.proc for n in started if n.role is not Role.REPLICA], model.name)
+        if config.connector is Connector.NIXL:
+            if config.device is Device.CPU:
+                warm_up([n.proc for n in started if n.role is not Role.REPLICA], model.name)
+            warm_up_transfers([n.proc for n in started if n.role is Role.PREFILL],
+                              [n.proc for n in started if n.role is Role.DECODE], model.name)
     except (StartupError, WarmupError) as exc:
         procs.stop([n.proc for n in started])
         raise ClusterError(str(exc)) from None

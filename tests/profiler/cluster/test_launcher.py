@@ -264,10 +264,15 @@ def test_up_writes_cluster_json_and_down_stops_everything(
     roles = [_transfer(r["argv"])["kv_role"] for r in records]  # type: ignore[index]
     assert roles == ["kv_producer", "kv_consumer", "kv_consumer"]
     assert [r["env"]["VLLM_CPU_OMP_THREADS_BIND"] for r in records] == ["0", "1", "0"]
-    # One local warm-up prefill per node (AMX permission before the first NIXL pull).
-    for node in doc["nodes"]:
-        posts = (record_dir / f"{node['url'].rsplit(':', 1)[1]}.posts").read_text().splitlines()
-        assert len(posts) == 1 and json.loads(posts[0])["max_tokens"] == 1
+    # One local warm-up prefill per node (AMX permission before the first NIXL pull), then one
+    # P->D turn per pair: P legs on P, D legs with P's kv_transfer_params on each D.
+    posts = [[json.loads(line) for line in
+              (record_dir / f"{n['url'].rsplit(':', 1)[1]}.posts").read_text().splitlines()]
+             for n in doc["nodes"]]
+    assert all(node_posts[0].get("kv_transfer_params") is None for node_posts in posts)
+    assert [len(node_posts) for node_posts in posts] == [3, 2, 2]
+    assert all(b["kv_transfer_params"]["do_remote_decode"] for b in posts[0][1:])
+    assert [d[1]["kv_transfer_params"]["do_remote_prefill"] for d in posts[1:]] == [True, True]
     assert (tmp_path / "state" / "kv").is_dir()
 
     assert all(h.healthy and h.running for h in cluster_status(tmp_path / "state"))
