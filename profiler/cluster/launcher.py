@@ -29,6 +29,7 @@ from profiler.cluster.plan import (
     DEFAULT_PROXY_PORT,
     DEFAULT_STATE_DIR,
     KV_DIR,
+    NIXL_SIDE_CHANNEL_OFFSET,
     ClusterConfig,
     ClusterError,
     Connector,
@@ -37,6 +38,7 @@ from profiler.cluster.plan import (
     NodePlan,
     ServedModel,
     cluster_document,
+    nixl_side_channel_port,
     node_command,
     node_env,
     node_url,
@@ -44,6 +46,7 @@ from profiler.cluster.plan import (
     plan_nodes,
 )
 from profiler.cluster.procs import ManagedProcess, StartupError
+from profiler.cluster.warmup import WarmupError, warm_up, warm_up_transfers
 from profiler.models.prepare import (
     ModelName,
     default_model_dir,
@@ -185,6 +188,18 @@ def plan_free_nodes(config: ClusterConfig) -> list[NodePlan]:
     return nodes
 
 
+def _refuse_busy_side_channels(config: ClusterConfig, nodes: Sequence[NodePlan]) -> None:
+    """NIXL's handshake ports must be free too: a taken one fails only at D's first pull."""
+    if config.connector is not Connector.NIXL:
+        return
+    busy = [port for port in (nixl_side_channel_port(config, n) for n in nodes
+                              if n.role is not Role.REPLICA)
+            if not procs.port_free(config.host, port)]
+    if busy:
+        raise ClusterError(f"NIXL side-channel port(s) {busy} in use (base port + "
+                           f"{NIXL_SIDE_CHANNEL_OFFSET}); choose another --base-port")
+
+
 def start_cluster(config: ClusterConfig, progress: Progress = _quiet) -> Cluster:
     """Start every node of `config`, wait until each answers /v1/models, write cluster.json.
 
@@ -193,6 +208,7 @@ def start_cluster(config: ClusterConfig, progress: Progress = _quiet) -> Cluster
     """
     state_dir = config.state_dir.resolve()
     nodes = plan_free_nodes(config)
+    _refuse_busy_side_channels(config, nodes)
     model = resolve_model(config.model, config.dtype)
     state_dir.mkdir(parents=True, exist_ok=True)
     # KV files are keyed by prompt tokens, not by model: stale ones from another run must go.
@@ -215,7 +231,12 @@ def start_cluster(config: ClusterConfig, progress: Progress = _quiet) -> Cluster
             [n.proc for n in started], "/v1/models", config.startup_timeout_s,
             on_ready=lambda p, s: progress(f"{p.name} ready after {s:.0f} s"),
         )
-    except StartupError as exc:
+        if config.connector is Connector.NIXL:
+            if config.device is Device.CPU:
+                warm_up([n.proc for n in started if n.role is not Role.REPLICA], model.name)
+            warm_up_transfers([n.proc for n in started if n.role is Role.PREFILL],
+                              [n.proc for n in started if n.role is Role.DECODE], model.name)
+    except (StartupError, WarmupError) as exc:
         procs.stop([n.proc for n in started])
         raise ClusterError(str(exc)) from None
     except BaseException:
@@ -224,7 +245,8 @@ def start_cluster(config: ClusterConfig, progress: Progress = _quiet) -> Cluster
     cluster = Cluster(model.name, config.layout, state_dir, started, model.path,
                       progress=progress)
     doc = cluster_document(
-        model.name, config.layout, [(n.role, n.url, n.proc.pid, n.proc.log) for n in started]
+        model.name, config.layout, [(n.role, n.url, n.proc.pid, n.proc.log) for n in started],
+        connector=config.connector,
     )
     _write_json(cluster.cluster_file, doc)
     return cluster
@@ -333,8 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "(replicas)")
     up.add_argument("--device", type=Device, choices=list(Device), default=Device.CPU,
                     help="where vLLM runs")
-    up.add_argument("--connector", type=Connector, choices=list(Connector), default=None,
-                    help="KV transfer (default: shared-storage on cpu, nixl on cuda)")
+    up.add_argument("--connector", type=Connector, choices=list(Connector),
+                    default=Connector.NIXL,
+                    help="KV transfer P->D: nixl (vLLM's NixlConnector over UCX, host buffers "
+                    "on cpu) or shared-storage (ExampleConnector: P writes files D reads back)")
     up.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
                     help="port of the first node; the next nodes count up from it")
     up.add_argument("--host", default="127.0.0.1", help="address the nodes listen on")

@@ -2,8 +2,10 @@
 
 A layout such as `1P2D` or `2R` becomes a list of nodes (role, port, core); each node gets the
 command line and environment a P/D node needs: one OpenAI server per node, prefix caching
-on, eager mode, and a KV transfer config per role - ExampleConnector with a shared directory as
-kv_producer (P) / kv_consumer (D) on CPU, NixlConnector as kv_both on GPUs, none on replicas.
+on, eager mode, and a KV transfer config per role: NixlConnector (vLLM's production transfer:
+D pulls the blocks it lacks from P's memory over UCX) as kv_producer (P) / kv_consumer (D), with
+host buffers and UCX's TCP + shared-memory transports on the CPU; or ExampleConnector (a shared
+directory P writes and D reads back) when asked for; none on replicas.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ CLUSTER_FILE = "cluster.json"
 KV_DIR = "kv"
 # NIXL's side channel needs one port per node on a shared host; keep them away from HTTP ports.
 NIXL_SIDE_CHANNEL_OFFSET = 1000
+# UCX transports for NIXL on one host without RDMA or GPUs: TCP between the servers, shared
+# memory and loopback within one (the set that starts on the CPU with the PyPI nixl wheels).
+CPU_UCX_TLS = "tcp,self,sm"
 MAX_NODES = 16
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -37,7 +42,7 @@ class Device(enum.StrEnum):
 
 
 class Connector(enum.StrEnum):
-    """How KV moves from P to D: a shared directory (CPU) or NIXL (GPU)."""
+    """How KV moves from P to D: NIXL (the default, CPU and GPU) or a shared directory."""
 
     SHARED_STORAGE = "shared-storage"
     NIXL = "nixl"
@@ -108,7 +113,10 @@ class ClusterConfig:
     layout: Layout
     state_dir: Path = DEFAULT_STATE_DIR
     device: Device = Device.CPU
-    connector: Connector | None = None  # None: shared-storage on CPU, nixl on CUDA
+    connector: Connector = Connector.NIXL
+    # NIXL: seconds P keeps a prompt's blocks for a D that has not pulled them (vLLM's
+    # kv_lease_duration; None: vLLM's default, 30 s). D renews the lease while it waits.
+    kv_lease_s: int | None = None
     host: str = "127.0.0.1"
     base_port: int = DEFAULT_BASE_PORT
     max_model_len: int = 4096
@@ -128,12 +136,9 @@ class ClusterConfig:
             raise ClusterError("KV cache space must be at least 1 GiB")
         if self.startup_timeout_s <= 0:
             raise ClusterError("start-up timeout must be positive")
-
-    @property
-    def effective_connector(self) -> Connector:
-        if self.connector is not None:
-            return self.connector
-        return Connector.NIXL if self.device is Device.CUDA else Connector.SHARED_STORAGE
+        if self.kv_lease_s is not None and self.kv_lease_s < 6:
+            # vLLM heartbeats every lease/6 s (integer): below 6 s D would never renew.
+            raise ClusterError("the NIXL KV lease must be at least 6 s")
 
     @property
     def kv_dir(self) -> Path:
@@ -183,14 +188,26 @@ def plan_nodes(config: ClusterConfig) -> list[NodePlan]:
 
 
 def kv_transfer_config(config: ClusterConfig, role: Role) -> dict[str, object] | None:
-    """vLLM's --kv-transfer-config for a node of `role` (None: replicas transfer nothing)."""
+    """vLLM's --kv-transfer-config for a node of `role` (None: replicas transfer nothing).
+
+    P is kv_producer and D kv_consumer for both connectors (vLLM 0.32 deprecates kv_both for
+    NIXL). A consumer D still serves a request without kv_transfer_params as a plain local
+    request - prefix cache and all - which ppd's local turns need (tests/e2e checks it).
+    """
     if role is Role.REPLICA:
         return None
-    if config.effective_connector is Connector.NIXL:
-        return {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    kv_role = "kv_producer" if role is Role.PREFILL else "kv_consumer"
+    if config.connector is Connector.NIXL:
+        transfer: dict[str, object] = {
+            "kv_connector": "NixlConnector", "kv_role": kv_role,
+            "kv_buffer_device": config.device.value,
+        }
+        if config.kv_lease_s is not None:
+            transfer["kv_connector_extra_config"] = {"kv_lease_duration": config.kv_lease_s}
+        return transfer
     return {
         "kv_connector": "ExampleConnector",
-        "kv_role": "kv_producer" if role is Role.PREFILL else "kv_consumer",
+        "kv_role": kv_role,
         "kv_connector_extra_config": {"shared_storage_path": str(config.kv_dir)},
     }
 
@@ -212,7 +229,7 @@ def node_command(config: ClusterConfig, model: ServedModel, node: NodePlan) -> l
     transfer = kv_transfer_config(config, node.role)
     if transfer is not None:
         argv += ["--kv-transfer-config", json.dumps(transfer, separators=(",", ":"))]
-    if transfer is not None and config.effective_connector is Connector.SHARED_STORAGE:
+    if transfer is not None and config.connector is Connector.SHARED_STORAGE:
         # ExampleConnector saves a prompt's KV under the hash of the whole (block-aligned)
         # prompt but only from the blocks allocated so far: a prefill split by chunked prefill
         # (concurrent long prompts share a step's token budget) stores a short tensor, and
@@ -224,7 +241,8 @@ def node_command(config: ClusterConfig, model: ServedModel, node: NodePlan) -> l
 
 
 def node_env(config: ClusterConfig, node: NodePlan, base: Mapping[str, str]) -> dict[str, str]:
-    """`base` plus what a node needs: offline hub, KV space and core pinning (CPU), GPU id."""
+    """`base` plus what a node needs: offline hub, KV space and core pinning (CPU), GPU id,
+    and for NIXL its own side-channel port (and UCX's transports on the CPU)."""
     env = dict(base)
     env["HF_HUB_OFFLINE"] = "1"
     env["VLLM_NO_USAGE_STATS"] = "1"
@@ -235,10 +253,17 @@ def node_env(config: ClusterConfig, node: NodePlan, base: Mapping[str, str]) -> 
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind" if node.core is None else str(node.core)
     else:
         env["CUDA_VISIBLE_DEVICES"] = str(node.ordinal)
-    if config.effective_connector is Connector.NIXL:
-        port = config.base_port + NIXL_SIDE_CHANNEL_OFFSET + node.ordinal
-        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(port)
+    if config.connector is Connector.NIXL:
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = config.host
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(nixl_side_channel_port(config, node))
+        if config.device is Device.CPU:
+            env.setdefault("UCX_TLS", CPU_UCX_TLS)  # a user's own UCX_TLS wins
     return env
+
+
+def nixl_side_channel_port(config: ClusterConfig, node: NodePlan) -> int:
+    """Where `node`'s NIXL agent answers handshakes (D asks P for its block layout there)."""
+    return config.base_port + NIXL_SIDE_CHANNEL_OFFSET + node.ordinal
 
 
 def node_url(config: ClusterConfig, node: NodePlan) -> str:
@@ -246,12 +271,15 @@ def node_url(config: ClusterConfig, node: NodePlan) -> str:
 
 
 def cluster_document(
-    served_name: str, layout: Layout, nodes: Sequence[tuple[Role, str, int, Path]]
+    served_name: str, layout: Layout, nodes: Sequence[tuple[Role, str, int, Path]],
+    connector: Connector | None = None,
 ) -> dict[str, object]:
-    """The cluster.json the proxy reads: model, layout and one {role, url, pid, log} per node."""
+    """The cluster.json the proxy reads: model, layout, KV connector (None: no vLLM transfer,
+    e.g. emulated nodes) and one {role, url, pid, log} per node."""
     return {
         "model": served_name,
         "layout": str(layout),
+        "connector": None if connector is None else connector.value,
         "nodes": [
             {"role": role.value, "url": url, "pid": pid, "log": str(log)}
             for role, url, pid, log in nodes

@@ -58,7 +58,7 @@ def profile_on_local_cluster(job: ClusterProfileJob, grid: ProfileGrid,
             meta = build_meta(
                 model=cluster.model, layout=str(layout), backend=local_vllm_backend(),
                 grid=grid.as_meta(), weights={"w_ttft": job.w_ttft, "w_tpot": job.w_tpot},
-                extra={"command": job.command},
+                extra={"command": job.command, "connector": config.connector.value},
             )
             profiler = Profiler(grid=grid, target=target, out_csv=job.out, meta=meta,
                                 seed=job.seed, model=cluster.model, tokenizer=tokenizer,

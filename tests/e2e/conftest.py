@@ -1,8 +1,9 @@
 """E2E fixtures: the tiny model (built once per session) and real vLLM clusters (once per module).
 
 Every test here runs against real vLLM servers on the CPU and carries the `vllm` marker
-(`make test-fast` deselects them). Clusters use fixed ports from 18100 upward, one block per
-layout, so they never collide with the OS-chosen ports of other tests.
+(`make test-fast` deselects them). Clusters move KV with NIXL (the launcher's default; one
+module keeps ExampleConnector) on ports found free at start-up. Starting a cluster costs
+1-3 minutes here, so each one serves a whole module.
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from profiler.cluster.launcher import Cluster, default_cores, start_cluster
-from profiler.cluster.plan import ClusterConfig, parse_layout
+from profiler.cluster.launcher import Cluster
 from profiler.models.prepare import prepare_model
+from tests.e2e.support import start_e2e_cluster
 
 E2E_DIR = Path(__file__).parent
-BASE_PORTS = {"1P1D": 18100, "1P2D": 18110}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -34,12 +34,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _cluster(layout: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[Cluster]:
-    config = ClusterConfig(
-        model=str(tiny_model), layout=parse_layout(layout),
-        state_dir=tmp_path_factory.mktemp(f"cluster-{layout}"), base_port=BASE_PORTS[layout],
-        cores=default_cores(), startup_timeout_s=420.0,
-    )
-    with start_cluster(config) as cluster:
+    with start_e2e_cluster(layout, tiny_model, tmp_path_factory) as cluster:
         yield cluster
 
 

@@ -1,8 +1,10 @@
-"""Helpers for the e2e tests: vLLM /metrics counters, an in-process proxy, chat turns."""
+"""Helpers for the e2e tests: clusters on free ports, vLLM /metrics counters and gauges, an
+in-process proxy, chat turns."""
 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -10,9 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from profiler.cluster.launcher import Cluster
+from profiler.cluster.launcher import Cluster, default_cores, start_cluster
+from profiler.cluster.plan import NIXL_SIDE_CHANNEL_OFFSET, ClusterConfig, Connector, parse_layout
+from profiler.cluster.procs import port_free
 from proxy import ServerThread, config_from_args, create_app
 
 # The vLLM counters the tests read (sample names, summed over engines and label sets).
@@ -20,7 +25,13 @@ PREFIX_HITS = "vllm:prefix_cache_hits_total"
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
 REQUESTS = "vllm:request_success_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
+# P keeps the KV of a D that never pulls for this long (vLLM's default: 30 s); short, so the
+# tests can watch P free it.
+KV_LEASE_S = 6
 COUNTERS = (PREFIX_HITS, EXTERNAL_HITS, REQUESTS, PROMPT_TOKENS)
+KV_USAGE = "vllm:kv_cache_usage_perc"  # gauge: share of KV blocks held by requests (0..1)
+# P's count of prompts whose KV it freed because no D pulled it before the lease ran out.
+EXPIRED_LEASES = "vllm:nixl_num_kv_expired_reqs_total"
 
 _WORDS = (
     "river", "mountain", "signal", "packet", "kernel", "window", "garden", "silver", "orange",
@@ -28,6 +39,41 @@ _WORDS = (
     "violet", "rocket", "planet", "forest", "marble", "tunnel", "whisper", "crystal", "saddle",
     "falcon", "ember", "glacier", "compass", "puzzle", "ribbon", "anchor", "shadow", "voyage",
 )
+
+
+def free_base_port(nodes: int) -> int:
+    """A base port whose node ports and NIXL side-channel ports are all free right now (the
+    machine is shared: fixed ports collide with other runs). Drawn below the kernel's
+    ephemeral range: there, any outgoing connection may take a port between this check and
+    vLLM's bind (seen: a D's NIXL handshake listener failing with "Address already in use")."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10000, low - NIXL_SIDE_CHANNEL_OFFSET - nodes)
+        ports = [base + i for i in range(nodes)]
+        ports += [base + NIXL_SIDE_CHANNEL_OFFSET + i for i in range(nodes)]
+        if all(port_free("127.0.0.1", port) for port in ports):
+            return base
+    raise RuntimeError("no free block of ports for a cluster")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def start_e2e_cluster(layout: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory,
+                      connector: Connector = Connector.NIXL) -> Cluster:
+    """A cluster of the tiny model on free ports, one core per node, the short KV lease."""
+    parsed = parse_layout(layout)
+    config = ClusterConfig(
+        model=str(tiny_model), layout=parsed, connector=connector, kv_lease_s=KV_LEASE_S,
+        state_dir=tmp_path_factory.mktemp(f"cluster-{layout}-{connector.value}"),
+        base_port=free_base_port(parsed.size), cores=default_cores(), startup_timeout_s=420.0,
+    )
+    return start_cluster(config)
 
 
 def counters(url: str) -> dict[str, float]:
@@ -43,6 +89,28 @@ def counters(url: str) -> dict[str, float]:
 
 def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     return {name: after[name] - before[name] for name in COUNTERS}
+
+
+def sample_sum(url: str, name: str) -> float:
+    """The sum of the node's /metrics samples called `name` (0 when it has none yet)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples if sample.name == name)
+
+
+def kv_usage(url: str) -> float:
+    """The share of the node's KV cache blocks held by requests (vLLM's gauge, 0..1)."""
+    return sample_sum(url, KV_USAGE)
+
+
+def wait_for_kv_usage_zero(url: str, timeout_s: float) -> float:
+    """Seconds until the node holds no KV blocks; AssertionError after timeout_s."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if kv_usage(url) == 0.0:
+            return time.monotonic() - start
+        time.sleep(0.2)
+    raise AssertionError(f"{url} still holds KV blocks ({kv_usage(url):.5f}) after {timeout_s} s")
 
 
 def block_size(url: str) -> int:
@@ -62,10 +130,10 @@ def filler(n_words: int, seed: int) -> str:
 
 
 @contextmanager
-def proxy_for(cluster: Cluster, policy: str, tokenizer: Path) -> Iterator[str]:
+def proxy_for(cluster: Cluster, policy: str, tokenizer: Path, *extra: str) -> Iterator[str]:
     """A ppd proxy (in-process, OS-chosen port) in front of cluster; yields its URL."""
     config = config_from_args(["--cluster", str(cluster.cluster_file), "--policy", policy,
-                               "--port", "0", "--tokenizer", str(tokenizer)])
+                               "--port", "0", "--tokenizer", str(tokenizer), *extra])
     with ServerThread(create_app(config)) as server:
         yield server.url
 

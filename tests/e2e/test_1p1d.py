@@ -1,7 +1,8 @@
-"""Through the proxy on a real 1P1D vLLM cluster (tiny model, CPU, ExampleConnector):
-turn 1 goes P->D with D loading P's KV; turn 2 under `local` is an append-prefill on the same D
-that never touches P; turn 2 under `pd` goes through P again; streams reach an openai client
-intact. Every claim about KV is read from vLLM's /metrics counters."""
+"""Through the proxy on a real 1P1D vLLM cluster (tiny model, CPU, NIXL over UCX/TCP):
+turn 1 goes P->D with D pulling P's KV over NIXL; turn 2 under `local` is an append-prefill on
+the same D (a kv_consumer) that never touches P; turn 2 under `pd` goes through P again and D
+pulls only the blocks it lacks; P holds no KV once D has pulled; streams reach an openai client
+intact. Every claim about KV is read from vLLM's /metrics counters and gauges."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from profiler.cluster.launcher import Cluster, cluster_status
 from proxy.route import Role
 from tests.e2e.support import (
     EXTERNAL_HITS,
+    KV_LEASE_S,
     PREFIX_HITS,
     PROMPT_TOKENS,
     REQUESTS,
@@ -24,7 +26,9 @@ from tests.e2e.support import (
     counters,
     delta,
     filler,
+    free_base_port,
     proxy_for,
+    wait_for_kv_usage_zero,
 )
 
 
@@ -58,7 +62,8 @@ def test_cluster_is_healthy_and_serves_the_model(cluster_1p1d: Cluster) -> None:
     assert [m["id"] for m in models["data"]] == ["tiny"]
 
 
-def test_turn1_goes_p_to_d_and_d_loads_p_kv(local_proxy: str, p_url: str, d_url: str) -> None:
+def test_turn1_goes_p_to_d_and_d_pulls_p_kv_over_nixl(local_proxy: str, p_url: str, d_url: str
+                                                        ) -> None:
     bs = block_size(d_url)
     p0, d0 = counters(p_url), counters(d_url)
     turn = Conversation(local_proxy, "tiny", "t1-pd").say(filler(500, seed=1))
@@ -68,10 +73,9 @@ def test_turn1_goes_p_to_d_and_d_loads_p_kv(local_proxy: str, p_url: str, d_url:
     assert turn.prompt_tokens > 3 * bs  # several full blocks to move
     assert dp[REQUESTS] == 1 and dp[PROMPT_TOKENS] == turn.prompt_tokens  # P prefilled it
     assert dd[REQUESTS] == 1
-    # D took every full block of the prompt (but the last token) from P's KV, none computed.
-    aligned = (turn.prompt_tokens - 1) // bs * bs
-    assert dd[EXTERNAL_HITS] > 0
-    assert dd[EXTERNAL_HITS] + dd[PREFIX_HITS] == aligned
+    # D computed none of the prompt: NIXL brought the KV of every prompt token from P.
+    assert dd[PREFIX_HITS] == 0
+    assert dd[EXTERNAL_HITS] == turn.prompt_tokens
 
 
 def test_turn2_local_is_an_append_prefill_on_the_same_d(
@@ -93,9 +97,10 @@ def test_turn2_local_is_an_append_prefill_on_the_same_d(
     assert dd[EXTERNAL_HITS] == 0  # ... from its own prefix cache, nothing came from P
 
 
-def test_turn2_pd_goes_through_p_and_d_loads_externally(
+def test_turn2_pd_where_d_holds_the_history_pulls_only_the_blocks_d_lacks(
     pd_proxy: str, p_url: str, d_url: str
 ) -> None:
+    bs = block_size(d_url)
     chat = Conversation(pd_proxy, "tiny", "t2-pd")
     first = chat.say(filler(500, seed=3))
     p0, d0 = counters(p_url), counters(d_url)
@@ -107,7 +112,19 @@ def test_turn2_pd_goes_through_p_and_d_loads_externally(
     assert (second.route, second.turn, second.prefill, second.decode) == ("pd", 2, p_url, d_url)
     assert dp[REQUESTS] == 1 and dp[PROMPT_TOKENS] == second.prompt_tokens  # P prefilled again
     assert dd[REQUESTS] == 1
-    assert dd[EXTERNAL_HITS] > 0  # D loaded the new blocks from P's KV
+    # D found turn 1's blocks in its own cache and pulled only the rest from P.
+    assert dd[PREFIX_HITS] >= first.prompt_tokens // bs * bs
+    assert 0 < dd[EXTERNAL_HITS] <= second.prompt_tokens - first.prompt_tokens // bs * bs
+    assert dd[PREFIX_HITS] + dd[EXTERNAL_HITS] == second.prompt_tokens
+
+
+def test_p_holds_no_kv_once_d_has_pulled(pd_proxy: str, p_url: str, d_url: str) -> None:
+    chat = Conversation(pd_proxy, "tiny", "p-frees")
+    chat.say(filler(500, seed=6))
+    # D's pull ends with a notification that lets P free the blocks at once, long before the
+    # lease (KV_LEASE_S) would.
+    waited = wait_for_kv_usage_zero(p_url, timeout_s=KV_LEASE_S - 1)
+    print(f"\nP's KV usage back to 0 {waited:.2f} s after the answer")
 
 
 def _ascii(text: str) -> str:
@@ -175,7 +192,7 @@ def test_streamed_completions_reach_an_openai_client_intact(local_proxy: str) ->
 
 def test_proxy_subprocess_in_front_of_the_cluster(cluster_1p1d: Cluster, p_url: str) -> None:
     """`ppd cluster up --with-proxy` path: `ppd proxy --cluster cluster.json` as a process."""
-    url = cluster_1p1d.start_proxy("pd", port=18109)
+    url = cluster_1p1d.start_proxy("pd", port=free_base_port(1))
     try:
         assert cluster_status(cluster_1p1d.state_dir)[-1].healthy
         turn = Conversation(url, "tiny", "subprocess").say("Hello there, how are you?")

@@ -1,9 +1,14 @@
-"""Through the proxy on a real 1P2D vLLM cluster: concurrent conversations are spread over both
-D nodes and each keeps its D for all of its turns (checked in headers and in vLLM's counters)."""
+"""Through the proxy on a real 1P2D vLLM cluster (NIXL): concurrent conversations are spread over
+both D nodes and each keeps its D for all of its turns (checked in headers and in vLLM's
+counters); then a D dies before it pulls a prefilled prompt: the proxy redoes the turn on the
+other D, and P frees the orphaned blocks when their lease ends (vLLM's kv_lease_duration)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,7 +18,11 @@ import pytest
 from profiler.cluster.launcher import Cluster
 from proxy.route import Role
 from tests.e2e.support import (
+    EXPIRED_LEASES,
+    EXTERNAL_HITS,
+    KV_LEASE_S,
     PREFIX_HITS,
+    PROMPT_TOKENS,
     REQUESTS,
     Conversation,
     Turn,
@@ -21,6 +30,8 @@ from tests.e2e.support import (
     delta,
     filler,
     proxy_for,
+    sample_sum,
+    wait_for_kv_usage_zero,
 )
 
 TURNS = 3
@@ -60,3 +71,44 @@ def test_two_concurrent_conversations_spread_over_both_d_and_stick(
     for url in d_urls:
         assert changes[url][REQUESTS] == TURNS  # all turns of one conversation, none of the other
         assert changes[url][PREFIX_HITS] > 0  # its later turns reused its cached history
+
+
+def test_d_dead_before_its_pull_turn_redone_on_the_other_d_and_p_frees_the_blocks(
+    cluster_1p2d: Cluster, tiny_model: Path
+) -> None:
+    """Runs last in this module: it kills a D of the shared cluster."""
+    p_url = cluster_1p2d.url(Role.PREFILL)
+    # Health checks far apart: the proxy must learn of the death from the failed D leg itself.
+    with proxy_for(cluster_1p2d, "pd", tiny_model, "--health-interval", "600") as proxy:
+        chat = Conversation(proxy, "tiny", "orphan")
+        first = chat.say(filler(300, seed=91))
+        victim = first.decode
+        survivor = next(url for url in cluster_1p2d.urls(Role.DECODE) if url != victim)
+        node = next(n for n in cluster_1p2d.nodes if n.url == victim)
+        os.killpg(node.proc.pid, signal.SIGKILL)
+        node.proc.process.wait(timeout=30)  # type: ignore[union-attr]
+        wait_for_kv_usage_zero(p_url, timeout_s=KV_LEASE_S)  # turn 1's blocks went to D
+        p0, s0 = counters(p_url), counters(survivor)
+        expired0 = sample_sum(p_url, EXPIRED_LEASES)
+
+        started = time.monotonic()
+        second = chat.say(filler(200, seed=92))
+        answered = time.monotonic() - started
+        deadline = time.monotonic() + 4 * KV_LEASE_S
+        while sample_sum(p_url, EXPIRED_LEASES) == expired0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        expired_at = time.monotonic() - started
+        wait_for_kv_usage_zero(p_url, timeout_s=4 * KV_LEASE_S)
+        dp, ds = delta(p0, counters(p_url)), delta(s0, counters(survivor))
+        expired = sample_sum(p_url, EXPIRED_LEASES) - expired0
+
+    print(f"\nturn 2 answered {answered:.1f} s after it was sent; P's lease for the dead D "
+          f"expired (counted) {expired_at:.1f} s after it was sent (lease {KV_LEASE_S} s); "
+          f"P's KV usage back to 0")
+    assert (second.route, second.prefill, second.decode) == ("pd", p_url, survivor)
+    # P prefilled twice: for the dead D (whose pull never came), then for the survivor.
+    assert dp[REQUESTS] == 2 and dp[PROMPT_TOKENS] == 2 * second.prompt_tokens
+    assert ds[REQUESTS] == 1 and ds[EXTERNAL_HITS] == second.prompt_tokens
+    # P freed the dead D's blocks when their lease ran out - that one request, nothing else
+    # (the survivor's pull freed its own) - and holds no KV at all now: nothing leaked.
+    assert expired == 1

@@ -23,14 +23,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from profiler.cluster.launcher import Cluster, default_cores, start_cluster
-from profiler.cluster.plan import ClusterConfig, parse_layout
+from profiler.cluster.launcher import Cluster
 from proxy import ServerThread, config_from_args, create_app
 from proxy.route import Role
-from tests.e2e.support import filler
+from tests.e2e.support import filler, start_e2e_cluster
 
-# Ports apart from conftest's clusters: this module kills a node, so it owns its cluster.
-BASE_PORT = 18150
 CONVERSATIONS = 6
 TURNS_BEFORE_KILL = 2  # every conversation has a home D before the kill
 TURNS_AFTER_KILL = 3
@@ -40,10 +37,8 @@ LONG_TOKENS = 400
 @pytest.fixture(scope="module")
 def doomed_cluster(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
                    ) -> Iterator[Cluster]:
-    config = ClusterConfig(model=str(tiny_model), layout=parse_layout("1P2D"),
-                           state_dir=tmp_path_factory.mktemp("cluster-kill"),
-                           base_port=BASE_PORT, cores=default_cores(), startup_timeout_s=420.0)
-    with start_cluster(config) as cluster:
+    # This module kills a node, so it owns its cluster.
+    with start_e2e_cluster("1P2D", tiny_model, tmp_path_factory) as cluster:
         yield cluster
 
 

@@ -4,7 +4,9 @@
 Started as `fake_vllm_node.py -m vllm.entrypoints.openai.api_server --port N ...` through a
 wrapper that stands in for the Python interpreter. FAKE_NODE_FAIL_ROLE=kv_consumer makes the
 node whose --kv-transfer-config has that kv_role exit after a second; FAKE_NODE_HANG=1 makes
-every node start without ever listening.
+every node start without ever listening. POST /v1/completions (the launcher's warm-ups) answers
+200 and is recorded in PORT.posts, or answers FAKE_NODE_POST_STATUS when that is set; a P leg
+(kv_transfer_params.do_remote_decode) gets kv_transfer_params back.
 """
 
 from __future__ import annotations
@@ -52,6 +54,27 @@ def main() -> int:
                 self.wfile.write(body)
             else:
                 self.send_error(404)
+
+        def do_POST(self) -> None:  # noqa: N802
+            request = self.rfile.read(int(self.headers.get("content-length", 0)))
+            if self.path != "/v1/completions":
+                self.send_error(404)
+                return
+            if record_dir:
+                with open(Path(record_dir, f"{args.port}.posts"), "a") as posts:
+                    posts.write(request.decode() + "\n")
+            status = int(os.environ.get("FAKE_NODE_POST_STATUS", "200"))
+            reply: dict[str, object] = {"choices": [{"text": "x"}]}
+            asked = (json.loads(request or b"{}").get("kv_transfer_params") or {})
+            if asked.get("do_remote_decode"):  # a P leg: say where the KV is, as NIXL does
+                reply["kv_transfer_params"] = {"do_remote_prefill": True,
+                                               "remote_engine_id": f"fake-{args.port}"}
+            answer = json.dumps(reply).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
 
         def log_message(self, *args: object) -> None:
             pass

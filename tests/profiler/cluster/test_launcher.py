@@ -18,6 +18,7 @@ import pytest
 from profiler.cluster import launcher as cluster_mod
 from profiler.cluster.launcher import Cluster, cluster_status, start_cluster, stop_cluster
 from profiler.cluster.plan import (
+    NIXL_SIDE_CHANNEL_OFFSET,
     ClusterConfig,
     ClusterError,
     Connector,
@@ -43,9 +44,11 @@ def _free_port_block(n: int) -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             base = s.getsockname()[1]
-        if base + n > 65000:
+        if base + n + NIXL_SIDE_CHANNEL_OFFSET > 65000:
             continue
-        if all(cluster_mod.procs.port_free("127.0.0.1", base + i) for i in range(n)):
+        ports = [base + i for i in range(n)] + [base + NIXL_SIDE_CHANNEL_OFFSET + i
+                                                 for i in range(n)]
+        if all(cluster_mod.procs.port_free("127.0.0.1", port) for port in ports):
             return base
     raise RuntimeError("no free port block")
 
@@ -125,9 +128,10 @@ def _transfer(argv: list[str]) -> dict[str, object] | None:
     return json.loads(argv[argv.index("--kv-transfer-config") + 1])
 
 
-def test_cpu_commands_use_example_connector_with_one_shared_dir(tmp_path: Path) -> None:
+def test_cpu_commands_default_to_nixl_with_host_buffers_and_ucx_over_tcp(tmp_path: Path
+                                                                         ) -> None:
     config = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path / "st", cores=(0, 1),
-                           vllm_args=("--max-num-seqs", "8"))
+                           base_port=9000, vllm_args=("--max-num-seqs", "8"))
     p, d = plan_nodes(config)
     argv_p = node_command(config, MODEL, p)
     argv_d = node_command(config, MODEL, d)
@@ -140,6 +144,38 @@ def test_cpu_commands_use_example_connector_with_one_shared_dir(tmp_path: Path) 
     assert "--dtype" not in argv_p  # vLLM's default unless the model asks
     fp32 = node_command(config, ServedModel("smollm2", Path("/m"), "float32"), p)
     assert fp32[fp32.index("--dtype") + 1] == "float32"
+    # The roles vLLM 0.32 wants (kv_both is deprecated), host buffers on the CPU.
+    assert _transfer(argv_p) == {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
+                                 "kv_buffer_device": "cpu"}
+    assert _transfer(argv_d) == {"kv_connector": "NixlConnector", "kv_role": "kv_consumer",
+                                 "kv_buffer_device": "cpu"}
+    for argv in (argv_p, argv_d):  # NIXL moves partial prefills: vLLM's chunked prefill stays
+        assert "--no-enable-chunked-prefill" not in argv
+        assert "--max-num-batched-tokens" not in argv
+    env_p, env_d = (node_env(config, n, {"PATH": "/bin"}) for n in (p, d))
+    assert env_d["PATH"] == "/bin" and env_d["HF_HUB_OFFLINE"] == "1"
+    assert env_d["VLLM_CPU_KVCACHE_SPACE"] == "1" and env_d["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert "CUDA_VISIBLE_DEVICES" not in env_d
+    assert [e["VLLM_NIXL_SIDE_CHANNEL_PORT"] for e in (env_p, env_d)] == ["10000", "10001"]
+    assert env_p["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+    assert env_p["UCX_TLS"] == env_d["UCX_TLS"] == "tcp,self,sm"
+    assert node_env(config, d, {"UCX_TLS": "tcp"})["UCX_TLS"] == "tcp"  # the user's wins
+
+
+def test_nixl_kv_lease_goes_to_the_connector_extra_config(tmp_path: Path) -> None:
+    config = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path, kv_lease_s=8)
+    p, _ = plan_nodes(config)
+    assert _transfer(node_command(config, MODEL, p)) == {
+        "kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu",
+        "kv_connector_extra_config": {"kv_lease_duration": 8}}
+
+
+def test_shared_storage_uses_example_connector_with_one_dir_and_whole_prefills(tmp_path: Path
+                                                                               ) -> None:
+    config = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path / "st", cores=(0, 1),
+                           connector=Connector.SHARED_STORAGE)
+    p, d = plan_nodes(config)
+    argv_p, argv_d = node_command(config, MODEL, p), node_command(config, MODEL, d)
     shared = {"shared_storage_path": str((tmp_path / "st").resolve() / "kv")}
     assert _transfer(argv_p) == {"kv_connector": "ExampleConnector", "kv_role": "kv_producer",
                                  "kv_connector_extra_config": shared}
@@ -149,24 +185,28 @@ def test_cpu_commands_use_example_connector_with_one_shared_dir(tmp_path: Path) 
     for argv in (argv_p, argv_d):
         assert "--no-enable-chunked-prefill" in argv
         assert argv[argv.index("--max-num-batched-tokens") + 1] == "4096"
-    env = node_env(config, d, {"PATH": "/bin"})
-    assert env["PATH"] == "/bin" and env["HF_HUB_OFFLINE"] == "1"
-    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
-    assert "CUDA_VISIBLE_DEVICES" not in env
+    env = node_env(config, d, {})
+    assert "VLLM_NIXL_SIDE_CHANNEL_PORT" not in env and "UCX_TLS" not in env
 
 
-def test_cuda_uses_nixl_kv_both_one_gpu_and_side_channel_per_node(tmp_path: Path) -> None:
+def test_cuda_uses_nixl_roles_one_gpu_and_side_channel_per_node(tmp_path: Path) -> None:
     config = ClusterConfig("tiny", parse_layout("2P2D"), tmp_path, device=Device.CUDA,
                            base_port=9000)
     nodes = plan_nodes(config)
+    roles = []
     for node in nodes:
         argv = node_command(config, MODEL, node)
-        assert _transfer(argv) == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+        transfer = _transfer(argv)
+        assert transfer is not None
+        assert transfer["kv_connector"] == "NixlConnector"
+        assert transfer["kv_buffer_device"] == "cuda"
+        roles.append(transfer["kv_role"])
         assert "--no-enable-chunked-prefill" not in argv  # NIXL handles chunked prefill
+    assert roles == ["kv_producer", "kv_producer", "kv_consumer", "kv_consumer"]
     envs = [node_env(config, n, {}) for n in nodes]
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "2", "3"]
     assert [e["VLLM_NIXL_SIDE_CHANNEL_PORT"] for e in envs] == ["10000", "10001", "10002", "10003"]
-    assert all("VLLM_CPU_OMP_THREADS_BIND" not in e for e in envs)
+    assert all("VLLM_CPU_OMP_THREADS_BIND" not in e and "UCX_TLS" not in e for e in envs)
 
 
 def test_replicas_get_no_kv_transfer(tmp_path: Path) -> None:
@@ -178,7 +218,8 @@ def test_replicas_get_no_kv_transfer(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kw", "match"),
     [({"base_port": 0}, "base port"), ({"max_model_len": 8}, "max model length"),
-     ({"kv_cache_gib": 0}, "KV cache"), ({"startup_timeout_s": 0}, "timeout")],
+     ({"kv_cache_gib": 0}, "KV cache"), ({"startup_timeout_s": 0}, "timeout"),
+     ({"kv_lease_s": 5}, "lease")],
 )
 def test_config_validation(kw: dict[str, object], match: str, tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match=match):
@@ -206,8 +247,8 @@ def test_up_writes_cluster_json_and_down_stops_everything(
     running: Cluster, record_dir: Path, tmp_path: Path
 ) -> None:
     doc = json.loads((tmp_path / "state" / "cluster.json").read_text())
-    assert set(doc) == {"model", "layout", "nodes"}
-    assert doc["model"] == "mymodel" and doc["layout"] == "1P2D"
+    assert set(doc) == {"model", "layout", "connector", "nodes"}
+    assert doc["model"] == "mymodel" and doc["layout"] == "1P2D" and doc["connector"] == "nixl"
     assert [n["role"] for n in doc["nodes"]] == ["prefill", "decode", "decode"]
     for node in doc["nodes"]:
         assert set(node) == {"role", "url", "pid", "log"}
@@ -223,6 +264,15 @@ def test_up_writes_cluster_json_and_down_stops_everything(
     roles = [_transfer(r["argv"])["kv_role"] for r in records]  # type: ignore[index]
     assert roles == ["kv_producer", "kv_consumer", "kv_consumer"]
     assert [r["env"]["VLLM_CPU_OMP_THREADS_BIND"] for r in records] == ["0", "1", "0"]
+    # One local warm-up prefill per node (AMX permission before the first NIXL pull), then one
+    # P->D turn per pair: P legs on P, D legs with P's kv_transfer_params on each D.
+    posts = [[json.loads(line) for line in
+              (record_dir / f"{n['url'].rsplit(':', 1)[1]}.posts").read_text().splitlines()]
+             for n in doc["nodes"]]
+    assert all(node_posts[0].get("kv_transfer_params") is None for node_posts in posts)
+    assert [len(node_posts) for node_posts in posts] == [3, 2, 2]
+    assert all(b["kv_transfer_params"]["do_remote_decode"] for b in posts[0][1:])
+    assert [d[1]["kv_transfer_params"]["do_remote_prefill"] for d in posts[1:]] == [True, True]
     assert (tmp_path / "state" / "kv").is_dir()
 
     assert all(h.healthy and h.running for h in cluster_status(tmp_path / "state"))
@@ -294,6 +344,42 @@ def test_busy_port_is_reported_before_anything_starts(
         with pytest.raises(ClusterError, match=rf"port\(s\) \[{port}\] in use"):
             start_cluster(config)
     assert not (tmp_path / "s" / "replica-0.log").exists()
+
+
+def test_failed_warm_up_stops_the_cluster_with_the_nodes_answer(
+    model_dir: Path, fake_python: str, tmp_path: Path, record_dir: Path,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_NODE_POST_STATUS", "500")
+    config = _config(model_dir, fake_python, tmp_path / "state", "1P1D")
+    with pytest.raises(ClusterError, match="prefill-0 answered its warm-up prefill with 500"):
+        start_cluster(config)
+    records = [json.loads(p.read_text()) for p in record_dir.glob("*.json")]
+    assert len(records) == 2 and not any(group_alive(r["pid"]) for r in records)
+
+
+def test_shared_storage_cluster_gets_no_warm_up(
+    model_dir: Path, fake_python: str, tmp_path: Path, record_dir: Path
+) -> None:
+    config = _config(model_dir, fake_python, tmp_path / "state", "1P1D",
+                     connector=Connector.SHARED_STORAGE)
+    with start_cluster(config):
+        assert not list(record_dir.glob("*.posts"))
+
+
+def test_busy_nixl_side_channel_port_is_reported_before_anything_starts(
+    model_dir: Path, fake_python: str, tmp_path: Path
+) -> None:
+    base = _free_port_block(2)
+    side = base + NIXL_SIDE_CHANNEL_OFFSET + 1  # decode-0's
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", side))
+        holder.listen()
+        config = ClusterConfig(str(model_dir), parse_layout("1P1D"), tmp_path / "s",
+                               base_port=base, python=fake_python)
+        with pytest.raises(ClusterError, match=rf"NIXL side-channel port\(s\) \[{side}\]"):
+            start_cluster(config)
+    assert not (tmp_path / "s" / "decode-0.log").exists()
 
 
 # ----------------------------------------------------------------------------------------- cli
