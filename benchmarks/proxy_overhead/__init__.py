@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--duration", type=float, help="seconds measured per row")
     group.add_argument("--concurrency", type=int, action="append",
                        help="concurrency levels (repeatable)")
+    group.add_argument("--long-factor", type=int,
+                       help="the RSS run's length in rows (default 10; 0: no RSS run)")
     group.add_argument("--out", type=Path, help="JSON file (default benchmarks/results/...)")
 
 
@@ -63,6 +65,8 @@ def run(args: argparse.Namespace, command: str) -> int:
         plan = replace(plan, concurrency=tuple(args.concurrency))
     if args.rounds:
         plan = replace(plan, rounds=args.rounds)
+    if args.long_factor is not None:
+        plan = replace(plan, long_factor=args.long_factor)
     print(f"proxy overhead - {report.machine()}", flush=True)
     rows = runner.run(plan, progress=sys.stderr)
     print(report.render(rows))
