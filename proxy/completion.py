@@ -125,13 +125,6 @@ def _event_end(buffer: bytearray, start: int, any_cr: bool) -> tuple[int, int]:
     return min(ends) if ends else (-1, 0)
 
 
-# Streamed bytes wait in the capture until `[DONE]` may have arrived or this many are held,
-# then every complete event is parsed at once (one JSON call for all): a short reply is
-# parsed once, at its end, and a long one holds at most this much beyond one event.
-PARSE_BATCH_BYTES = 16 * 1024
-_DONE = b"[DONE]"
-
-
 class ReplyCapture:
     """Reads a response body fed in arbitrary chunks: SSE events when streamed, else one JSON."""
 
@@ -145,58 +138,24 @@ class ReplyCapture:
         self._done = False
         self._failed = False
         self._cr = False
-        self._maybe_done = False
 
     def feed(self, chunk: bytes) -> None:
         """Take the next body bytes."""
-        buffer = self._buffer
-        # `[DONE]` may straddle two chunks: look at the chunk with the 5 bytes before it.
-        tail_from = max(0, len(buffer) - len(_DONE) + 1)
-        buffer += chunk
+        self._buffer += chunk
         if not self._stream:
             return
         # vLLM ends events with "\n\n" only; the other two endings are looked for once a CR
         # has been seen, so a long chunk is not scanned three times per event.
         self._cr = self._cr or b"\r" in chunk
-        self._maybe_done = self._maybe_done or buffer.find(_DONE, tail_from) >= 0
-        if self._maybe_done or len(buffer) >= PARSE_BATCH_BYTES:
-            self._parse_events()
-
-    def _parse_events(self) -> None:
-        """Parse and drop every complete event held."""
-        buffer, start, data = self._buffer, 0, []
+        buffer, start = self._buffer, 0
         while (found := _event_end(buffer, start, self._cr))[0] >= 0:
             end, size = found
-            event = bytes(buffer[start:end])
-            if event.startswith(b"data:") and b"\n" not in event and b"\r" not in event:
-                data.append(event[5:].strip())  # vLLM's events: one `data:` line each
-            else:
-                data += [line[5:].strip() for line in event.splitlines()
-                         if line.startswith(b"data:")]
+            for line in buffer[start:end].splitlines():
+                if line.startswith(b"data:"):
+                    self._take(parse_data(bytes(line[5:])))
             start = end + size
         if start:
             del buffer[:start]
-        if data:
-            self._take_all(data)
-
-    def _take_all(self, data: list[bytes]) -> None:
-        payloads = [d for d in data if d != _DONE]
-        if len(payloads) < len(data):
-            self._take(DONE)
-        if not payloads:
-            return
-        try:  # one decode for all: `[p1,p2,...]`
-            decoded = loads(b"[" + b",".join(payloads) + b"]")
-        except ValueError:
-            decoded = None
-        if not isinstance(decoded, list) or len(decoded) != len(payloads):
-            # A malformed payload (or one that is not a single value): each on its own, so
-            # the bad one is reported as such and the others still count.
-            for payload in payloads:
-                self._take(parse_data(payload))
-            return
-        for payload in decoded:
-            self._take(parse_payload(payload))
 
     def _take(self, delta: Delta) -> None:
         if delta.error is not None:
@@ -215,9 +174,7 @@ class ReplyCapture:
 
     def finish(self) -> Captured:
         """The reply once the body ended (complete=False when it was cut or malformed)."""
-        if self._stream:
-            self._parse_events()
-        else:
+        if not self._stream:
             self._take(parse_data(bytes(self._buffer)))
             # A whole answer is complete once it names why it stopped.
             self._done = self._finish_reason is not None

@@ -37,8 +37,6 @@ class SseFramer:
 
     def feed(self, chunk: bytes) -> bytes:
         """The complete events the bytes so far end with (possibly none)."""
-        if not self._pending and chunk.endswith(b"\n\n"):
-            return chunk  # vLLM writes whole events: nothing to cut, nothing to scan
         data = self._pending + chunk
         end = max((data.rfind(sep) + len(sep) for sep in SSE_EVENT_ENDS if sep in data), default=0)
         self._pending = data[end:]

@@ -129,18 +129,6 @@ def test_capture_knows_done_as_soon_as_it_passes_even_split_inside_the_marker() 
     assert capture.finish().text == "ab"
 
 
-def test_capture_of_a_long_reply_holds_at_most_one_batch() -> None:
-    from proxy.completion import PARSE_BATCH_BYTES
-
-    capture = ReplyCapture(stream=True)
-    pieces = [_chat_delta(f"word{i} ") for i in range(2000)]
-    for piece in pieces:
-        capture.feed(f"data: {json.dumps(piece)}\n\n".encode())
-        assert len(capture._buffer) < PARSE_BATCH_BYTES  # parsed and dropped in batches
-    capture.feed(b"data: [DONE]\n\n")
-    assert capture.finish().text == "".join(f"word{i} " for i in range(2000))
-
-
 @pytest.mark.parametrize("bad", [b"data: {not json\n\n", b"data: 1, 2\n\n", b"data:\n\n"])
 def test_one_malformed_event_among_many_fails_the_capture(bad: bytes) -> None:
     good = sse(_chat_delta("a"))
