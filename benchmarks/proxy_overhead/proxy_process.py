@@ -2,7 +2,8 @@
 
     python -m benchmarks.proxy_overhead.proxy_process --stack default -- --prefill URL ...
 
-`default` runs `proxy.cli.main` (what `ppd proxy` runs). The other stacks serve the same app
+`default` runs `proxy.cli.main` (what `ppd proxy` runs); `workers2` and `workers4` the same
+with `--workers 2` / `--workers 4` (and their embedded session store). The other stacks serve the same app
 with a chosen upstream transport (`httpx`: httpx's own pool; `aiohttp`: `proxy.transport`),
 ASGI server and event loop, so the parts can be compared in one run:
 `TRANSPORT+SERVER[+asyncio]` (the loop is uvloop unless `+asyncio`), or `aiohttp+granian`.
@@ -19,8 +20,9 @@ import signal
 import sys
 from typing import Any
 
-STACKS = ("default", "httpx+hypercorn+asyncio", "httpx+uvicorn", "aiohttp+hypercorn+asyncio",
-          "aiohttp+uvicorn+asyncio", "aiohttp+uvicorn", "aiohttp+granian", "floor")
+STACKS = ("default", "workers2", "workers4", "httpx+hypercorn+asyncio", "httpx+uvicorn",
+          "aiohttp+hypercorn+asyncio", "aiohttp+uvicorn+asyncio", "aiohttp+uvicorn",
+          "aiohttp+granian", "floor")
 
 
 def _transport(name: str) -> Any:
@@ -64,10 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("proxy_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     proxy_args = [a for a in args.proxy_args if a != "--"]
-    if args.stack == "default":
+    if args.stack == "default" or args.stack.startswith("workers"):
         from proxy.cli import main as proxy_main
 
-        return proxy_main(proxy_args)
+        workers = args.stack.removeprefix("workers")
+        return proxy_main([*proxy_args, "--workers", workers] if workers.isdigit() else proxy_args)
     from proxy.app import create_app
     from proxy.config import config_from_args
 
