@@ -3,9 +3,9 @@
     python -m benchmarks.proxy_overhead.proxy_process --stack default -- --prefill URL ...
 
 `default` runs `proxy.cli.main` (what `ppd proxy` runs); `workers2` and `workers4` the same
-with `--workers 2` / `--workers 4` (and their embedded session store). The other stacks serve the same app
-with a chosen upstream transport (`httpx`: httpx's own pool; `aiohttp`: `proxy.transport`),
-ASGI server and event loop, so the parts can be compared in one run:
+with `--workers 2` / `--workers 4` (and their embedded session store). The other stacks serve
+the same app with a chosen upstream transport (`httpx`: httpx's own pool; `aiohttp`:
+`proxy.transport`), ASGI server and event loop, so the parts can be compared in one run:
 `TRANSPORT+SERVER[+asyncio]` (the loop is uvloop unless `+asyncio`), or `aiohttp+granian`.
 `floor` is not ppd: the same parts relaying with no logic at all (`floor.py`), the cost of the
 hops alone.
