@@ -11,8 +11,8 @@ redis-server the supervisor runs for them on a Unix socket (`proxy.embedded_stor
 The parent only supervises: it holds the port (so port 0 picks one for all), runs the
 embedded store (restarted if it dies), starts the workers (spawned, not forked: no event
 loop or thread is inherited), restarts one that dies after running a while, stops all if one
-dies at start-up, and on SIGINT/SIGTERM stops them gracefully. Responses carry `x-ppd-worker: N`; /metrics on any worker covers all
-(`proxy.worker_metrics`).
+dies at start-up, and on SIGINT/SIGTERM stops them gracefully. Responses carry
+`x-ppd-worker: N`; /metrics on any worker covers all (`proxy.worker_metrics`).
 """
 
 from __future__ import annotations

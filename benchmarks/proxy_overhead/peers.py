@@ -35,7 +35,7 @@ def command(peer: str, port: int, metrics_port: int, prefill: str, decode: str) 
     """The command line that starts `peer` on port, in front of the fake P and D."""
     common = ["--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
               "--prometheus-port", str(metrics_port), "--worker-startup-check-interval", "1",
-              "--log-level", "warning"]
+              ]
     executable = shutil.which("vllm-router")
     if executable is None:
         raise RuntimeError("vllm-router is not installed: pip install -e '.[bench]'")

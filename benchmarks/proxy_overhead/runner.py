@@ -81,7 +81,7 @@ def _env(tree: Path = REPO) -> dict[str, str]:
     return env
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
