@@ -8,7 +8,7 @@ the same app with a chosen upstream transport (`httpx`: httpx's own pool; `aioht
 `proxy.transport`), ASGI server and event loop, so the parts can be compared in one run:
 `TRANSPORT+SERVER[+asyncio]` (the loop is uvloop unless `+asyncio`), or `aiohttp+granian`.
 `floor` is not ppd: the same parts relaying with no logic at all (`floor.py`), the cost of the
-hops alone.
+hops alone; `floor+granian` the same on granian (Rust I/O threads) instead of uvicorn.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 STACKS = ("default", "workers2", "workers4", "httpx+hypercorn+asyncio", "httpx+uvicorn",
           "aiohttp+hypercorn+asyncio", "aiohttp+uvicorn+asyncio", "aiohttp+uvicorn",
-          "aiohttp+granian", "floor")
+          "aiohttp+granian", "floor", "floor+granian")
 
 
 def _transport(name: str) -> Any:
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from proxy.config import config_from_args
 
     config = config_from_args(proxy_args)
-    if args.stack == "floor":
+    if args.stack.startswith("floor"):
         import uvloop
 
         from benchmarks.proxy_overhead.floor import FloorApp
@@ -83,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
 
         first = {node.role: node.url.rstrip("/") for node in reversed(config.nodes)}
         floor = FloorApp(first[Role.PREFILL], first[Role.DECODE], str(config.policy.kind))
-        uvloop.run(_serve(floor, config.host, config.port, "uvicorn"))
+        if args.stack == "floor+granian":
+            _granian(floor, config.host, config.port)
+        else:
+            uvloop.run(_serve(floor, config.host, config.port, "uvicorn"))
         return 0
     transport, server, *loop = args.stack.split("+")
     app = create_app(config, transport=_transport(transport))

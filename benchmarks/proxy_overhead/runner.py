@@ -267,7 +267,7 @@ def _targets(plan: Plan, stack: ExitStack, prefill: str, decode: str) -> list[Ta
         if name == "direct":
             continue
         for kind in plan.stacks:
-            if kind == "floor" and name not in ("pd", "local"):  # the floor has no policy
+            if kind.startswith("floor") and name not in ("pd", "local"):  # it has no policy
                 continue
             url, pid = stack.enter_context(proxy(name, kind, prefill, decode, plan.baseline))
             targets.append(Target(name, kind, url, pid))
