@@ -132,10 +132,11 @@ class ProxyConfig:
     session_ttl: float = option(3600.0, "forget a session idle for S seconds", metavar="S")
     max_sessions: int = option(100_000, "LRU bound on the sessions kept", metavar="N")
     session_store: str = option(
-        "memory", "where sessions live: memory (this process), or Redis/Valkey shared by "
-        "workers and replicas", metavar="memory|redis://HOST:PORT/DB")
-    workers: int = option(1, "serve with N processes on one port (N > 1 needs a shared "
-                          "--session-store)", metavar="N")
+        "memory", "where sessions live: memory (this process; with --workers N, a "
+        "redis-server the proxy starts for its workers on a Unix socket), or Redis/Valkey "
+        "shared by replicas on several machines", metavar="memory|redis://HOST:PORT/DB")
+    workers: int = option(1, "serve with N processes on one port, sharing sessions through "
+                          "--session-store", metavar="N")
     api_key: str | None = option(None, "require `Authorization: Bearer K` on completions",
                                  metavar="K")
     admin_key: str | None = option(
@@ -218,10 +219,6 @@ def _check_scale_out(store: str, workers: int, discovery: str | None) -> None:
                           f"(rediss://, unix:///PATH also work), got {redacted_url(store)!r}")
     if workers < 1:
         raise ConfigError("--workers must be >= 1")
-    if workers > 1 and store == "memory":
-        raise ConfigError(f"--workers {workers} needs a shared session store: each worker "
-                          "would know only its own sessions (add --session-store "
-                          "redis://HOST:PORT/DB)")
     if workers > 1 and discovery is not None:
         raise ConfigError("--workers > 1 cannot be combined with --discovery (one discovery "
                           "socket per port); list the nodes, or run one worker per replica")

@@ -35,6 +35,7 @@ import httpx
 
 from proxy.errors import UpstreamError, UpstreamTimeout
 from proxy.json_codec import dumps, loads
+from proxy.transport import AiohttpTransport, RawResponse
 from proxy.validate import Endpoint
 
 # How much of a failing upstream's body to quote in the error message.
@@ -68,24 +69,72 @@ def _parsed(url: str) -> httpx.URL:
     return httpx.URL(url)
 
 
-async def _post(client: httpx.AsyncClient, url: str, body: dict[str, Any], request_id: str, *,
-                stream: bool) -> httpx.Response:
-    """POST one leg, once; transport errors come back translated into the proxy's hierarchy."""
-    request = client.build_request("POST", _parsed(url), content=dumps(body), headers={
-        "content-type": "application/json", "X-Request-Id": request_id})
+# Headers httpx puts on every request by itself; a leg sends only the app's own (a backend
+# API key) besides its content type and request id.
+_HTTPX_DEFAULTS = frozenset({"accept", "accept-encoding", "connection", "user-agent"})
+
+
+@functools.lru_cache(maxsize=8)
+def _app_headers(client: httpx.AsyncClient) -> tuple[tuple[str, str], ...]:
+    return tuple((name, value) for name, value in client.headers.items()
+                 if name not in _HTTPX_DEFAULTS)
+
+
+class _HttpxResponse:
+    """An httpx response behind `RawResponse`'s interface (a transport other than aiohttp's:
+    the tests' MockTransport, or httpx's own pool)."""
+
+    __slots__ = ("status", "content_type", "_response")
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self.status = response.status_code
+        self.content_type: str = response.headers.get("content-type", "application/json")
+
+    async def aread(self) -> bytes:
+        return await self._response.aread()
+
+    def aiter(self) -> AsyncIterator[bytes]:
+        return self._response.aiter_bytes()
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+Upstream = RawResponse | _HttpxResponse
+
+
+async def _send(client: httpx.AsyncClient, url: str, content: bytes, request_id: str
+                ) -> Upstream:
     # Straight to the client's transport: `client.send` would add nothing a leg uses (no auth
     # flow, redirects or cookies) but cost ~10% of the proxy's CPU, the cookie jar and an
-    # INFO log line per leg included (benchmarks/proxy_overhead).
-    transport = client._transport_for_url(request.url)
+    # INFO log line per leg included; aiohttp's transport is called without httpx's Request
+    # and Response objects (~12% more; benchmarks/proxy_overhead).
+    transport = client._transport_for_url(_parsed(url))
+    if isinstance(transport, AiohttpTransport):
+        headers = dict(_app_headers(client))
+        headers["content-type"] = "application/json"
+        headers["x-request-id"] = request_id
+        return await transport.post(url, content, headers, client.timeout)
+    request = client.build_request("POST", _parsed(url), content=content, headers={
+        "content-type": "application/json", "X-Request-Id": request_id})
+    response = await transport.handle_async_request(request)
+    response.request = request
+    return _HttpxResponse(response)
+
+
+async def _post(client: httpx.AsyncClient, url: str, body: dict[str, Any], request_id: str, *,
+                stream: bool) -> tuple[Upstream, bytes]:
+    """POST one leg, once: the response and, unless streamed, its whole body; transport
+    errors come back translated into the proxy's hierarchy."""
     try:
-        response = await transport.handle_async_request(request)
-        response.request = request
-        if not stream:
-            try:
-                await response.aread()
-            finally:
-                await response.aclose()
-        return response
+        response = await _send(client, url, dumps(body), request_id)
+        if stream:
+            return response, b""
+        try:
+            return response, await response.aread()
+        finally:
+            await response.aclose()
     except httpx.HTTPError as exc:
         raise _translate(exc, url) from exc
 
@@ -98,25 +147,21 @@ def _translate(exc: httpx.HTTPError, url: str) -> UpstreamError | UpstreamTimeou
     return UpstreamError(f"backend {url} failed: {type(exc).__name__}: {exc}", kind="transport")
 
 
-def _content_type(response: httpx.Response) -> str:
-    return response.headers.get("content-type", "application/json")
-
-
-def _answer(response: httpx.Response, body: bytes, url: str) -> Answer:
+def _answer(response: Upstream, body: bytes, url: str) -> Answer:
     """The answer of a finished response; a 5xx raises (the node failed, not the request)."""
-    if response.status_code >= 500:
+    if response.status >= 500:
         snippet = body[:_ERROR_SNIPPET].decode(errors="replace")
-        raise UpstreamError(f"backend {url} answered {response.status_code}: {snippet}",
+        raise UpstreamError(f"backend {url} answered {response.status}: {snippet}",
                             kind="status")
-    return Answer(response.status_code, body, _content_type(response))
+    return Answer(response.status, body, response.content_type)
 
 
 async def fetch(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
                 body: dict[str, Any], request_id: str) -> Answer:
     """POST body and read the whole answer (2xx or 4xx); a 5xx or a broken body raises."""
     url = base_url + endpoint.value
-    response = await _post(client, url, body, request_id, stream=False)
-    return _answer(response, response.content, url)
+    response, content = await _post(client, url, body, request_id, stream=False)
+    return _answer(response, content, url)
 
 
 async def complete(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
@@ -153,7 +198,7 @@ async def prefill(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
 class UpstreamStream:
     """An upstream response whose status, headers and first chunk have arrived."""
 
-    response: httpx.Response
+    response: Upstream
     first: bytes
     _rest: AsyncIterator[bytes]
     url: str
@@ -161,12 +206,12 @@ class UpstreamStream:
     @property
     def status(self) -> int:
         """The upstream status (2xx here)."""
-        return self.response.status_code
+        return self.response.status
 
     @property
     def content_type(self) -> str:
         """The upstream content type."""
-        return _content_type(self.response)
+        return self.response.content_type
 
     async def chunks(self) -> AsyncGenerator[bytes, None]:
         """The body, first chunk included; mid-stream failures raise UpstreamError."""
@@ -187,13 +232,13 @@ async def open_stream(client: httpx.AsyncClient, base_url: str, endpoint: Endpoi
                       body: dict[str, Any], request_id: str) -> UpstreamStream | Answer:
     """POST body and wait for the first chunk (a 4xx: its whole answer); errors raise."""
     url = base_url + endpoint.value
-    response = await _post(client, url, body, request_id, stream=True)
+    response, _ = await _post(client, url, body, request_id, stream=True)
     try:
-        if response.status_code >= 400:
+        if response.status >= 400:
             answer = _answer(response, await response.aread(), url)
             await response.aclose()
             return answer
-        rest = response.aiter_bytes()
+        rest = response.aiter()
         try:
             first = await anext(rest)
         except StopAsyncIteration:

@@ -13,6 +13,7 @@ sent; a streamed reply that breaks after its first byte ends with an in-band err
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,8 @@ from proxy.validate import Endpoint
 
 # Visible ASCII but `%`: what a client-chosen session id may carry unescaped in a header.
 _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
+# Ids quote() would leave as they are (the proxy's own are hex digests): no quoting needed.
+_PLAIN_ID = re.compile(r"[!-$&-~]*")
 log = logging.getLogger("ppd.proxy")
 
 # Output length assumed for requests without max_tokens until replies have been seen.
@@ -121,7 +124,8 @@ class _Turn:
         """The x-ppd-* headers known so far (an error response carries them too)."""
         # A client-chosen id may hold CR/LF or non-Latin-1 text: percent-encode what is not
         # plain visible ASCII (and `%` itself, so the encoding can be undone).
-        session = quote(self.session_label, safe=_HEADER_SAFE)
+        label = self.session_label
+        session = label if _PLAIN_ID.fullmatch(label) else quote(label, safe=_HEADER_SAFE)
         headers = {"x-ppd-session": session, "x-ppd-turn": str(self.lookup.turn)}
         if self.route is not None:
             headers["x-ppd-route"] = self.route.value

@@ -9,11 +9,16 @@ and translates aiohttp's errors into the httpx ones `proxy.forward` already hand
 they mean for a retry: a refused connection is a ConnectError (the request was never sent),
 everything after that a ReadError or RemoteProtocolError, timeouts by phase.
 
+`AiohttpTransport.post` is the proxy's own legs' path (`proxy.forward`): the same session and
+the same error translation, without building an httpx Request and Response per leg (~12% of
+the proxy's CPU per request, benchmarks/proxy_overhead); it returns a `RawResponse`.
+
 `httpx_transport` is httpx's own pool with the same limits (the benchmark's BEFORE stack).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
@@ -66,12 +71,49 @@ class _Body(httpx.AsyncByteStream):
                 yield chunk
 
     async def aclose(self) -> None:
-        # A body closed before its end closes the connection, so vLLM aborts the request;
-        # a finished one goes back to the pool.
-        if self._response.content.is_eof():
-            self._response.release()
-        else:
-            self._response.close()
+        _release(self._response)
+
+
+def _release(response: aiohttp.ClientResponse) -> None:
+    # A body closed before its end closes the connection, so vLLM aborts the request;
+    # a finished one goes back to the pool.
+    if response.content.is_eof():
+        response.release()
+    else:
+        response.close()
+
+
+@functools.lru_cache(maxsize=16)
+def _timeout(connect: float | None, read: float | None) -> aiohttp.ClientTimeout:
+    # The app's few timeouts, built once (a ClientTimeout is immutable).
+    return aiohttp.ClientTimeout(sock_connect=connect, sock_read=read)
+
+
+class RawResponse:
+    """An upstream response as the legs need it: status, content type, the body's bytes."""
+
+    __slots__ = ("status", "content_type", "_response")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+        self.content_type: str = response.headers.get("content-type", "application/json")
+
+    async def aread(self) -> bytes:
+        """The whole body (translated httpx errors if it breaks)."""
+        with _translated():
+            return await self._response.read()
+
+    async def aiter(self) -> AsyncIterator[bytes]:
+        """The body's chunks as they arrive (translated httpx errors if it breaks)."""
+        content = self._response.content
+        with _translated():
+            while chunk := await content.readany():
+                yield chunk
+
+    async def aclose(self) -> None:
+        """Back to the pool when read to the end, else the connection is closed."""
+        _release(self._response)
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
@@ -101,6 +143,16 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                               stream=_Body(response),
                               extensions={"http_version": b"HTTP/1.1",
                                           "reason_phrase": (response.reason or "").encode()})
+
+    async def post(self, url: str, content: bytes, headers: dict[str, str],
+                   timeout: httpx.Timeout) -> RawResponse:
+        """POST content; the response once its headers arrived (translated httpx errors)."""
+        session = self._session or self._open()
+        with _translated():
+            response = await session.post(url, data=content, headers=headers,
+                                          allow_redirects=False,
+                                          timeout=_timeout(timeout.connect, timeout.read))
+        return RawResponse(response)
 
     async def aclose(self) -> None:
         if self._session is not None:

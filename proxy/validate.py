@@ -19,6 +19,8 @@ import json
 import math
 from typing import Any
 
+import orjson
+
 from proxy.errors import BadRequest
 
 MAX_DEPTH = 128
@@ -54,8 +56,49 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
+# orjson reads an integer beyond 64 bits as a float, which rounds to at least this magnitude
+# (float(-2**63 - 1) == -2.0**63): a float outside the open interval may have been one.
+_FLOAT_LOW, _FLOAT_HIGH = -(2.0**63), 2.0**64
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object that is safe to route and forward, or BadRequest."""
+    """The body as a JSON object that is safe to route and forward, or BadRequest.
+
+    orjson first (the standard library with its hooks was 2.3% of the proxy's CPU per request,
+    benchmarks/proxy_overhead): it refuses everything the hooks refuse - invalid UTF-8 and
+    encoded surrogates, lone-surrogate escapes, NaN/Infinity, numbers that overflow to
+    infinity - and reads every other document to the same value, except integers beyond 64
+    bits, which it turns into floats (`_plain` sends a body holding such a float, and one
+    nested too deep, the other way). Whatever orjson refuses goes through the standard
+    library's path, so a refused body gets the same error either way."""
+    try:
+        fast = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        pass
+    else:
+        if isinstance(fast, dict) and _plain(fast):
+            return fast
+    return _parse_with_stdlib(raw)
+
+
+def _plain(root: dict[str, Any]) -> bool:
+    """No nesting beyond MAX_DEPTH and no float that may have been a 64+-bit integer (orjson
+    has checked the strings: valid Unicode)."""
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(root, 1)]
+    while stack:
+        container, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return False
+        for item in container.values() if isinstance(container, dict) else container:
+            if isinstance(item, dict | list):
+                stack.append((item, depth + 1))
+            elif isinstance(item, float) and not _FLOAT_LOW < item < _FLOAT_HIGH:
+                return False
+    return True
+
+
+def _parse_with_stdlib(raw: bytes) -> dict[str, Any]:
+    """parse_json_object with the standard library and its hooks alone (the reference)."""
     try:
         text = raw.decode("utf-8")  # strict: invalid bytes and encoded surrogates fail here
     except UnicodeDecodeError as exc:

@@ -8,7 +8,7 @@ host, other blocks). D gets exactly what P returned, and nothing when P returned
 
 from __future__ import annotations
 
-import uuid
+import os
 from typing import Any
 
 # What P needs to keep the prompt's KV for a remote D to read.
@@ -55,7 +55,11 @@ def local_body(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def request_id(prefill_zmq: str | None = None, decode_zmq: str | None = None) -> str:
-    """The X-Request-Id of one turn, in P2pNccl's legacy format when both nodes registered so."""
+    """The X-Request-Id of one turn, in P2pNccl's legacy format when both nodes registered so.
+
+    128 random bits in hex, as `uuid4().hex` has (122 of them) without building a UUID object
+    (1.5% of the proxy's CPU)."""
+    unique = os.urandom(16).hex()
     if prefill_zmq and decode_zmq:
-        return f"___prefill_addr_{prefill_zmq}___decode_addr_{decode_zmq}_{uuid.uuid4().hex}"
-    return f"ppd-{uuid.uuid4().hex}"
+        return f"___prefill_addr_{prefill_zmq}___decode_addr_{decode_zmq}_{unique}"
+    return f"ppd-{unique}"

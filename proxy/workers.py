@@ -3,14 +3,16 @@
 Each worker is a whole proxy (its app, upstream connections, health checks and session cache)
 in its own process, listening on the same host:port with SO_REUSEPORT: the kernel spreads
 incoming connections over them, so N workers use N cores. What they must agree on lives in the
-shared session store (`--session-store redis://...`, required and checked in the config);
-node health and circuits are per worker (each learns them from its own checks and legs).
+shared session store: `--session-store redis://...` (several machines), or, by default, a
+redis-server the supervisor runs for them on a Unix socket (`proxy.embedded_store`), so
+`ppd proxy --workers 4 ...` needs no other setup. Node health and circuits are per worker
+(each learns them from its own checks and legs).
 
-The parent only supervises: it holds the port (so port 0 picks one for all), starts the
-workers (spawned, not forked: no event loop or thread is inherited), restarts one that dies
-after running a while, stops all if one dies at start-up, and on SIGINT/SIGTERM stops them
-gracefully. Responses carry `x-ppd-worker: N`; /metrics on any worker covers all
-(`proxy.worker_metrics`).
+The parent only supervises: it holds the port (so port 0 picks one for all), runs the
+embedded store (restarted if it dies), starts the workers (spawned, not forked: no event
+loop or thread is inherited), restarts one that dies after running a while, stops all if one
+dies at start-up, and on SIGINT/SIGTERM stops them gracefully. Responses carry
+`x-ppd-worker: N`; /metrics on any worker covers all (`proxy.worker_metrics`).
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ from pathlib import Path
 from quart import Quart
 
 from proxy.config import ProxyConfig
+from proxy.embedded_store import EmbeddedRedis
 from proxy.logs import configure
 from proxy.server import Server, _listen, serve_app
+from proxy.session_store import MEMORY
 from proxy.worker_metrics import PUBLISH_INTERVAL_S, WorkerMetrics
 
 log = logging.getLogger("ppd.proxy")
@@ -95,9 +99,11 @@ def _worker_main(config: ProxyConfig, worker: int, metrics_dir: str, parent: int
 class Supervisor:
     """Starts, watches and stops the worker processes."""
 
-    def __init__(self, config: ProxyConfig, metrics_dir: Path) -> None:
+    def __init__(self, config: ProxyConfig, metrics_dir: Path,
+                 store: EmbeddedRedis | None = None) -> None:
         self.config = config
         self.metrics_dir = metrics_dir
+        self.store = store
         self._context = multiprocessing.get_context("spawn")
         self._workers: list[BaseProcess] = []
         self._started: list[float] = []
@@ -109,7 +115,12 @@ class Supervisor:
             self._started.append(time.monotonic())
 
     def check(self) -> bool:
-        """Restart workers that died; False if one died during start-up (give up)."""
+        """Restart workers (and the embedded store) that died; False if a worker died during
+        start-up (give up)."""
+        if self.store is not None and not self.store.alive():
+            log.warning("the embedded session store exited; restarting it (sessions so far "
+                        "are lost: their next turns run P->D)")
+            self.store.start()
         for worker, process in enumerate(self._workers):
             if process.is_alive():
                 continue
@@ -146,20 +157,30 @@ def serve_workers(config: ProxyConfig) -> int:
     """Run config.workers proxy processes on one port until SIGINT/SIGTERM (blocking)."""
     holder = reserve_port(config.host, config.port)
     config = replace(config, port=holder.getsockname()[1])
-    metrics_dir = Path(tempfile.mkdtemp(prefix="ppd-workers-"))
+    metrics_dir = Path(tempfile.mkdtemp(prefix="ppd-workers-"))  # private: mode 700
+    store = None
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    supervisor = Supervisor(config, metrics_dir)
-    log.info("ppd proxy on http://%s:%d with %d workers", config.host, config.port,
-             config.workers)
     healthy = True
     try:
-        supervisor.start()
-        while healthy and not stop.wait(_POLL_S):
-            healthy = supervisor.check()
+        if config.session_store == MEMORY:  # one machine: a store of our own
+            store = EmbeddedRedis(metrics_dir).start()
+            config = replace(config, session_store=store.url)
+            log.info("sessions shared by the workers through an embedded redis-server on %s",
+                     store.socket_path)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        supervisor = Supervisor(config, metrics_dir, store)
+        log.info("ppd proxy on http://%s:%d with %d workers", config.host, config.port,
+                 config.workers)
+        try:
+            supervisor.start()
+            while healthy and not stop.wait(_POLL_S):
+                healthy = supervisor.check()
+        finally:
+            supervisor.stop()
     finally:
-        supervisor.stop()
+        if store is not None:
+            store.stop()
         holder.close()
         with contextlib.suppress(OSError):
             shutil.rmtree(metrics_dir)

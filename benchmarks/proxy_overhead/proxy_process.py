@@ -2,12 +2,13 @@
 
     python -m benchmarks.proxy_overhead.proxy_process --stack default -- --prefill URL ...
 
-`default` runs `proxy.cli.main` (what `ppd proxy` runs). The other stacks serve the same app
-with a chosen upstream transport (`httpx`: httpx's own pool; `aiohttp`: `proxy.transport`),
-ASGI server and event loop, so the parts can be compared in one run:
+`default` runs `proxy.cli.main` (what `ppd proxy` runs); `workers2` and `workers4` the same
+with `--workers 2` / `--workers 4` (and their embedded session store). The other stacks serve
+the same app with a chosen upstream transport (`httpx`: httpx's own pool; `aiohttp`:
+`proxy.transport`), ASGI server and event loop, so the parts can be compared in one run:
 `TRANSPORT+SERVER[+asyncio]` (the loop is uvloop unless `+asyncio`), or `aiohttp+granian`.
 `floor` is not ppd: the same parts relaying with no logic at all (`floor.py`), the cost of the
-hops alone.
+hops alone; `floor+granian` the same on granian (Rust I/O threads) instead of uvicorn.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import signal
 import sys
 from typing import Any
 
-STACKS = ("default", "httpx+hypercorn+asyncio", "httpx+uvicorn", "aiohttp+hypercorn+asyncio",
-          "aiohttp+uvicorn+asyncio", "aiohttp+uvicorn", "aiohttp+granian", "floor")
+STACKS = ("default", "workers2", "workers4", "httpx+hypercorn+asyncio", "httpx+uvicorn",
+          "aiohttp+hypercorn+asyncio", "aiohttp+uvicorn+asyncio", "aiohttp+uvicorn",
+          "aiohttp+granian", "floor", "floor+granian")
 
 
 def _transport(name: str) -> Any:
@@ -64,15 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("proxy_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     proxy_args = [a for a in args.proxy_args if a != "--"]
-    if args.stack == "default":
+    if args.stack == "default" or args.stack.startswith("workers"):
         from proxy.cli import main as proxy_main
 
-        return proxy_main(proxy_args)
+        workers = args.stack.removeprefix("workers")
+        return proxy_main([*proxy_args, "--workers", workers] if workers.isdigit() else proxy_args)
     from proxy.app import create_app
     from proxy.config import config_from_args
 
     config = config_from_args(proxy_args)
-    if args.stack == "floor":
+    if args.stack.startswith("floor"):
         import uvloop
 
         from benchmarks.proxy_overhead.floor import FloorApp
@@ -80,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
 
         first = {node.role: node.url.rstrip("/") for node in reversed(config.nodes)}
         floor = FloorApp(first[Role.PREFILL], first[Role.DECODE], str(config.policy.kind))
-        uvloop.run(_serve(floor, config.host, config.port, "uvicorn"))
+        if args.stack == "floor+granian":
+            _granian(floor, config.host, config.port)
+        else:
+            uvloop.run(_serve(floor, config.host, config.port, "uvicorn"))
         return 0
     transport, server, *loop = args.stack.split("+")
     app = create_app(config, transport=_transport(transport))

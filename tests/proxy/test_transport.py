@@ -129,3 +129,64 @@ async def test_closing_a_stream_early_closes_its_connection() -> None:
             async for _ in response.aiter_raw():
                 break
         await asyncio.wait_for(closed.wait(), 5)
+
+
+# The legs' own path (`AiohttpTransport.post`, used by proxy.forward without httpx's Request
+# and Response objects) fails the same way, moment by moment.
+TIMEOUT = httpx.Timeout(5.0, read=0.5)
+
+
+async def _post(url: str) -> tuple[int, str, bytes]:
+    transport = AiohttpTransport()
+    try:
+        response = await transport.post(url + "/v1/completions", b"{}",
+                                        {"content-type": "application/json"}, TIMEOUT)
+        try:
+            body = b"".join([chunk async for chunk in response.aiter()])
+        finally:
+            await response.aclose()
+        return response.status, response.content_type, body
+    finally:
+        await transport.aclose()
+
+
+async def test_post_passes_status_type_and_body_through() -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"transfer-encoding: chunked\r\n\r\nd\r\ndata: first\n\n\r\n0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async with tcp_server(answer) as url:
+        assert await _post(url) == (200, "text/event-stream", b"data: first\n\n")
+
+
+@pytest.mark.parametrize(("behaviour", "error"), [
+    ("hang_up", httpx.RemoteProtocolError),
+    ("silent", httpx.ReadTimeout),
+    ("cut", httpx.ReadError),
+])
+async def test_post_failures_are_the_same_httpx_errors(
+        behaviour: str, error: type[httpx.TransportError]) -> None:
+    async def node(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        if behaviour == "silent":
+            await asyncio.sleep(3)
+        elif behaviour == "cut":
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                         b"d\r\ndata: first\n\n\r\n")
+            await writer.drain()
+        writer.close()
+
+    async with tcp_server(node) as url:
+        with pytest.raises(error):
+            await _post(url)
+
+
+async def test_post_to_a_closed_port_is_a_connect_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(httpx.ConnectError):
+        await _post(f"http://127.0.0.1:{port}")

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from profiler.cli import main as ppd_main
 from proxy.config import ConfigError, config_from_args
 from proxy.redis_store import RedisStore
 from proxy.session_store import MemoryStore, open_store
@@ -18,7 +17,6 @@ NODES = ["--prefill", "http://p:1", "--decode", "http://d:1"]
 
 
 @pytest.mark.parametrize(("argv", "fragment"), [
-    ([*NODES, "--workers", "2"], "needs a shared session store"),
     ([*NODES, "--workers", "0"], "--workers must be >= 1"),
     ([*NODES, "--session-store", "mysql://x"], "memory or redis://"),
     ([*NODES, "--workers", "2", "--session-store", "redis://h:6379/0", "--discovery",
@@ -35,10 +33,9 @@ def test_workers_with_a_redis_store_are_accepted() -> None:
     assert (config.workers, config.session_store) == (4, "redis://127.0.0.1:6379/2")
 
 
-def test_the_cli_says_why_workers_need_a_store(capsys: pytest.CaptureFixture[str]) -> None:
-    assert ppd_main(["proxy", *NODES, "--workers", "2"]) == 1
-    err = capsys.readouterr().err
-    assert "--session-store redis://HOST:PORT/DB" in err and "Traceback" not in err
+def test_workers_without_a_store_are_accepted_the_supervisor_embeds_one() -> None:
+    config = config_from_args([*NODES, "--workers", "2"])
+    assert (config.workers, config.session_store) == (2, "memory")
 
 
 def test_open_store_picks_the_implementation() -> None:
