@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from profiler.sim.cost import BatchShape, load_cost
+from profiler.sim.host import HostedCost
 from profiler.sim.transfer import LINKS, MODEL_SHAPES
 
 
@@ -61,11 +62,13 @@ def main(argv: list[str]) -> int:
 
 
 def render_presets() -> str:
-    from profiler.sim import aic
+    from profiler.sim import presets
 
-    lines = ["cost presets (aiconfigurator-core, measured vLLM kernels; append :tpN for TP):"]
-    lines += [f"  {name}" for name in aic.preset_names()]
-    lines += ["  FILE.json  (a LinearCost fitted by `ppd sim fit`)", "",
+    lines = ["cost presets (aiconfigurator-core's measured vLLM kernels + vLLM's host side; "
+             "insert :tpN before :kernels for TP; :kernels = the kernels alone):"]
+    lines += [f"  {name}" for name in presets.preset_names()]
+    lines += ["  FILE.json  (a LinearCost from `ppd sim fit`, or kernels + host from "
+              "`ppd sim calibrate`)", "",
               "KV model shapes (bytes per token):"]
     lines += [f"  {s.name:<14} {s.kv_bytes_per_token:>8}  {s.source}"
               for s in MODEL_SHAPES.values()]
@@ -90,13 +93,17 @@ def render_step(args: argparse.Namespace) -> str:
                        sum_decode_kv_tokens=args.decode * args.context)
     cost = load_cost(args.preset)
     step_ms = cost.step_ms(shape)
+    split = ""
+    if isinstance(cost, HostedCost):
+        kernel_ms = cost.kernel.step_ms(cost.host.graph_shape(shape))
+        split = f" (kernels {kernel_ms:.2f} ms + host {step_ms - kernel_ms:.2f} ms)"
     parts = []
     if args.decode:
         parts.append(f"{args.decode} decoding at {args.context} context")
     if args.prefill:
         cached = f" after {args.prefill_context} cached" if args.prefill_context else ""
         parts.append(f"{args.prefill} prompt tokens{cached}")
-    return (f"{cost.name}: {' + '.join(parts)}: {step_ms:.2f} ms per step\n"
+    return (f"{cost.name}: {' + '.join(parts)}: {step_ms:.2f} ms per step{split}\n"
             f"source: {cost.source}")
 
 

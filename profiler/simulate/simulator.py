@@ -34,6 +34,7 @@ from profiler.replay.client import RequestRecord
 from profiler.sim.config import EngineConfig, NodeRole
 from profiler.sim.cost import CostModel
 from profiler.sim.engine import Engine, StepResult
+from profiler.sim.host import host_of
 from profiler.sim.requests import Request, RequestRejected
 from profiler.sim.transfer import Link, SharedLink
 from profiler.simulate.layout import Layout, SimNode
@@ -50,7 +51,7 @@ _USER_TOKEN_BASE = 1 << 40
 DEFAULT_TIMEOUT_S = 30.0
 
 # Event kinds, in the order ties at one instant are handled.
-_STEP_END, _TRANSFER, _TURN, _TIMEOUT = range(4)
+_STEP_END, _TRANSFER, _TURN, _TIMEOUT, _SUBMIT = range(5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +108,8 @@ class Simulator:
 
     def __init__(self, setup: SimSetup) -> None:
         self.setup = setup
+        # vLLM's host side beyond the step times (front end per request, KV hand-off)
+        self.host = host_of(setup.cost)
         self.now = 0.0
         self._events: list[tuple[float, int, int, Any]] = []
         self._sequence = itertools.count()
@@ -141,6 +144,8 @@ class Simulator:
                 self._transfer_due(payload)
             elif kind == _TURN:
                 self._start_turn(*payload)
+            elif kind == _SUBMIT:
+                self._submit(*payload)
             else:
                 self._timeout(payload)
         moved = sum(n.link.bytes_moved for n in self._nodes.values() if n.link is not None)
@@ -169,15 +174,26 @@ class Simulator:
             assert plan.prefill is not None
             turn.prefill_id = f"{request_id}/p"
             self._by_prefill[turn.prefill_id] = turn
-            self._submit(turn, plan.prefill.url,
-                         Request(turn.prefill_id, max_tokens=1, prompt_token_ids=prompt,
-                                 send_kv=True))
+            self._submit_via_frontend(turn, plan.prefill.url,
+                                      Request(turn.prefill_id, max_tokens=1,
+                                              prompt_token_ids=prompt, send_kv=True))
         else:
-            self._submit(turn, plan.decode.url,
+            self._submit_via_frontend(turn, plan.decode.url,
                          Request(request_id, max_tokens=turn_spec.max_tokens,
                                  prompt_token_ids=prompt))
 
+    def _submit_via_frontend(self, turn: _Turn, url: str, request: Request) -> None:
+        """The node's API server takes frontend_request_ms before its engine sees the
+        request (HTTP, template, tokenize; the first output's way back is counted here)."""
+        delay = self.host.frontend_request_ms / 1000
+        if delay > 0:
+            self._push(self.now + delay, _SUBMIT, (turn, url, request))
+        else:
+            self._submit(turn, url, request)
+
     def _submit(self, turn: _Turn, url: str, request: Request) -> None:
+        if turn.done:
+            return  # timed out while its request was in the front end
         node = self._nodes[url]
         try:
             node.engine.submit(request, self.now)
@@ -191,10 +207,10 @@ class Simulator:
         plan = turn.plan
         self.proxy.prefilled(plan)
         assert plan.prefill is not None
-        self._submit(turn, plan.decode.url,
-                     Request(turn.request_id, max_tokens=turn.conversation.turns[turn.index]
-                             .max_tokens, prompt_token_ids=turn.prompt,
-                             kv_from=plan.prefill.url))
+        self._submit_via_frontend(
+            turn, plan.decode.url,
+            Request(turn.request_id, max_tokens=turn.conversation.turns[turn.index].max_tokens,
+                    prompt_token_ids=turn.prompt, kv_from=plan.prefill.url))
 
     def _finished(self, node: _Node, request_id: str) -> None:
         turn = self._turns.pop(request_id, None)
@@ -208,14 +224,15 @@ class Simulator:
         turn.done = True
         outputs = seq.output_token_ids
         first = seq.first_token_time if seq.first_token_time is not None else self.now
-        self._record(turn, success=True, ttft=first - turn.start, end=self.now,
+        end = self.now + self.host.frontend_finish_ms / 1000
+        self._record(turn, success=True, ttft=first - turn.start, end=end,
                      n_output=len(outputs), error=None, status=200)
         self.proxy.end(turn.plan, True, len(turn.prompt), len(outputs))
         history = self._history[turn.conversation.id]
         history[len(history):] = turn.prompt[len(history):]
         history.extend(outputs)
         if turn.index + 1 < len(turn.conversation.turns):
-            self._push(self.now, _TURN, (turn.conversation, turn.index + 1))
+            self._push(end, _TURN, (turn.conversation, turn.index + 1))
         else:
             del self._history[turn.conversation.id]
 
@@ -299,7 +316,9 @@ class Simulator:
         assert turn.plan.prefill is not None
         source = self._nodes[turn.plan.prefill.url]
         assert source.link is not None
-        source.link.start(turn.request_id, tokens * self.setup.kv_bytes_per_token, self.now)
+        setup_s = self.host.handoff_s(tokens, self.setup.engine.block_size)
+        source.link.start(turn.request_id, tokens * self.setup.kv_bytes_per_token, self.now,
+                          setup_s=setup_s)
         self._schedule_link(source)
 
     def _schedule_link(self, source: _Node) -> None:
