@@ -3,6 +3,7 @@
     ppd sim presets
     ppd sim step --preset h100:llama-3.1-8b --decode 32 --context 2048 --prefill 256
     ppd sim fit runs/replica-cpu --out tables/cost/cpu-tiny.json
+    ppd sim calibrate runs/cpu/*@1-local runs/cpu/*@1-pd --out cpu-tiny.json
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from profiler.sim.cost import BatchShape, load_cost
+from profiler.sim.cost import BatchShape, LinearCost, load_cost
 from profiler.sim.host import HostedCost
 from profiler.sim.transfer import LINKS, MODEL_SHAPES
 
@@ -43,6 +44,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help="replay run directories (or their requests.csv / .parquet)")
     fit.add_argument("--out", type=Path, required=True, help="preset JSON to write")
     fit.add_argument("--name", default=None, help="preset name (default: the file's stem)")
+
+    calibrate = actions.add_parser(
+        "calibrate", help="fit a kernels + host preset to replay runs and vLLM /metrics")
+    calibrate.add_argument("runs", nargs="+", type=Path,
+                           help="replay run directories, each with metrics-before-NODE.txt "
+                                "and metrics-after-NODE.txt (NODE = prefill*, decode*, "
+                                "replica*; see scripts/calibration_runs.sh)")
+    calibrate.add_argument("--out", type=Path, required=True,
+                           help="preset JSON to write (--cost / --emulate take it)")
+    calibrate.add_argument("--name", default=None,
+                           help="preset name (default: the file's stem)")
+    calibrate.add_argument("--block-size", type=int, default=128,
+                           help="the nodes' KV block size (vLLM-CPU: 128)")
+    calibrate.add_argument("--max-model-len", type=int, default=4096,
+                           help="the nodes' --max-model-len: also the CPU step's token budget "
+                                "(chunked prefill is off on vLLM-CPU)")
     return parser
 
 
@@ -56,6 +73,8 @@ def main(argv: list[str]) -> int:
         print(render_presets())
     elif args.action == "step":
         print(render_step(args))
+    elif args.action == "calibrate":
+        print(run_calibrate(args))
     else:
         print(run_fit(args.runs, args.out, args.name or args.out.stem))
     return 0
@@ -121,3 +140,30 @@ def run_fit(runs: list[Path], out: Path, name: str) -> str:
             f"  prefill fit on {result.n_prefill_rows} {unqueued}turn-1 rows (TTFT intercept "
             f"{result.ttft_intercept_ms:.1f} ms, not in the step cost); decode fit on "
             f"{result.n_decode_rows} rows")
+
+
+def run_calibrate(args: argparse.Namespace) -> str:
+    import json
+
+    from profiler.sim.calibrate import calibrate
+    from profiler.sim.presets import to_dict
+
+    if args.block_size < 1 or args.max_model_len < 1:
+        raise ValueError("--block-size and --max-model-len must be at least 1")
+    result = calibrate(args.runs, name=args.name or args.out.stem, block_size=args.block_size,
+                       engine={"max_model_len": args.max_model_len,
+                               "max_num_batched_tokens": args.max_model_len})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(to_dict(result.cost), indent=2) + "\n")
+    cost, host = result.cost, result.cost.host
+    kernel = cost.kernel
+    assert isinstance(kernel, LinearCost)
+    return (f"wrote {args.out} from {result.n_runs} runs\n"
+            f"  step = {host.step_base_ms:.2f} ms + {kernel.per_decode_seq_ms:.3f} ms/decoding "
+            f"request + ({host.step_per_prefill_ms:.2f} ms + "
+            f"{kernel.per_prefill_token_ms:.4f} ms/token) per prompt\n"
+            f"  front end {host.frontend_request_ms:.1f} ms per node request "
+            f"({result.frontend_rows} rows); P->D hand-off {host.kv_handoff_ms:.1f} ms + "
+            f"{host.kv_per_token_us:.1f} us/token ({result.handoff_rows} rows)\n"
+            f"  fitted on {result.prefill_points} prefill and {result.decode_points} decode "
+            "node-runs")

