@@ -56,10 +56,13 @@ class RunSpec:
     max_context_tokens: int | None = None
     forced_route: RouteKind | None = None  # turn 2+ forced, as the profiler's x-ppd-route
     load_window_s: float = 30.0  # the proxy's --load-window (its load meter's window)
+    client_connections: int | None = None  # the paper's capped client; None: ideal client
 
     def __post_init__(self) -> None:
         if min(self.qps, self.duration_s, self.timeout_s, self.load_window_s) <= 0:
             raise ValueError("qps, duration, timeout and load window must be > 0")
+        if self.client_connections is not None and self.client_connections < 1:
+            raise ValueError("client connections must be at least 1 (or unset: no cap)")
         layout = Layout.parse(self.layout)
         replica = self.policy.kind is Policy.REPLICA
         if replica and not layout.replica:
@@ -129,7 +132,7 @@ def setup_for(spec: RunSpec) -> SimSetup:
         policy=routing_policy(spec.policy), link=load_link(spec.link),
         kv_bytes_per_token=load_model_shape(spec.model_name).kv_bytes_per_token,
         engine=engine_config(spec.cost, spec.seed), timeout_s=spec.timeout_s,
-        load_window_s=spec.load_window_s,
+        load_window_s=spec.load_window_s, client_connections=spec.client_connections,
         forced=force if forced is not None else None)
 
 

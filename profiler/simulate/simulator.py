@@ -51,7 +51,7 @@ _USER_TOKEN_BASE = 1 << 40
 DEFAULT_TIMEOUT_S = 30.0
 
 # Event kinds, in the order ties at one instant are handled.
-_STEP_END, _TRANSFER, _TURN, _TIMEOUT, _SUBMIT = range(5)
+_STEP_END, _TRANSFER, _TURN, _TIMEOUT, _SUBMIT, _SEND_WAITING = range(6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +67,11 @@ class SimSetup:
     timeout_s: float = DEFAULT_TIMEOUT_S
     load_window_s: float = 30.0
     forced: Callable[[int], RouteKind | None] | None = None
+    # The paper's benchmark client (scripts/benchmark/comprehensive_benchmark.py in its
+    # repository): at most this many requests in flight; a turn due while every connection
+    # is busy waits for one, and its TTFT clock runs from when it was due. None: the ideal
+    # client (every turn is sent when it is due), as `ppd replay`.
+    client_connections: int | None = None
 
 
 @dataclass(slots=True)
@@ -131,6 +136,8 @@ class Simulator:
         self._metrics: dict[str, dict[str, float]] = {url: {} for url in self._nodes}
         self._next_user_token = _USER_TOKEN_BASE
         self._last_event = 0.0
+        self._in_flight = 0  # turns holding one of the client's connections
+        self._waiting: list[tuple[float, SimConversation, int]] = []  # due, not yet sent
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -148,6 +155,9 @@ class Simulator:
                 self._start_turn(*payload)
             elif kind == _SUBMIT:
                 self._submit(*payload)
+            elif kind == _SEND_WAITING:
+                conversation, index, due = payload
+                self._start_turn(conversation, index, due)
             else:
                 self._timeout(payload)
         moved = sum(n.link.bytes_moved for n in self._nodes.values() if n.link is not None)
@@ -161,16 +171,23 @@ class Simulator:
 
     # -- turns ---------------------------------------------------------------------------------
 
-    def _start_turn(self, conversation: SimConversation, index: int) -> None:
+    def _start_turn(self, conversation: SimConversation, index: int,
+                    due: float | None = None) -> None:
+        cap = self.setup.client_connections
+        if cap is not None and self._in_flight >= cap:
+            self._waiting.append((self.now, conversation, index))
+            return
+        self._in_flight += 1
         turn_spec = conversation.turns[index]
         history = self._history.setdefault(conversation.id, [])
         n_new = turn_spec.n_user + (conversation.n_system if index == 0 else 0)
-        start = self._next_user_token
+        first_id = self._next_user_token
         self._next_user_token += n_new
-        prompt = history + list(range(start, start + n_new))
+        prompt = history + list(range(first_id, first_id + n_new))
         plan = self.proxy.begin(conversation.id, index + 1, n_new, turn_spec.max_tokens)
         request_id = f"{conversation.id}/{index + 1}"
-        turn = _Turn(conversation, index, request_id, self.now, prompt, plan)
+        start = self.now if due is None else due  # the capped client's clock starts when due
+        turn = _Turn(conversation, index, request_id, start, prompt, plan)
         self._turns[request_id] = turn
         self._push(self.now + self.setup.timeout_s, _TIMEOUT, request_id)
         if plan.route is RouteKind.PD:
@@ -283,6 +300,14 @@ class Simulator:
             error=error, status=status, max_tokens=turn.conversation.turns[turn.index].max_tokens,
             proxy_turn=plan.lookup.turn))
         self._last_event = max(self._last_event, end)
+        self._release_connection(end)
+
+    def _release_connection(self, at: float) -> None:
+        """The turn's connection is free: the longest-waiting due turn takes it."""
+        self._in_flight -= 1
+        if self._waiting:
+            due, conversation, index = self._waiting.pop(0)
+            self._push(at, _SEND_WAITING, (conversation, index, due))
 
     # -- nodes ---------------------------------------------------------------------------------
 
