@@ -17,10 +17,12 @@ from pathlib import Path
 import pandas as pd
 
 from profiler.replay.metrics import summarize
+from profiler.sim.calibrate import read_run
 from profiler.simulate.run import RunSpec, simulate
 from proxy.route import RouteKind
 
-METRICS = (("turn2plus_ttft_ms_p50", "T2 TTFT p50"), ("turn2plus_tpot_ms_mean", "T2 TPOT mean"))
+METRICS = (("turn2plus_ttft_ms_p50", "T2 TTFT p50"), ("turn2plus_tpot_ms_mean", "T2 TPOT mean"),
+           ("decode_itl_ms", "D's ITL (server)"))
 
 
 def forced_route(run: Path) -> RouteKind:
@@ -39,7 +41,15 @@ def predict(run: Path, cost: str, layout: str, model: str) -> tuple[dict, dict]:
                    timeout_s=float(config["timeout_s"]), seed=int(config["seed"]),
                    max_turns=config.get("max_turns"), forced_route=forced_route(run))
     result = simulate(spec)
-    return document["summary"], summarize(result.records, result.wall_time_s)
+    predicted = summarize(result.records, result.wall_time_s)
+    decode = next(stats for url, stats in result.node_stats.items() if url.startswith("http://d"))
+    count = decode.get("inter_token_latency_seconds_count", 0.0)
+    predicted["decode_itl_ms"] = (decode["inter_token_latency_seconds_sum"] / count * 1000
+                                  if count else None)
+    measured = dict(document["summary"])
+    node = next((n for n in read_run(run).nodes if n.role == "decode"), None)
+    measured["decode_itl_ms"] = node.mean_ms("inter_token_latency_seconds") if node else None
+    return measured, predicted
 
 
 def main(argv: list[str] | None = None) -> int:
