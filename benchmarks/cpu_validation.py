@@ -52,6 +52,13 @@ def predict(run: Path, cost: str, layout: str, model: str) -> tuple[dict, dict]:
     return measured, predicted
 
 
+def _load(run: Path) -> str:
+    """The machine's 1-minute load average when the run started."""
+    path = run / "load-before.txt"
+    return path.read_text().split("load average:")[-1].split(",")[0].strip() \
+        if path.is_file() else "?"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -59,19 +66,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost", required=True, help="preset (a JSON from ppd sim calibrate)")
     parser.add_argument("--fitted", nargs="*", type=Path, default=[],
                         help="the runs the preset was fitted on (marked in the table)")
+    parser.add_argument("--repeat", type=Path, default=None,
+                        help="a directory with the same runs made again: printed beside, so "
+                        "the run-to-run spread of the measurement shows next to the error")
     parser.add_argument("--layout", default="1P1D")
     parser.add_argument("--model", default="tiny", help="KV shape for the transfer bytes")
     args = parser.parse_args(argv)
     fitted = {path.resolve() for path in args.fitted}
+    again = "; again" if args.repeat else ""
     header = "| run | route | set | load | " + " | ".join(
-        f"{label} real / sim ms (err)" for _, label in METRICS) + " |"
+        f"{label} real / sim ms (err){again}" for _, label in METRICS) + " |"
     print(header)
     print("|" + "---|" * (4 + len(METRICS)))
     errors: dict[str, list[float]] = {key: [] for key, _ in METRICS}
     for run in args.runs:
         real, sim = predict(run, args.cost, args.layout, args.model)
-        load = (run / "load-before.txt").read_text().split("load average:")[-1].split(",")[0] \
-            if (run / "load-before.txt").is_file() else "?"
+        load = _load(run)
+        repeat = args.repeat / run.name if args.repeat else None
+        if repeat is not None and (repeat / "summary.json").is_file():
+            real_again, _ = predict(repeat, args.cost, args.layout, args.model)
+            load += f"; {_load(repeat)}"
+        else:
+            real_again = None
         role = "fit" if run.resolve() in fitted else "test"
         cells = []
         for key, _ in METRICS:
@@ -82,7 +98,13 @@ def main(argv: list[str] | None = None) -> int:
             error = (predicted - measured) / measured
             if role == "test":
                 errors[key].append(abs(error))
-            cells.append(f"{measured:.1f} / {predicted:.1f} ({error:+.0%})")
+            cell = f"{measured:.1f} / {predicted:.1f} ({error:+.0%})"
+            if real_again is not None and real_again.get(key) is not None:
+                second = real_again[key]
+                cell += f"; {second:.1f} ({(predicted - second) / second:+.0%})"
+                if role == "test":
+                    errors[key].append(abs((predicted - second) / second))
+            cells.append(cell)
         route = forced_route(run).value
         print(f"| {run.name} | {route} | {role} | {load.strip()} | " + " | ".join(cells) + " |")
     for key, label in METRICS:
