@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from profiler.sim.cost import CostModel, LinearCost
 from profiler.sim.host import HostedCost, HostModel
 
 KERNELS_SUFFIX = "kernels"
+REFERENCE = "h100:llama-3.1-8b"  # the kernels the public host numbers are fitted against
 _REGISTRY: dict[str, Callable[[], CostModel]] = {}
 
 
@@ -82,21 +82,25 @@ def _gpu_preset(spec: str) -> CostModel:
     if kernels_only:
         kernel.name = spec
         return kernel
-    return HostedCost(name=spec, kernel=kernel, host=_gpu_host(base),
+    return HostedCost(name=spec, kernel=kernel, host=_gpu_host(base, kernel),
                       source=f"{kernel.source} + vLLM host side ({Path(__file__).parent.name}"
                              "/public.py: PPD micro-benchmark, inference-sim, vLLM #50913)")
 
 
-@lru_cache(maxsize=16)
-def _gpu_host(base: str) -> HostModel:
+_FITTED: dict[str, HostModel] = {}  # the fitted terms, once per process
+
+
+def _gpu_host(base: str, kernel: CostModel) -> HostModel:
     """The host terms are CPU-side: fitted once against H100 + Llama-3.1-8B's kernels and
     carried to every GPU and model (an assumption the docs state), with the model's own
     layer count for NIXL's descriptors."""
     from profiler.sim import aic, public
     from profiler.sim.transfer import load_model_shape
 
-    host = public.h100_host(aic.load_preset("h100:llama-3.1-8b"))
-    model = base.split(":")[1]
-    layers = load_model_shape(model).num_layers
+    if "h100" not in _FITTED:
+        reference = kernel if base == REFERENCE else aic.load_preset(REFERENCE)
+        _FITTED["h100"] = public.h100_host(reference)
+    host = _FITTED["h100"]
+    layers = load_model_shape(base.split(":")[1]).num_layers
     return HostModel.from_dict({**host.to_dict(), "sources": host.sources,
                                 "descriptors_per_block": 2 * layers})
