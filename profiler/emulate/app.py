@@ -6,6 +6,7 @@ Routes: POST /v1/chat/completions and /v1/completions (streamed or not), GET /v1
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
@@ -74,7 +75,10 @@ def create_node_app(service: NodeService) -> Quart:
                 raise RequestError("the request body is not valid JSON") from None
             parsed = parse(body, chat)
             request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
-            running = service.start_job(service.prepare(parsed, request_id))
+            prepared = service.prepare(parsed, request_id)
+            if service.spec.frontend_request_s > 0:  # the modelled API server's time
+                await asyncio.sleep(service.spec.frontend_request_s)
+            running = service.start_job(prepared)
         except RequestError as exc:
             return _error(exc)
         if parsed.stream:

@@ -25,6 +25,7 @@ from profiler.emulate.presets import Preset, resolve
 from profiler.emulate.service import NodeService, NodeSpec, Peers
 from profiler.emulate.vocab import Vocabulary, tokenizer_dir
 from profiler.sim import NodeRole
+from profiler.sim.host import host_of
 from proxy.route import Role
 from proxy.server import running
 
@@ -43,6 +44,7 @@ def node_specs(preset: Preset, served_model: str, nodes: Sequence[tuple[Role, in
                host: str = "127.0.0.1", report_cached_tokens: bool = False) -> list[NodeSpec]:
     """One NodeSpec per (role, port); names are role-index as the launcher names nodes."""
     specs: list[NodeSpec] = []
+    modelled = host_of(preset.cost)
     for role, port in nodes:
         index = sum(1 for s in specs if s.role is role)
         specs.append(NodeSpec(
@@ -51,7 +53,12 @@ def node_specs(preset: Preset, served_model: str, nodes: Sequence[tuple[Role, in
             kv_bytes_per_token=preset.model.kv_bytes_per_token,
             link_bandwidth_bytes_s=preset.link.bandwidth_bytes_per_s,
             link_latency_s=preset.link.latency_s, report_cached_tokens=report_cached_tokens,
-            host=host, port=port,
+            host=host, port=port, frontend_request_s=modelled.frontend_request_ms / 1000,
+            handoff_fixed_s=modelled.kv_handoff_ms / 1000,
+            # NIXL's per-block descriptors, spread over the block's tokens
+            handoff_per_token_s=(modelled.kv_per_token_us + modelled.kv_descriptor_us
+                                 * modelled.descriptors_per_block
+                                 / preset.config.block_size) / 1e6,
         ))  # fmt: skip
     return specs
 

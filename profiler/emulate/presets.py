@@ -58,12 +58,9 @@ class Preset:
 
 def _kv_blocks(cost: CostModel, config: EngineConfig) -> int | None:
     """vLLM's KV blocks on the preset's GPU (aiconfigurator's memory model), if it has one."""
-    estimate = getattr(cost, "num_kv_blocks", None)
-    if estimate is None:
-        return None
-    return int(estimate(block_size=config.block_size,
-                        max_num_batched_tokens=config.max_num_batched_tokens,
-                        max_num_seqs=config.max_num_seqs))
+    return cost.num_kv_blocks(block_size=config.block_size,
+                              max_num_batched_tokens=config.max_num_batched_tokens,
+                              max_num_seqs=config.max_num_seqs)
 
 
 def resolve(hardware: str, model: str, link: str | None = None,

@@ -42,6 +42,12 @@ class NodeSpec:
     link_bandwidth_bytes_s: float = 450e9
     link_latency_s: float = 0.0
     report_cached_tokens: bool = False  # vLLM's --enable-prompt-tokens-details
+    # The preset's modelled host side beyond step times (profiler.sim.host): the API
+    # server's time per request (slept before the engine sees it, on top of this machine's
+    # real HTTP and tokenizer) and D's per-transfer hand-off.
+    frontend_request_s: float = 0.0
+    handoff_fixed_s: float = 0.0
+    handoff_per_token_s: float = 0.0
     host: str = "127.0.0.1"
     port: int = 0
 
@@ -151,6 +157,9 @@ class NodeService:
         source = self.peers.nodes.get(str(params.get("remote_engine_id")))
         link = source.link if source is not None else self._foreign
         try:
+            handoff = self.spec.handoff_fixed_s + self.spec.handoff_per_token_s * tokens
+            if handoff > 0:
+                await asyncio.sleep(handoff)
             await link.transfer(tokens * self.spec.kv_bytes_per_token)
         finally:
             if source is not None and params.get("remote_request_id"):

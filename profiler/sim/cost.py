@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +49,11 @@ class CostModel(Protocol):
         """Modelled wall time of one step, in milliseconds (0 for an empty batch)."""
         ...
 
+    def num_kv_blocks(self, **limits: Any) -> int | None:
+        """vLLM's num_gpu_blocks on the preset's hardware (limits: block_size,
+        max_num_batched_tokens, max_num_seqs), or None when the model does not know it."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class LinearCost:
@@ -80,8 +84,14 @@ class LinearCost:
                 + self.per_decode_seq_ms * shape.num_decode_requests
                 + self.per_decode_kv_ktoken_ms * shape.sum_decode_kv_tokens / 1000)
 
+    def num_kv_blocks(self, **limits: Any) -> int | None:
+        return None  # a fitted step cost knows nothing of memory
+
     def to_json(self) -> str:
-        return json.dumps({"kind": "linear", **asdict(self)}, indent=2)
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "linear", **asdict(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> LinearCost:
@@ -94,12 +104,7 @@ class LinearCost:
 
 def load_cost(spec: str) -> CostModel:
     """A cost model by preset name (`h100:llama-3.1-8b`, see `ppd sim presets`) or from a
-    JSON file written by `ppd sim fit`."""
-    path = Path(spec)
-    if spec.endswith(".json") or path.is_file():
-        if not path.is_file():
-            raise ValueError(f"cost preset file not found: {spec}")
-        return LinearCost.from_dict(json.loads(path.read_text()))
-    from profiler.sim import aic
+    JSON file written by `ppd sim fit` / `ppd sim calibrate`."""
+    from profiler.sim import presets
 
-    return aic.load_preset(spec)
+    return presets.load(spec)

@@ -148,6 +148,8 @@ class Engine:
         finished: list[str] = []
         block_size, vocab, draw = self.config.block_size, self.config.vocab_size, self._rng.random
         for seq, count in batch:  # the hot loop: one pass per scheduled request per step
+            if seq.scheduled_time is None:
+                seq.scheduled_time = start
             computed = seq.num_computed = seq.num_computed + count
             if computed // block_size > len(seq.held_hashes):
                 self._scheduler.register_full_blocks(seq)

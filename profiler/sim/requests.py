@@ -90,6 +90,7 @@ class Sequence:
     held_hashes: list[int] = field(default_factory=list)  # full blocks registered in the cache
     anon_blocks: int = 0  # blocks held that are not (yet) full or not hashable
     first_token_time: float | None = None
+    scheduled_time: float | None = None  # start of its first step (vLLM's queue time ends)
     finish_time: float | None = None
     num_preemptions: int = 0
     error: str | None = None

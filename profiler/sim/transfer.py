@@ -97,11 +97,14 @@ class SharedLink:
     def __len__(self) -> int:
         return len(self._pending) + len(self._active)
 
-    def start(self, transfer_id: str, num_bytes: float, now: float) -> None:
+    def start(self, transfer_id: str, num_bytes: float, now: float,
+              setup_s: float = 0.0) -> None:
+        """Queue a transfer; its bytes flow after the link's latency plus setup_s (the
+        receiver's own per-transfer work, e.g. posting NIXL descriptors)."""
         if transfer_id in self._pending or transfer_id in self._active:
             raise ValueError(f"transfer {transfer_id} is already on {self.link.name}")
         self.advance(now)
-        self._pending[transfer_id] = (now + self.link.latency_s, float(num_bytes))
+        self._pending[transfer_id] = (now + self.link.latency_s + setup_s, float(num_bytes))
         self.bytes_moved += num_bytes
 
     def next_completion(self) -> float | None:

@@ -49,6 +49,10 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load-window", type=float, default=30.0,
                         help="the proxy's --load-window: seconds its turns-per-second meter "
                         "averages over (default 30, the proxy's)")
+    parser.add_argument("--client-connections", type=int, default=None, metavar="N",
+                        help="model the PPD paper's benchmark client: at most N requests in "
+                        "flight, a turn due while all are busy waits and its TTFT counts the "
+                        "wait (default: the ideal client, as ppd replay)")
 
 
 def build_run_parser() -> argparse.ArgumentParser:
@@ -92,7 +96,8 @@ def run_main(argv: list[str]) -> int:
                    policy=policy_from_args(args), cost=args.cost, model=args.model,
                    link=args.link, duration_s=args.duration, timeout_s=args.timeout,
                    seed=args.seed, max_turns=args.max_turns,
-                   max_context_tokens=args.max_context_tokens, load_window_s=args.load_window)
+                   max_context_tokens=args.max_context_tokens, load_window_s=args.load_window,
+                   client_connections=args.client_connections)
     started = time.perf_counter()
     result = simulate(spec)
     elapsed = time.perf_counter() - started

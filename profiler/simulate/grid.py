@@ -206,7 +206,8 @@ def main(argv: list[str]) -> int:
     base = RunSpec(layout="1P1D", dataset=datasets[0], qps=1.0, cost=args.cost,
                    model=args.model, link=args.link, duration_s=args.duration,
                    timeout_s=args.timeout, seed=args.seed, max_turns=args.max_turns,
-                   load_window_s=args.load_window, max_context_tokens=args.max_context_tokens)
+                   load_window_s=args.load_window, max_context_tokens=args.max_context_tokens,
+                   client_connections=args.client_connections)
 
     def table_for(layout: str) -> Path | None:
         if args.table is not None:

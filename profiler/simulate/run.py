@@ -8,7 +8,7 @@ says `"simulated": true` with the cost preset, link and layout in its config.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -56,10 +56,13 @@ class RunSpec:
     max_context_tokens: int | None = None
     forced_route: RouteKind | None = None  # turn 2+ forced, as the profiler's x-ppd-route
     load_window_s: float = 30.0  # the proxy's --load-window (its load meter's window)
+    client_connections: int | None = None  # the paper's capped client; None: ideal client
 
     def __post_init__(self) -> None:
         if min(self.qps, self.duration_s, self.timeout_s, self.load_window_s) <= 0:
             raise ValueError("qps, duration, timeout and load window must be > 0")
+        if self.client_connections is not None and self.client_connections < 1:
+            raise ValueError("client connections must be at least 1 (or unset: no cap)")
         layout = Layout.parse(self.layout)
         replica = self.policy.kind is Policy.REPLICA
         if replica and not layout.replica:
@@ -99,9 +102,12 @@ def cost_model(name: str) -> CostModel:
 def engine_config(cost: str, seed: int) -> EngineConfig:
     """vLLM's defaults, with the KV cache the preset's GPU holds when the preset knows it."""
     model = cost_model(cost)
-    blocks = getattr(model, "num_kv_blocks", None)
-    return EngineConfig(seed=seed, num_kv_blocks=blocks()) if callable(blocks) \
-        else EngineConfig(seed=seed)
+    # A preset fitted on other hardware (vLLM-CPU) carries that engine's knobs.
+    config = EngineConfig(seed=seed, **getattr(model, "engine", {}))
+    blocks = model.num_kv_blocks(block_size=config.block_size,
+                                 max_num_batched_tokens=config.max_num_batched_tokens,
+                                 max_num_seqs=config.max_num_seqs)
+    return config if blocks is None else replace(config, num_kv_blocks=blocks)
 
 
 @lru_cache(maxsize=32)
@@ -126,7 +132,7 @@ def setup_for(spec: RunSpec) -> SimSetup:
         policy=routing_policy(spec.policy), link=load_link(spec.link),
         kv_bytes_per_token=load_model_shape(spec.model_name).kv_bytes_per_token,
         engine=engine_config(spec.cost, spec.seed), timeout_s=spec.timeout_s,
-        load_window_s=spec.load_window_s,
+        load_window_s=spec.load_window_s, client_connections=spec.client_connections,
         forced=force if forced is not None else None)
 
 

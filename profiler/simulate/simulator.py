@@ -34,6 +34,7 @@ from profiler.replay.client import RequestRecord
 from profiler.sim.config import EngineConfig, NodeRole
 from profiler.sim.cost import CostModel
 from profiler.sim.engine import Engine, StepResult
+from profiler.sim.host import host_of
 from profiler.sim.requests import Request, RequestRejected
 from profiler.sim.transfer import Link, SharedLink
 from profiler.simulate.layout import Layout, SimNode
@@ -50,7 +51,7 @@ _USER_TOKEN_BASE = 1 << 40
 DEFAULT_TIMEOUT_S = 30.0
 
 # Event kinds, in the order ties at one instant are handled.
-_STEP_END, _TRANSFER, _TURN, _TIMEOUT = range(4)
+_STEP_END, _TRANSFER, _TURN, _TIMEOUT, _SUBMIT, _SEND_WAITING = range(6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,11 @@ class SimSetup:
     timeout_s: float = DEFAULT_TIMEOUT_S
     load_window_s: float = 30.0
     forced: Callable[[int], RouteKind | None] | None = None
+    # The paper's benchmark client (scripts/benchmark/comprehensive_benchmark.py in its
+    # repository): at most this many requests in flight; a turn due while every connection
+    # is busy waits for one, and its TTFT clock runs from when it was due. None: the ideal
+    # client (every turn is sent when it is due), as `ppd replay`.
+    client_connections: int | None = None
 
 
 @dataclass(slots=True)
@@ -107,6 +113,8 @@ class Simulator:
 
     def __init__(self, setup: SimSetup) -> None:
         self.setup = setup
+        # vLLM's host side beyond the step times (front end per request, KV hand-off)
+        self.host = host_of(setup.cost)
         self.now = 0.0
         self._events: list[tuple[float, int, int, Any]] = []
         self._sequence = itertools.count()
@@ -124,8 +132,12 @@ class Simulator:
         self._by_prefill: dict[str, _Turn] = {}  # P's request id -> turn
         self._history: dict[str, list[int]] = {}  # conversation id -> its context's token ids
         self._records: list[RequestRecord] = []
+        # per node, vLLM's request histograms as sums and counts (what its /metrics shows)
+        self._metrics: dict[str, dict[str, float]] = {url: {} for url in self._nodes}
         self._next_user_token = _USER_TOKEN_BASE
         self._last_event = 0.0
+        self._in_flight = 0  # turns holding one of the client's connections
+        self._waiting: list[tuple[float, SimConversation, int]] = []  # due, not yet sent
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -141,43 +153,67 @@ class Simulator:
                 self._transfer_due(payload)
             elif kind == _TURN:
                 self._start_turn(*payload)
+            elif kind == _SUBMIT:
+                self._submit(*payload)
+            elif kind == _SEND_WAITING:
+                conversation, index, due = payload
+                self._start_turn(conversation, index, due)
             else:
                 self._timeout(payload)
         moved = sum(n.link.bytes_moved for n in self._nodes.values() if n.link is not None)
         records = sorted(self._records, key=lambda r: (r.start_s, r.conversation_id, r.turn))
         return SimResult(records, self._last_event, len(arrivals), moved,
-                         {url: _stats(n.engine) for url, n in self._nodes.items()})
+                         {url: {**_stats(n.engine), **self._metrics[url]}
+                          for url, n in self._nodes.items()})
 
     def _push(self, at: float, kind: int, payload: Any) -> None:
         heapq.heappush(self._events, (at, next(self._sequence), kind, payload))
 
     # -- turns ---------------------------------------------------------------------------------
 
-    def _start_turn(self, conversation: SimConversation, index: int) -> None:
+    def _start_turn(self, conversation: SimConversation, index: int,
+                    due: float | None = None) -> None:
+        cap = self.setup.client_connections
+        if cap is not None and self._in_flight >= cap:
+            self._waiting.append((self.now, conversation, index))
+            return
+        self._in_flight += 1
         turn_spec = conversation.turns[index]
         history = self._history.setdefault(conversation.id, [])
         n_new = turn_spec.n_user + (conversation.n_system if index == 0 else 0)
-        start = self._next_user_token
+        first_id = self._next_user_token
         self._next_user_token += n_new
-        prompt = history + list(range(start, start + n_new))
+        prompt = history + list(range(first_id, first_id + n_new))
         plan = self.proxy.begin(conversation.id, index + 1, n_new, turn_spec.max_tokens)
         request_id = f"{conversation.id}/{index + 1}"
-        turn = _Turn(conversation, index, request_id, self.now, prompt, plan)
+        start = self.now if due is None else due  # the capped client's clock starts when due
+        turn = _Turn(conversation, index, request_id, start, prompt, plan)
         self._turns[request_id] = turn
         self._push(self.now + self.setup.timeout_s, _TIMEOUT, request_id)
         if plan.route is RouteKind.PD:
             assert plan.prefill is not None
             turn.prefill_id = f"{request_id}/p"
             self._by_prefill[turn.prefill_id] = turn
-            self._submit(turn, plan.prefill.url,
-                         Request(turn.prefill_id, max_tokens=1, prompt_token_ids=prompt,
-                                 send_kv=True))
+            self._submit_via_frontend(turn, plan.prefill.url,
+                                      Request(turn.prefill_id, max_tokens=1,
+                                              prompt_token_ids=prompt, send_kv=True))
         else:
-            self._submit(turn, plan.decode.url,
+            self._submit_via_frontend(turn, plan.decode.url,
                          Request(request_id, max_tokens=turn_spec.max_tokens,
                                  prompt_token_ids=prompt))
 
+    def _submit_via_frontend(self, turn: _Turn, url: str, request: Request) -> None:
+        """The node's API server takes frontend_request_ms before its engine sees the
+        request (HTTP, template, tokenize; the first output's way back is counted here)."""
+        delay = self.host.frontend_request_ms / 1000
+        if delay > 0:
+            self._push(self.now + delay, _SUBMIT, (turn, url, request))
+        else:
+            self._submit(turn, url, request)
+
     def _submit(self, turn: _Turn, url: str, request: Request) -> None:
+        if turn.done:
+            return  # timed out while its request was in the front end
         node = self._nodes[url]
         try:
             node.engine.submit(request, self.now)
@@ -191,10 +227,10 @@ class Simulator:
         plan = turn.plan
         self.proxy.prefilled(plan)
         assert plan.prefill is not None
-        self._submit(turn, plan.decode.url,
-                     Request(turn.request_id, max_tokens=turn.conversation.turns[turn.index]
-                             .max_tokens, prompt_token_ids=turn.prompt,
-                             kv_from=plan.prefill.url))
+        self._submit_via_frontend(
+            turn, plan.decode.url,
+            Request(turn.request_id, max_tokens=turn.conversation.turns[turn.index].max_tokens,
+                    prompt_token_ids=turn.prompt, kv_from=plan.prefill.url))
 
     def _finished(self, node: _Node, request_id: str) -> None:
         turn = self._turns.pop(request_id, None)
@@ -208,14 +244,15 @@ class Simulator:
         turn.done = True
         outputs = seq.output_token_ids
         first = seq.first_token_time if seq.first_token_time is not None else self.now
-        self._record(turn, success=True, ttft=first - turn.start, end=self.now,
+        end = self.now + self.host.frontend_finish_ms / 1000
+        self._record(turn, success=True, ttft=first - turn.start, end=end,
                      n_output=len(outputs), error=None, status=200)
         self.proxy.end(turn.plan, True, len(turn.prompt), len(outputs))
         history = self._history[turn.conversation.id]
         history[len(history):] = turn.prompt[len(history):]
         history.extend(outputs)
         if turn.index + 1 < len(turn.conversation.turns):
-            self._push(self.now, _TURN, (turn.conversation, turn.index + 1))
+            self._push(end, _TURN, (turn.conversation, turn.index + 1))
         else:
             del self._history[turn.conversation.id]
 
@@ -263,6 +300,14 @@ class Simulator:
             error=error, status=status, max_tokens=turn.conversation.turns[turn.index].max_tokens,
             proxy_turn=plan.lookup.turn))
         self._last_event = max(self._last_event, end)
+        self._release_connection(end)
+
+    def _release_connection(self, at: float) -> None:
+        """The turn's connection is free: the longest-waiting due turn takes it."""
+        self._in_flight -= 1
+        if self._waiting:
+            due, conversation, index = self._waiting.pop(0)
+            self._push(at, _SEND_WAITING, (conversation, index, due))
 
     # -- nodes ---------------------------------------------------------------------------------
 
@@ -286,6 +331,7 @@ class Simulator:
             self._start_transfer(turn, tokens)
         for request_id in result.finished:
             prefill_turn = self._by_prefill.pop(request_id, None)
+            self._count_request(node, request_id)
             if prefill_turn is not None:
                 if not prefill_turn.done:
                     self._prefill_done(prefill_turn)
@@ -293,13 +339,39 @@ class Simulator:
             self._finished(node, request_id)
         self._wake(node)
 
+    def _count_request(self, node: _Node, request_id: str) -> None:
+        """Add a finished request to its node's vLLM-style histograms (sums and counts):
+        TTFT from the API server's arrival (front end included), queue and prefill time
+        from the engine's scheduling, inter-token latency over its decode."""
+        try:
+            seq = node.engine.sequence(request_id)
+        except KeyError:
+            return
+        if seq.first_token_time is None or seq.scheduled_time is None \
+                or seq.finish_time is None:
+            return
+        frontend = self.host.frontend_request_ms / 1000
+        n_out = len(seq.output_token_ids)
+        metrics = self._metrics[node.spec.url]
+        for name, value in (
+                ("time_to_first_token_seconds_sum", seq.first_token_time - seq.arrival + frontend),
+                ("request_queue_time_seconds_sum", seq.scheduled_time - seq.arrival),
+                ("request_prefill_time_seconds_sum", seq.first_token_time - seq.scheduled_time),
+                ("inter_token_latency_seconds_sum", seq.finish_time - seq.first_token_time),
+                ("inter_token_latency_seconds_count", n_out - 1),
+                ("requests", 1), ("prompt_tokens", seq.num_prompt),
+                ("generation_tokens", n_out)):
+            metrics[name] = metrics.get(name, 0.0) + value
+
     # -- KV transfers --------------------------------------------------------------------------
 
     def _start_transfer(self, turn: _Turn, tokens: int) -> None:
         assert turn.plan.prefill is not None
         source = self._nodes[turn.plan.prefill.url]
         assert source.link is not None
-        source.link.start(turn.request_id, tokens * self.setup.kv_bytes_per_token, self.now)
+        setup_s = self.host.handoff_s(tokens, self.setup.engine.block_size)
+        source.link.start(turn.request_id, tokens * self.setup.kv_bytes_per_token, self.now,
+                          setup_s=setup_s)
         self._schedule_link(source)
 
     def _schedule_link(self, source: _Node) -> None:

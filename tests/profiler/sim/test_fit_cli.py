@@ -65,10 +65,14 @@ def test_fit_errors_are_one_clear_line(tmp_path, capsys):
 
 
 def test_step_prints_the_modelled_step_time(capsys):
-    assert ppd(["sim", "step", "--preset", "h100:llama-3.1-8b", "--decode", "32",
-                "--context", "2048", "--prefill", "256"]) == 0
+    args = ["--decode", "32", "--context", "2048", "--prefill", "256"]
+    assert ppd(["sim", "step", "--preset", "h100:llama-3.1-8b:kernels", *args]) == 0
     out = capsys.readouterr().out
     assert "12.70 ms per step" in out and "h100_sxm" in out
+    # The default preset adds vLLM's host side: 33 scheduled requests' bookkeeping.
+    assert ppd(["sim", "step", "--preset", "h100:llama-3.1-8b", *args]) == 0
+    out = capsys.readouterr().out
+    assert "kernels 12.70 ms + host" in out and "ms per step" in out
 
 
 def test_step_and_presets_errors(capsys):

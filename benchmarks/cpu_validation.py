@@ -1,0 +1,120 @@
+"""Out-of-sample check of a calibrated preset against real replay runs.
+
+Every run directory (a `ppd replay` of a 1P1D cluster with turn 2 forced local or P->D, as
+`scripts/calibration_runs.sh` makes them) is simulated again - same synthetic workload, rate,
+duration, seed and forced route - on the preset, and turn-2 TTFT p50 and turn-2 TPOT mean are
+printed side by side with the error. Runs the preset was fitted on are marked `fit`.
+
+    python -m benchmarks.cpu_validation RUN... --cost cpu-tiny.json --fitted RUN1 RUN2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from profiler.replay.metrics import summarize
+from profiler.sim.calibrate import read_run
+from profiler.simulate.run import RunSpec, simulate
+from proxy.route import RouteKind
+
+METRICS = (("turn2plus_ttft_ms_p50", "T2 TTFT p50"), ("turn2plus_tpot_ms_mean", "T2 TPOT mean"),
+           ("decode_itl_ms", "D's ITL (server)"))
+
+
+def forced_route(run: Path) -> RouteKind:
+    rows = pd.read_csv(run / "requests.csv")
+    routes = set(rows.loc[rows["turn"] >= 2, "route"].dropna())
+    if len(routes) != 1:
+        raise ValueError(f"{run}: turn 2 was not forced to one route ({sorted(routes)})")
+    return RouteKind(routes.pop())
+
+
+def predict(run: Path, cost: str, layout: str, model: str) -> tuple[dict, dict]:
+    document = json.loads((run / "summary.json").read_text())
+    config = document["config"]
+    spec = RunSpec(layout=layout, dataset=document["dataset"], qps=float(config["qps"]),
+                   cost=cost, model=model, duration_s=float(config["duration_s"]),
+                   timeout_s=float(config["timeout_s"]), seed=int(config["seed"]),
+                   max_turns=config.get("max_turns"), forced_route=forced_route(run))
+    result = simulate(spec)
+    predicted = summarize(result.records, result.wall_time_s)
+    decode = next(stats for url, stats in result.node_stats.items() if url.startswith("http://d"))
+    count = decode.get("inter_token_latency_seconds_count", 0.0)
+    predicted["decode_itl_ms"] = (decode["inter_token_latency_seconds_sum"] / count * 1000
+                                  if count else None)
+    measured = dict(document["summary"])
+    node = next((n for n in read_run(run).nodes if n.role == "decode"), None)
+    measured["decode_itl_ms"] = node.mean_ms("inter_token_latency_seconds") if node else None
+    return measured, predicted
+
+
+def _load(run: Path) -> str:
+    """The machine's 1-minute load average when the run started."""
+    path = run / "load-before.txt"
+    return path.read_text().split("load average:")[-1].split(",")[0].strip() \
+        if path.is_file() else "?"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--cost", required=True, help="preset (a JSON from ppd sim calibrate)")
+    parser.add_argument("--fitted", nargs="*", type=Path, default=[],
+                        help="the runs the preset was fitted on (marked in the table)")
+    parser.add_argument("--repeat", type=Path, default=None,
+                        help="a directory with the same runs made again: printed beside, so "
+                        "the run-to-run spread of the measurement shows next to the error")
+    parser.add_argument("--layout", default="1P1D")
+    parser.add_argument("--model", default="tiny", help="KV shape for the transfer bytes")
+    args = parser.parse_args(argv)
+    fitted = {path.resolve() for path in args.fitted}
+    again = "; again" if args.repeat else ""
+    header = "| run | route | set | load | " + " | ".join(
+        f"{label} real / sim ms (err){again}" for _, label in METRICS) + " |"
+    print(header)
+    print("|" + "---|" * (4 + len(METRICS)))
+    errors: dict[str, list[float]] = {key: [] for key, _ in METRICS}
+    for run in args.runs:
+        real, sim = predict(run, args.cost, args.layout, args.model)
+        load = _load(run)
+        repeat = args.repeat / run.name if args.repeat else None
+        if repeat is not None and (repeat / "summary.json").is_file():
+            real_again, _ = predict(repeat, args.cost, args.layout, args.model)
+            load += f"; {_load(repeat)}"
+        else:
+            real_again = None
+        role = "fit" if run.resolve() in fitted else "test"
+        cells = []
+        for key, _ in METRICS:
+            measured, predicted = real.get(key), sim.get(key)
+            if measured is None or predicted is None:
+                cells.append("-")
+                continue
+            error = (predicted - measured) / measured
+            if role == "test":
+                errors[key].append(abs(error))
+            cell = f"{measured:.1f} / {predicted:.1f} ({error:+.0%})"
+            if real_again is not None and real_again.get(key) is not None:
+                second = real_again[key]
+                cell += f"; {second:.1f} ({(predicted - second) / second:+.0%})"
+                if role == "test":
+                    errors[key].append(abs((predicted - second) / second))
+            cells.append(cell)
+        route = forced_route(run).value
+        print(f"| {run.name} | {route} | {role} | {load.strip()} | " + " | ".join(cells) + " |")
+    for key, label in METRICS:
+        values = sorted(errors[key])
+        if values:
+            within = sum(v <= 0.15 for v in values)
+            print(f"{label}: out-of-sample median |error| {values[len(values) // 2]:.0%}, "
+                  f"{within} of {len(values)} within 15%")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
