@@ -42,6 +42,7 @@ class Policy(enum.StrEnum):
     PPD = "ppd"
     THRESHOLD = "threshold"
     REPLICA = "replica"
+    LIVE = "live"
 
 def _is_loopback_endpoint(endpoint: str) -> bool:
     """True iff a tcp://HOST:PORT endpoint is reachable from this host only."""
@@ -85,6 +86,9 @@ class PolicyConfig:
     w_tpot: float = option(1.0, "policy ppd: weight of the TPOT change", metavar="W")
     non_cached_tokens: int | None = option(
         None, "policy threshold: local iff the uncached suffix has <= N tokens", metavar="N")
+    live_costs: Path | None = option(
+        None, "policy live: step-cost file (JSON; `ppd sim live-costs` writes one)",
+        metavar="PATH")
     success_margin: float = option(
         DEFAULT_SUCCESS_MARGIN, "policy ppd: a route whose success rate trails the other's by "
         "more than M loses", metavar="M")
@@ -187,6 +191,9 @@ class ProxyConfig:
             if roles.setdefault(node.url, node.role) is not node.role:
                 raise ConfigError(f"node {node.url} is listed with two roles "
                                   f"({roles[node.url]} and {node.role})")
+        if self.policy.kind is Policy.LIVE and self.policy.live_costs is None:
+            raise ConfigError("policy live needs --live-costs PATH (a step-cost file: "
+                              "`ppd sim live-costs --cost PRESET --out PATH` writes one)")
         if self.discovery is not None and not self.discovery.startswith("tcp://"):
             raise ConfigError(f"--discovery must look like tcp://HOST:PORT, got {self.discovery!r}")
         if (self.discovery is not None and not self.discovery_token
@@ -225,7 +232,7 @@ def _check_scale_out(store: str, workers: int, discovery: str | None) -> None:
 
 _NODE_KEYS = {"prefill": Role.PREFILL, "decode": Role.DECODE, "replica": Role.REPLICA}
 # Relative paths in a config file are relative to the file.
-_PATH_KEYS = {"table", "tokenizer", "cluster"}
+_PATH_KEYS = {"table", "tokenizer", "cluster", "live_costs"}
 
 
 def _scalar_options() -> dict[str, Callable[[Any], Any]]:
