@@ -120,8 +120,10 @@ def predict(workload: Workload, state: TurnState, costs: StepCosts) -> Predictio
     held = state.decode.held_tokens
     held = n_ctx if held is None else min(held, n_ctx)
     missing = n_ctx - held
-    if missing < state.decode.block_size:
-        missing = 0  # the partial last block, which vLLM recomputes on either route
+    if missing <= state.decode.block_size:
+        # Only full blocks are cached, and the last sampled token has no KV yet: the partial
+        # last block is recomputed on either route.
+        missing = 0
     batch = state.decode.running
     decode_kv = batch * n_ctx  # the session's context as the batch's typical one
     decode_step = costs.step_ms(0, 0, batch, decode_kv)
@@ -145,10 +147,12 @@ class LiveScorer:
 
     The table scores a cell by mean turn-2+ TTFT relative to P->D's and mean TPOT relative
     to P->D's. One turn moves those means by its own TTFT difference over the mean P->D TTFT,
-    and by the delay it adds to D's batch, spread over each request's n_out tokens, over
-    the mean TPOT - weighted by the share of requests that are turn 2+. The means are
-    exponentially weighted over the turns decided so far (the policy's own predictions: no
-    clock, no I/O), starting from this turn's own values.
+    and by the delay it adds to each of D's B running requests, spread over that request's
+    output, over the mean TPOT - weighted by the share of requests that are turn 2+. A
+    request sits in a batch for a time proportional to its output, so the batch's mean of
+    1/n_out is 1/(mean n_out over requests). The means are exponentially weighted over the
+    turns decided so far (the policy's own inputs and predictions: no clock, no I/O),
+    starting from this turn's own values.
     """
 
     def __init__(self, w_ttft: float, w_tpot: float, halflife_turns: float = 200.0) -> None:
@@ -156,19 +160,23 @@ class LiveScorer:
         self._alpha = 1.0 - 0.5 ** (1.0 / halflife_turns)
         self.ttft_pd_ms: float | None = None
         self.step_ms: float | None = None
+        self.n_out: float | None = None
         self.followup_share = 0.5
 
-    def count_turn(self, followup: bool) -> None:
-        """Every decided turn (turn 1 too): the share of requests that are turn 2+."""
-        self.followup_share += self._alpha * (float(followup) - self.followup_share)
+    def count_turn(self, workload: Workload) -> None:
+        """Every decided turn (turn 1 too): the share of requests that are turn 2+, and the
+        mean output length."""
+        self.followup_share += self._alpha * (float(workload.turn > 1) - self.followup_share)
+        self._mean("n_out", float(max(workload.n_out, 1)))
 
-    def score(self, prediction: Prediction, n_out: int) -> float:
+    def score(self, prediction: Prediction) -> float:
         """> 0: local is better by the table's weights."""
         ttft_ref = self._mean("ttft_pd_ms", prediction.ttft_pd_ms)
         step_ref = self._mean("step_ms", prediction.decode_step_ms)
         gain = (prediction.ttft_pd_ms - prediction.ttft_local_ms) / ttft_ref
-        tpot_loss = (self.followup_share * prediction.batch_delay_ms
-                     / (max(n_out, 1) * step_ref)) if step_ref > 0 else 0.0
+        n_out = self.n_out or 1.0
+        tpot_loss = (self.followup_share * prediction.batch_delay_ms / (n_out * step_ref)
+                     if step_ref > 0 else 0.0)
         return self.w_ttft * gain - self.w_tpot * tpot_loss
 
     def _mean(self, name: str, value: float) -> float:

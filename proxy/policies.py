@@ -93,7 +93,7 @@ class RoutingPolicy:
         if kind is Policy.REPLICA:
             return Decision(RouteKind.REPLICA, Reason.REPLICA)
         if kind is Policy.LIVE:
-            self.scorer.count_turn(workload.turn > 1)
+            self.scorer.count_turn(workload)
         if workload.turn <= 1:
             return Decision(RouteKind.PD, Reason.TURN1)
         if not can_local:
@@ -122,7 +122,7 @@ class RoutingPolicy:
             if prior.reason is Reason.TABLE:
                 return prior
         prediction = predict(workload, state, self.costs)
-        if self.scorer.score(prediction, workload.n_out) > 0:
+        if self.scorer.score(prediction) > 0:
             return Decision(RouteKind.LOCAL, Reason.LIVE)
         return Decision(RouteKind.PD, Reason.EVICTED if prediction.missing_tokens > 0
                         else Reason.LIVE)

@@ -34,6 +34,8 @@ class _Chain:
     blocks: list[BlockHash]
     positions: dict[BlockHash, int]
     block_size: int
+    counted_at: int = -1  # the node's removal epoch when `resident` was counted
+    resident: int = 0  # leading blocks resident then
 
 
 @dataclass(slots=True)
@@ -45,6 +47,7 @@ class NodeResidency:
     _chains: OrderedDict[str, _Chain] = field(default_factory=OrderedDict)
     resets: int = 0  # times the index was forgotten after an unfillable gap
     events: int = 0
+    _epoch: int = 0  # bumped by every removal: a chain's count from an older epoch is stale
 
     @property
     def num_blocks(self) -> int:
@@ -59,27 +62,32 @@ class NodeResidency:
         elif isinstance(event, BlockRemoved):
             for block in event.block_hashes:
                 self._parent.pop(block, None)
+            self._epoch += 1
         elif isinstance(event, AllBlocksCleared):
             self._parent.clear()  # chains stay: their blocks now count as not resident
+            self._epoch += 1
 
     def forget(self) -> None:
         """A gap nothing could fill: every session becomes unknown until stored again."""
         self._parent.clear()
         self._chains.clear()
         self.resets += 1
+        self._epoch += 1
 
     def held_tokens(self, session_id: str) -> int | None:
         """Leading tokens of the session's history this node still holds; None if unknown."""
         chain = self._chains.get(session_id)
         if chain is None:
             return None
-        resident = self._parent
-        count = 0
-        for block in chain.blocks:
-            if block not in resident:
-                break
-            count += 1
-        return count * chain.block_size
+        if chain.counted_at != self._epoch:  # counted once per removal, not per request
+            resident = self._parent
+            count = 0
+            for block in chain.blocks:
+                if block not in resident:
+                    break
+                count += 1
+            chain.resident, chain.counted_at = count, self._epoch
+        return chain.resident * chain.block_size
 
     def _stored(self, event: BlockStored) -> None:
         parent = event.parent
