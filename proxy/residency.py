@@ -74,6 +74,11 @@ class NodeResidency:
         self.resets += 1
         self._epoch += 1
 
+    def block_size(self, session_id: str, default: int) -> int:
+        """The block size the node stored the session's chain with (default if unknown)."""
+        chain = self._chains.get(session_id)
+        return chain.block_size if chain is not None else default
+
     def held_tokens(self, session_id: str) -> int | None:
         """Leading tokens of the session's history this node still holds; None if unknown."""
         chain = self._chains.get(session_id)
@@ -143,7 +148,12 @@ class Residency:
 
     def held_tokens(self, url: str | None, session_id: str) -> int | None:
         """Leading tokens of session's history that node holds; None if not known."""
-        if url is None:
-            return None
-        index = self.nodes.get(url)
-        return index.held_tokens(session_id) if index is not None else None
+        return self.held(url, session_id)[0]
+
+    def held(self, url: str | None, session_id: str,
+             default_block_size: int = 16) -> tuple[int | None, int]:
+        """(held tokens or None, the node's block size) for a session on a node."""
+        index = self.nodes.get(url) if url is not None else None
+        if index is None:
+            return None, default_block_size
+        return index.held_tokens(session_id), index.block_size(session_id, default_block_size)

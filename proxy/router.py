@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
@@ -28,6 +28,7 @@ from proxy.errors import NotFound, Overloaded, ProxyError
 from proxy.failover import Failover, charge
 from proxy.forward import Answer, UpstreamStream
 from proxy.lease import Admission, Lease
+from proxy.live_view import LiveView, tag_session
 from proxy.load import RateMeter, RunningMean
 from proxy.logs import AccessEntry
 from proxy.metrics import ProxyMetrics
@@ -132,6 +133,7 @@ class Router:
         self.expected_output = RunningMean(DEFAULT_EXPECTED_OUTPUT)
         self.admission = Admission(pool, max_in_flight)
         self.client: httpx.AsyncClient | None = None
+        self.view: LiveView | None = None  # policy live: the cluster now (proxy.live_view)
 
     async def handle(self, incoming: Incoming) -> Reply:
         """Serve one completion request (raises ProxyError before any byte is sent).
@@ -166,6 +168,8 @@ class Router:
                                              None if explicit is None else str(explicit))
         access.session, access.turn = lookup.session.id, lookup.turn
         self.load.record()
+        if self.view is not None:  # vLLM tags the blocks it stores with the session
+            incoming = replace(incoming, body=tag_session(incoming.body, lookup.session.id))
         turn = _Turn(incoming, transcript, lookup, self._workload(incoming, transcript, lookup),
                      started, Failover(self.pool, lease, self.metrics), access)
         decision = self._decide(turn)
@@ -213,7 +217,8 @@ class Router:
         can_local = turn.lookup.continuation and self.pool.is_usable(session.decode, Role.DECODE)
         forced = turn.incoming.forced
         if forced is None or self.policy.kind is Policy.REPLICA:
-            return self.policy.decide(turn.workload, session.id, can_local)
+            state = self.view.state(session) if self.view is not None and can_local else None
+            return self.policy.decide(turn.workload, session.id, can_local, state)
         if forced is RouteKind.LOCAL and not can_local:
             # Nothing to append to (turn 1, or the session's D is gone): P->D is the only way.
             return Decision(RouteKind.PD, Reason.NO_HOME)
