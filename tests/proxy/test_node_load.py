@@ -23,6 +23,7 @@ vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
 # TYPE vllm:time_to_first_token_seconds histogram
 vllm:time_to_first_token_seconds_bucket{le="0.001",model_name="tiny"} 0.0
 vllm:time_to_first_token_seconds_count{model_name="tiny"} 9.0
+vllm:num_requests_running_total{model_name="tiny"} 99.0
 """
 
 
