@@ -86,11 +86,14 @@ class NodeResidency:
             return None
         if chain.counted_at != self._epoch:  # counted once per removal, not per request
             resident = self._parent
-            count = 0
-            for block in chain.blocks:
-                if block not in resident:
-                    break
-                count += 1
+            if all(map(resident.__contains__, chain.blocks)):  # the usual case, at C speed
+                count = len(chain.blocks)
+            else:
+                count = 0
+                for block in chain.blocks:
+                    if block not in resident:
+                        break
+                    count += 1
             chain.resident, chain.counted_at = count, self._epoch
         return chain.resident * chain.block_size
 
