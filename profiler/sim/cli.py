@@ -26,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="simulate layouts x workloads x qps x policies into one table")
     actions.add_parser("paper", add_help=False,
                        help="the PPD paper's tables and plots from a grid table")
+    actions.add_parser("live-costs", add_help=False,
+                       help="write the step-cost file `ppd proxy --policy live` reads")
 
     step = actions.add_parser("step", help="print the modelled time of one engine step")
     step.add_argument("--preset", required=True,
@@ -46,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "live-costs":
+        from profiler.simulate.live_costs import main as live_costs_main
+
+        return live_costs_main(argv[1:])
     if argv and argv[0] in ("run", "grid", "paper"):
         from profiler.simulate import cli as simulate_cli
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import proxy.policies
 from profiler.sim import LinearCost
+from profiler.sim import cli as sim_cli
 from profiler.sim.config import EngineConfig
 from profiler.sim.transfer import load_link, load_model_shape
 from profiler.simulate.grid import parse_policy
@@ -69,3 +72,14 @@ def test_grid_labels() -> None:
     assert config.w_tpot == 3.0 and policy_label(config) == "live-wtpot3"
     with pytest.raises(ValueError, match="needs a decision table"):
         parse_policy("live-table")
+
+
+def test_live_costs_command_writes_a_file_the_proxy_reads(hand_preset: str,
+                                                          tmp_path: Path) -> None:
+    out = tmp_path / "costs.json"
+    assert sim_cli.main(["live-costs", "--cost", hand_preset, "--model", "llama-3.1-8b",
+                         "--out", str(out)]) == 0
+    costs = StepCosts.load(out)
+    assert costs.step_ms(100, 0, 3, 0) == pytest.approx(10 + 10 + 3)
+    with pytest.raises(SystemExit):  # a preset file names no model: the KV size is needed
+        sim_cli.main(["live-costs", "--cost", hand_preset, "--out", str(out)])
