@@ -93,6 +93,9 @@ class NodeState:
     waiting: float = 0.0  # requests queued
     held_tokens: int | None = None  # leading tokens of this session it holds (residency)
     block_size: int = 1  # only full blocks are cached: a shorter tail is never "held"
+    # Sum over the running batch of 1 / (n_out - 1): how much one step's delay raises the
+    # batch's summed TPOT. None: not known (the policy uses running / mean n_out).
+    tpot_sensitivity: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,8 @@ class Prediction:
     decode_step_ms: float  # D's step with its batch alone
     batch_delay_ms: float  # sum over D's running requests of the delay local adds to them
     missing_tokens: int  # history tokens D no longer holds
+    delay_ms: float = 0.0  # how much longer local makes D's step
+    tpot_sensitivity: float | None = None  # NodeState.tpot_sensitivity of D
 
 
 def predict(workload: Workload, state: TurnState, costs: StepCosts) -> Prediction:
@@ -138,8 +143,9 @@ def predict(workload: Workload, state: TurnState, costs: StepCosts) -> Predictio
     ttft_pd = (p_queue + p_prefill + decode_step / 2 + decode_step
                + costs.transfer_ms(n_ctx + n_in) + decode_step / 2
                + costs.step_ms(0, 0, batch + 1, decode_kv + n_ctx + n_in))
-    return Prediction(ttft_local, ttft_pd, decode_step, batch * (local_step - decode_step),
-                      missing)
+    delay = local_step - decode_step
+    return Prediction(ttft_local, ttft_pd, decode_step, batch * delay, missing, delay,
+                      state.decode.tpot_sensitivity)
 
 
 class LiveScorer:
@@ -148,11 +154,11 @@ class LiveScorer:
     The table scores a cell by mean turn-2+ TTFT relative to P->D's and mean TPOT relative
     to P->D's. One turn moves those means by its own TTFT difference over the mean P->D TTFT,
     and by the delay it adds to each of D's B running requests, spread over that request's
-    output, over the mean TPOT - weighted by the share of requests that are turn 2+. A
-    request sits in a batch for a time proportional to its output, so the batch's mean of
-    1/n_out is 1/(mean n_out over requests). The means are exponentially weighted over the
-    turns decided so far (the policy's own inputs and predictions: no clock, no I/O),
-    starting from this turn's own values.
+    output, over the mean TPOT - weighted by the share of requests that are turn 2+. The
+    batch's sum of 1/(n_out - 1) is used when known (`NodeState.tpot_sensitivity`); else, as
+    a request sits in a batch for a time proportional to its output, B / (mean n_out). The
+    means are exponentially weighted over the turns decided so far (the policy's own inputs
+    and predictions: no clock, no I/O), starting from this turn's own values.
     """
 
     def __init__(self, w_ttft: float, w_tpot: float, halflife_turns: float = 200.0) -> None:
@@ -174,9 +180,11 @@ class LiveScorer:
         ttft_ref = self._mean("ttft_pd_ms", prediction.ttft_pd_ms)
         step_ref = self._mean("step_ms", prediction.decode_step_ms)
         gain = (prediction.ttft_pd_ms - prediction.ttft_local_ms) / ttft_ref
-        n_out = self.n_out or 1.0
-        tpot_loss = (self.followup_share * prediction.batch_delay_ms / (n_out * step_ref)
-                     if step_ref > 0 else 0.0)
+        if prediction.tpot_sensitivity is not None:  # the batch's own output lengths
+            summed = prediction.delay_ms * prediction.tpot_sensitivity
+        else:
+            summed = prediction.batch_delay_ms / (self.n_out or 1.0)
+        tpot_loss = self.followup_share * summed / step_ref if step_ref > 0 else 0.0
         return self.w_ttft * gain - self.w_tpot * tpot_loss
 
     def _mean(self, name: str, value: float) -> float:

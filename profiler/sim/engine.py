@@ -197,6 +197,11 @@ class Engine:
         `--policy live` reads it."""
         return self._scheduler.cache.longest_prefix(hashes) * self.config.block_size
 
+    def running_output_lengths(self) -> list[int]:
+        """max_tokens of each request in the running batch (what a proxy knows of its own
+        requests on this node; `--policy live` reads it)."""
+        return [seq.request.max_tokens for seq in self._scheduler.running]
+
     def stats(self) -> EngineStats:
         scheduler = self._scheduler
         return EngineStats(

@@ -3,8 +3,9 @@
 The proxy learns a node's batch and queue from its `/metrics` (`proxy.node_load`) and what it
 still holds of a session from its KV cache events (`proxy.residency`). A simulated node is an
 engine model, so the same numbers are read from it directly, at the decision's instant: the
-running and waiting counts vLLM's gauges report, and the leading tokens of the session's
-history its prefix cache (the LRU the events describe) holds. The P a P->D turn would use is
+running and waiting counts vLLM's gauges report, the leading tokens of the session's history
+its prefix cache (the LRU the events describe) holds, and the output lengths of its running
+batch (which a proxy knows of the requests it sent). The P a P->D turn would use is
 the one the pool would pick: the session's own P if it has one, else the least loaded.
 """
 
@@ -47,8 +48,9 @@ def node_state(engine: Engine | None, chain: list[int] | None) -> NodeState:
         return NodeState()
     stats = engine.stats()
     held = engine.cached_prefix_tokens(chain) if chain is not None else None
+    sensitivity = sum(1.0 / max(n - 1, 1) for n in engine.running_output_lengths())
     return NodeState(float(stats.num_running), float(stats.num_waiting + stats.num_waiting_kv),
-                     held, engine.config.block_size)
+                     held, engine.config.block_size, sensitivity)
 
 
 def observer(engines: Mapping[str, Engine], pool: BackendPool,
