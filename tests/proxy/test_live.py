@@ -99,3 +99,44 @@ def test_cost_file_round_trip_and_errors(tmp_path: Path) -> None:
                                 "per_decode_seq_ms": 0}))
     with pytest.raises(ValueError, match="base_ms must be"):
         StepCosts.load(path)
+
+
+def test_the_batch_own_output_lengths_price_local_when_known() -> None:
+    # 60 requests of 2,000 output tokens each barely notice a delay; 60 of 10 tokens
+    # feel it two hundred times more.
+    paste = turn(n_ctx=512, n_in=1024, n_out=512)
+    long_batch = TurnState(NodeState(60, 0, 512, 16, tpot_sensitivity=60 / 1999),
+                           NodeState())
+    short_batch = TurnState(NodeState(60, 0, 512, 16, tpot_sensitivity=60 / 9), NodeState())
+    heavy = PolicyConfig(kind=Policy.LIVE, w_tpot=6.0)
+    assert RoutingPolicy(heavy, costs=COSTS).decide(paste, "s", True, long_batch).kind \
+        is RouteKind.LOCAL
+    assert RoutingPolicy(heavy, costs=COSTS).decide(paste, "s", True, short_batch).kind \
+        is RouteKind.PD
+
+
+def test_live_view_trusts_fresh_metrics_else_the_proxy_in_flight() -> None:
+    from proxy.backends import BackendPool
+    from proxy.kv_events import BlockStored
+    from proxy.live_view import LiveView
+    from proxy.node_load import LoadSignals, NodeMetrics
+    from proxy.residency import Residency
+    from proxy.sessions import Session
+
+    now = [10.0]
+    pool = BackendPool(clock=lambda: now[0])
+    pool.add("http://p", Role.PREFILL)
+    decode = pool.add("http://d", Role.DECODE)
+    residency = Residency()
+    residency.node("http://d").apply(BlockStored((1, 2), None, 64, 32, "s"))
+    signals = LoadSignals(clock=lambda: now[0])
+    signals.latest["http://d"] = NodeMetrics(running=40, waiting=2, kv_usage=0.5, at=9.0)
+    view = LiveView(pool, residency, signals, max_age=3.0)
+    session = Session("s", opening="o", hashed=False, decode="http://d")
+    state = view.state(session)
+    assert (state.decode.running, state.decode.waiting) == (40, 2)
+    assert (state.decode.held_tokens, state.decode.block_size) == (64, 32)
+    assert state.prefill.held_tokens is None  # P publishes nothing
+    now[0] = 20.0  # the reading is 11 s old: the proxy's own count stands in
+    decode.in_flight = 3
+    assert (view.state(session).decode.running, view.state(session).decode.waiting) == (3, 0)
