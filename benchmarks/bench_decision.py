@@ -3,6 +3,9 @@
 Rows (one run, same machine, same moment):
 - classify + lookup + policy: `RoutingPolicy.decide` under policy ppd on a full table
   (2 context classes x 9 shapes x 3 qps points), for random turn-2 workloads;
+- policy live: `RoutingPolicy.decide` under policy live for random workloads and cluster
+  states; the residency lookup it is handed (a 9k-token session) and the background cost of
+  one KV event batch (decode + index), which the proxy pays per published batch;
 - token counting of a turn's new messages with the model's tokenizer (proxy.tokens, text-v1)
   (the other per-request cost of an exact decision);
 - a whole non-streamed chat request through the proxy (pd: P leg + D leg; local: D leg) to
@@ -25,7 +28,10 @@ import numpy as np
 from proxy import ProxyConfig, create_app
 from proxy.config import NodeSpec, Policy, PolicyConfig
 from proxy.discretize import WORKLOAD_SHAPES, ContextClass
+from proxy.kv_events import BlockStored, encode_batch, parse_batch
+from proxy.live import NodeState, StepCosts, TurnState
 from proxy.policies import RoutingPolicy
+from proxy.residency import NodeResidency
 from proxy.route import Role, Workload
 from proxy.server import running
 from proxy.table import TABLE_COLUMNS, DecisionTable
@@ -72,6 +78,56 @@ def bench_decide(n: int, rng: random.Random) -> np.ndarray:
     ]
     index = iter(range(n))
     return time_calls(lambda: policy.decide(workloads[next(index) % 1024], "s", True), n)
+
+
+# The decision's cost does not depend on the coefficients' values: round numbers of the size
+# `ppd sim live-costs` fits to h100:llama-3.1-8b (ms per step, per token, per request).
+BENCH_COSTS = StepCosts(base_ms=6.0, per_prefill_token_ms=0.017, per_decode_seq_ms=0.013,
+                        per_decode_kv_ktoken_ms=0.04, per_prefill_attention_ms=0.0008,
+                        transfer_ms_per_ktoken=0.29)
+
+
+def bench_live(n: int, rng: random.Random) -> np.ndarray:
+    """Policy live for random turn-2 workloads and cluster states (residency, batches)."""
+    policy = RoutingPolicy(PolicyConfig(kind=Policy.LIVE), costs=BENCH_COSTS)
+    cases = []
+    for _ in range(1024):
+        n_ctx = rng.randint(0, 9000)
+        workload = Workload(turn=rng.randint(2, 8), n_in=rng.randint(1, 2048), n_ctx=n_ctx,
+                            n_out=rng.randint(1, 2048), qps=rng.uniform(0, 20))
+        decode = NodeState(rng.uniform(0, 256), rng.uniform(0, 8),
+                           rng.choice([None, n_ctx, rng.randint(0, n_ctx)]), 16)
+        prefill = NodeState(rng.uniform(0, 8), rng.uniform(0, 8), rng.randint(0, n_ctx), 16)
+        cases.append((workload, TurnState(decode, prefill)))
+    index = iter(range(n))
+
+    def decide() -> None:
+        workload, state = cases[next(index) % 1024]
+        policy.decide(workload, "s", True, state)
+
+    return time_calls(decide, n)
+
+
+def bench_residency(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A session's held tokens on a node (a 9,216-token history = 576 blocks of 16), and one
+    published batch of 32 stored blocks decoded and folded into the index."""
+    node = NodeResidency()
+    blocks = [i.to_bytes(32, "big") for i in range(576)]
+    node.apply(BlockStored(tuple(blocks), None, 576 * 16, 16, "s"))
+    lookups = time_calls(lambda: node.held_tokens("s"), n)
+    payloads = []
+    for batch in range(1024):
+        hashes = tuple((10_000 + batch * 32 + i).to_bytes(32, "big") for i in range(32))
+        payloads.append(encode_batch(0.0, [BlockStored(hashes, None, 32 * 16, 16,
+                                                       f"s{batch}")]))
+    index = iter(range(n))
+
+    def apply() -> None:
+        i = next(index)
+        for event in parse_batch(i, payloads[i % 1024]).events:
+            node.apply(event)
+
+    return lookups, time_calls(apply, n)
 
 
 def bench_tokens(n: int, tokenizer_dir: Path | None) -> np.ndarray | None:
@@ -138,7 +194,11 @@ async def _timed_posts(client: httpx.AsyncClient, url: str,
 def run(n_decide: int = 20_000, n_requests: int = 200) -> list[tuple[str, np.ndarray]]:
     """All rows of this benchmark, as (label, samples in microseconds)."""
     rng = random.Random(0)
-    rows = [("classify + table lookup + ppd policy", bench_decide(n_decide, rng))]
+    rows = [("classify + table lookup + ppd policy", bench_decide(n_decide, rng)),
+            ("live policy: predict both routes + score", bench_live(n_decide, rng))]
+    lookup, apply = bench_residency(n_decide // 4)
+    rows += [("residency: held tokens of a 9k-token session", lookup),
+             ("KV events: decode + index a 32-block batch", apply)]
     tokenizer_dir = _tiny_tokenizer()
     tokens = bench_tokens(n_decide // 4, tokenizer_dir)
     if tokens is not None:

@@ -38,6 +38,8 @@ from proxy.discovery import Discovery
 from proxy.endpoints import CompletionsApp, bearer_matches
 from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
 from proxy.health import HealthMonitor
+from proxy.live import StepCosts
+from proxy.live_view import LiveRuntime
 from proxy.load import RateMeter
 from proxy.metrics import ProxyMetrics
 from proxy.policies import RoutingPolicy
@@ -65,6 +67,7 @@ class ProxyState:
     transport: httpx.AsyncBaseTransport | None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     client: httpx.AsyncClient | None = None
+    live: LiveRuntime | None = None  # policy live's subscribers and scraper
     exposition: Callable[[], bytes] | None = None  # /metrics; a worker's covers every worker
     # Headers every response carries, completions included (a worker's x-ppd-worker).
     response_headers: dict[str, str] = field(default_factory=dict)
@@ -81,7 +84,8 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
                 clock: Callable[[], float]) -> ProxyState:
     """Assemble the ledgers, policy and router from the config (loads table and tokenizer)."""
     table = DecisionTable.load(config.policy.table) if config.policy.table else None
-    policy = RoutingPolicy(config.policy, table)
+    costs = StepCosts.load(config.policy.live_costs) if config.policy.live_costs else None
+    policy = RoutingPolicy(config.policy, table, costs)
     pool = BackendPool(config.nodes, breaker=Breaker(config.breaker_failures,
                                                      config.breaker_cooldown), clock=clock)
     sessions = open_store(config.session_store, config.session_ttl, config.max_sessions, clock)
@@ -91,9 +95,13 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
     router = Router(pool, sessions, policy, token_counter(config.tokenizer), metrics, load, clock,
                     config.max_in_flight, config.request_timeout)
     metrics.watch(pool.snapshot, lambda: router.admission.open)
+    live = (LiveRuntime(pool, config.kv_events, config.metrics_interval, clock)
+            if config.policy.kind is Policy.LIVE else None)
+    router.view = live.view if live is not None else None
     discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock,
                            config.discovery_token) if config.discovery else None)
-    return ProxyState(config, pool, sessions, router, metrics, load, discovery, transport)
+    return ProxyState(config, pool, sessions, router, metrics, load, discovery, transport,
+                      live=live)
 
 
 def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | None = None,
@@ -125,6 +133,8 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
                 if warning := table.model_warning(model):
                     log.warning(warning)
         state.tasks.append(asyncio.create_task(_after(config.health_interval, monitor.run)))
+        if state.live is not None:
+            state.live.start()
         if state.discovery is not None:
             address = state.discovery.bind()
             log.info("discovery listening on %s", address)
@@ -138,6 +148,8 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         state.tasks.clear()
+        if state.live is not None:
+            await state.live.stop()
         await state.sessions.close()
         if state.client is not None:
             await state.client.aclose()

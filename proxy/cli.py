@@ -38,6 +38,9 @@ def startup_line(config: ProxyConfig, url: str) -> str:
                   f"success margin {policy.success_margin:g})")
     elif policy.kind is Policy.FIXED:
         detail = f" (x={policy.x:g})"
+    elif policy.kind is Policy.LIVE:
+        detail = (f" (costs {policy.live_costs}, w_ttft={policy.w_ttft:g}, "
+                  f"w_tpot={policy.w_tpot:g}, KV events from {len(config.kv_events)} nodes)")
     elif policy.kind is Policy.THRESHOLD:
         detail = f" (non-cached tokens <= {policy.non_cached_tokens})"
     nodes = ", ".join(f"{n.role.value}={n.url}" for n in config.nodes) or "none yet"

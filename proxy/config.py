@@ -22,7 +22,9 @@ from typing import Any
 
 import yaml
 
+from proxy import kv_sources
 from proxy.breaker import DEFAULT_COOLDOWN_S, DEFAULT_FAILURES
+from proxy.kv_subscriber import KvEventSource
 from proxy.logs import LogFormat, LogLevel
 from proxy.options import add_flags, option, option_fields
 from proxy.redact import redacted_url
@@ -43,6 +45,7 @@ class Policy(enum.StrEnum):
     PPD = "ppd"
     THRESHOLD = "threshold"
     REPLICA = "replica"
+    LIVE = "live"
 
 def _is_loopback_endpoint(endpoint: str) -> bool:
     """True iff a tcp://HOST:PORT endpoint is reachable from this host only."""
@@ -86,6 +89,9 @@ class PolicyConfig:
     w_tpot: float = option(1.0, "policy ppd: weight of the TPOT change", metavar="W")
     non_cached_tokens: int | None = option(
         None, "policy threshold: local iff the uncached suffix has <= N tokens", metavar="N")
+    live_costs: Path | None = option(
+        None, "policy live: step-cost file (JSON; `ppd sim live-costs` writes one)",
+        metavar="PATH")
     success_margin: float = option(
         DEFAULT_SUCCESS_MARGIN, "policy ppd: a route whose success rate trails the other's by "
         "more than M loses", metavar="M")
@@ -115,6 +121,7 @@ class ProxyConfig:
 
     nodes: tuple[NodeSpec, ...] = ()
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    kv_events: tuple[KvEventSource, ...] = ()  # --kv-events / cluster.json (policy live)
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(8000, "port to listen on")
     tokenizer: Path | None = option(
@@ -152,6 +159,8 @@ class ProxyConfig:
         "timeout)", metavar="S")
     connect_timeout: float = option(5.0, "upstream connect timeout in seconds", metavar="S")
     health_interval: float = option(5.0, "seconds between health checks", metavar="S")
+    metrics_interval: float = option(
+        1.0, "policy live: seconds between scrapes of every node's /metrics", metavar="S")
     load_window: float = option(
         30.0, "sliding window of the turns-per-second load meter, seconds", metavar="S")
     shutdown_grace: float = option(
@@ -170,7 +179,7 @@ class ProxyConfig:
         if not (0 <= self.port <= 65535):
             raise ConfigError(f"--port must be in [0, 65535], got {self.port}")
         positive = ("heartbeat_timeout", "session_ttl", "request_timeout", "connect_timeout",
-                    "health_interval", "load_window")
+                    "health_interval", "load_window", "metrics_interval")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
@@ -192,6 +201,9 @@ class ProxyConfig:
             if roles.setdefault(node.url, node.role) is not node.role:
                 raise ConfigError(f"node {node.url} is listed with two roles "
                                   f"({roles[node.url]} and {node.role})")
+        if self.policy.kind is Policy.LIVE and self.policy.live_costs is None:
+            raise ConfigError("policy live needs --live-costs PATH (a step-cost file: "
+                              "`ppd sim live-costs --cost PRESET --out PATH` writes one)")
         if self.discovery is not None and not self.discovery.startswith("tcp://"):
             raise ConfigError(f"--discovery must look like tcp://HOST:PORT, got {self.discovery!r}")
         if (self.discovery is not None and not self.discovery_token
@@ -226,7 +238,7 @@ def _check_scale_out(store: str, workers: int, discovery: str | None) -> None:
 
 _NODE_KEYS = {"prefill": Role.PREFILL, "decode": Role.DECODE, "replica": Role.REPLICA}
 # Relative paths in a config file are relative to the file.
-_PATH_KEYS = {"table", "tokenizer", "cluster"}
+_PATH_KEYS = {"table", "tokenizer", "cluster", "live_costs"}
 
 
 def _scalar_options() -> dict[str, Callable[[Any], Any]]:
@@ -250,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"a {role} node's base URL, without /v1 (repeatable)")
     p.add_argument("--cluster", type=Path, metavar="FILE",
                    help="cluster.json written by `ppd cluster up` (nodes with role and url)")
+    p.add_argument("--kv-events", action="append", default=[], metavar="URL=tcp://H:P[,tcp://H:P]",
+                   help="policy live: where node URL publishes vLLM KV cache events (and its "
+                   "replay socket); cluster.json's kv_events keys do the same (repeatable)")
     p.add_argument("--config", type=Path, metavar="FILE",
                    help="YAML or TOML file whose keys are these flags' names; flags win")
     add_flags(p, PolicyConfig)
@@ -332,11 +347,18 @@ def config_from_namespace(args: argparse.Namespace) -> ProxyConfig:
     for name, role in _NODE_KEYS.items():
         nodes += [NodeSpec(url, role) for url in settings.pop(name, [])]
     cluster = settings.pop("cluster", None)
+    kv_events = []
     if cluster is not None:
         nodes += load_cluster_file(cluster)
+        kv_events += kv_sources.from_cluster_file(cluster)
+    try:
+        kv_events += [kv_sources.parse_flag(value) for value in args.kv_events]
+    except kv_sources.KvSourceError as exc:
+        raise ConfigError(str(exc)) from None
     for name, role in _NODE_KEYS.items():
         nodes += [NodeSpec(url, role) for url in getattr(args, name)]
     unique = tuple(dict.fromkeys(nodes))  # keep order, drop repeats
     policy = PolicyConfig(**{o.name: settings.pop(o.key) for o in option_fields(PolicyConfig)
                              if o.key in settings})
-    return ProxyConfig(nodes=unique, policy=policy, **settings)
+    return ProxyConfig(nodes=unique, policy=policy, kv_events=kv_sources.merge(kv_events),
+                       **settings)

@@ -10,6 +10,10 @@ request continues its session and the session's D is healthy (otherwise only P->
 - replica: no P; one node does prefill and decode.
 - ppd: the decision table's verdict for the turn's cell. A cell the table lacks goes P->D,
   the route that needs no cached state (reason MISSING_CELL, counted in metrics).
+- live: both routes predicted from the cluster's state now (`proxy.live`: what D still
+  holds, the nodes' batches and queues, a step-cost model); a table, when given, decides
+  while D holds the whole history (the state it measured). P->D for a session D partly
+  evicted has reason EVICTED.
 Turn 1 is always P->D in the disaggregated policies.
 """
 
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import Cell, classify
+from proxy.live import LiveScorer, NodeState, StepCosts, TurnState, predict
 from proxy.route import RouteKind, Workload
 from proxy.table import DecisionTable
 
@@ -37,6 +42,8 @@ class Reason(enum.StrEnum):
     MISSING_CELL = "missing_cell"
     FORCED = "forced"
     REPLICA = "replica"
+    LIVE = "live"
+    EVICTED = "evicted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +55,9 @@ class Decision:
     cell: Cell | None = None
 
 
+_UNKNOWN = TurnState(NodeState(), NodeState())
+
+
 def stable_fraction(session_id: str, turn: int) -> float:
     """A deterministic draw in [0, 1) per (session, turn); unlike hash(), stable across runs."""
     digest = hashlib.blake2b(f"{session_id}\x00{turn}".encode(), digest_size=8).digest()
@@ -57,24 +67,33 @@ def stable_fraction(session_id: str, turn: int) -> float:
 class RoutingPolicy:
     """The configured policy, with the decision table's verdicts precomputed (ppd)."""
 
-    def __init__(self, config: PolicyConfig, table: DecisionTable | None = None) -> None:
+    def __init__(self, config: PolicyConfig, table: DecisionTable | None = None,
+                 costs: StepCosts | None = None) -> None:
         if config.kind is Policy.PPD and table is None:
             raise ValueError("policy ppd needs a decision table")
+        if config.kind is Policy.LIVE and costs is None:
+            raise ValueError("policy live needs a step-cost model")
         self.config = config
         self.table = table
+        self.costs = costs
+        self.scorer = LiveScorer(config.w_ttft, config.w_tpot)
         self._verdicts = (table.decisions(config.w_ttft, config.w_tpot, config.success_margin)
-                          if table is not None and config.kind is Policy.PPD else {})
+                          if table is not None and config.kind in (Policy.PPD, Policy.LIVE)
+                          else {})
 
     @property
     def kind(self) -> Policy:
         """The configured policy."""
         return self.config.kind
 
-    def decide(self, workload: Workload, session_id: str, can_local: bool) -> Decision:
-        """The route of one turn."""
+    def decide(self, workload: Workload, session_id: str, can_local: bool,
+               state: TurnState | None = None) -> Decision:
+        """The route of one turn (`state`: the cluster now, read by policy live only)."""
         kind = self.config.kind
         if kind is Policy.REPLICA:
             return Decision(RouteKind.REPLICA, Reason.REPLICA)
+        if kind is Policy.LIVE:
+            self.scorer.count_turn(workload)
         if workload.turn <= 1:
             return Decision(RouteKind.PD, Reason.TURN1)
         if not can_local:
@@ -91,7 +110,22 @@ class RoutingPolicy:
             limit = self.config.non_cached_tokens or 0
             return Decision(RouteKind.LOCAL if workload.n_in <= limit else RouteKind.PD,
                             Reason.THRESHOLD)
+        if kind is Policy.LIVE:
+            return self._decide_live(workload, state or _UNKNOWN)
         return self._decide_table(workload)
+
+    def _decide_live(self, workload: Workload, state: TurnState) -> Decision:
+        assert self.costs is not None
+        held = state.decode.held_tokens
+        if self.table is not None and (held is None or held >= workload.n_ctx):
+            prior = self._decide_table(workload)
+            if prior.reason is Reason.TABLE:
+                return prior
+        prediction = predict(workload, state, self.costs)
+        if self.scorer.score(prediction) > 0:
+            return Decision(RouteKind.LOCAL, Reason.LIVE)
+        return Decision(RouteKind.PD, Reason.EVICTED if prediction.missing_tokens > 0
+                        else Reason.LIVE)
 
     def _decide_table(self, workload: Workload) -> Decision:
         assert self.table is not None

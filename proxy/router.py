@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
@@ -30,6 +30,7 @@ from proxy.errors import NotFound, Overloaded, ProxyError, UpstreamTimeout
 from proxy.failover import Failover, charge
 from proxy.forward import Answer, UpstreamStream
 from proxy.lease import Admission, Lease
+from proxy.live_view import LiveView, tag_session
 from proxy.load import RateMeter, RunningMean
 from proxy.logs import AccessEntry
 from proxy.metrics import ProxyMetrics
@@ -151,6 +152,7 @@ class Router:
         # The whole request's budget, stream included (`--request-timeout`); None: unbounded.
         self.request_timeout = request_timeout
         self.client: httpx.AsyncClient | None = None
+        self.view: LiveView | None = None  # policy live: the cluster now (proxy.live_view)
 
     async def handle(self, incoming: Incoming) -> Reply:
         """Serve one completion request (raises ProxyError before any byte is sent).
@@ -185,6 +187,8 @@ class Router:
                                              None if explicit is None else str(explicit))
         self.load.record()
         deadline = None if self.request_timeout is None else Deadline(self.request_timeout)
+        if self.view is not None:  # vLLM tags the blocks it stores with the session
+            incoming = replace(incoming, body=tag_session(incoming.body, lookup.session.id))
         turn = _Turn(incoming, transcript, lookup, self._workload(incoming, transcript, lookup),
                      started, Failover(self.pool, lease, self.metrics, deadline), access)
         access.session, access.turn = turn.session_label, lookup.turn
@@ -252,7 +256,8 @@ class Router:
         can_local = turn.lookup.continuation and self.pool.is_usable(session.decode, Role.DECODE)
         forced = turn.incoming.forced
         if forced is None or self.policy.kind is Policy.REPLICA:
-            return self.policy.decide(turn.workload, session.id, can_local)
+            state = self.view.state(session) if self.view is not None and can_local else None
+            return self.policy.decide(turn.workload, session.id, can_local, state)
         if forced is RouteKind.LOCAL and not can_local:
             # Nothing to append to (turn 1, or the session's D is gone): P->D is the only way.
             return Decision(RouteKind.PD, Reason.NO_HOME)

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from profiler.cluster.kv_events import kv_event_keys, kv_events_args
 from proxy.route import Role
 
 DEFAULT_STATE_DIR = Path(".ppd-cluster")
@@ -237,6 +238,7 @@ def node_command(config: ClusterConfig, model: ServedModel, node: NodePlan) -> l
         # prefills avoid that; the budget must then hold the longest prompt.
         argv += ["--no-enable-chunked-prefill",
                  "--max-num-batched-tokens", str(config.max_model_len)]
+    argv += kv_events_args(node.role, config.host, node.port)
     return argv + list(config.vllm_args)
 
 
@@ -275,13 +277,15 @@ def cluster_document(
     connector: Connector | None = None,
 ) -> dict[str, object]:
     """The cluster.json the proxy reads: model, layout, KV connector (None: no vLLM transfer,
-    e.g. emulated nodes) and one {role, url, pid, log} per node."""
+    e.g. emulated nodes) and one {role, url, pid, log} per node (D and R nodes also name their
+    KV event endpoints: `profiler.cluster.kv_events`)."""
     return {
         "model": served_name,
         "layout": str(layout),
         "connector": None if connector is None else connector.value,
         "nodes": [
-            {"role": role.value, "url": url, "pid": pid, "log": str(log)}
+            {"role": role.value, "url": url, "pid": pid, "log": str(log),
+             **kv_event_keys(role, url)}
             for role, url, pid, log in nodes
         ],
     }

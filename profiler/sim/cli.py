@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="simulate layouts x workloads x loads x policies")
     actions.add_parser("paper", add_help=False,
                        help="the PPD paper's tables and plots from a grid")
+    actions.add_parser("live-costs", add_help=False,
+                       help="the step-cost file that --policy live reads")
     actions.add_parser("presets", help="list cost presets, KV model shapes and links")
 
     step = actions.add_parser("step", help="print the modelled time of one engine step")
@@ -70,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "live-costs":
+        from profiler.simulate.live_costs import main as live_costs_main
+
+        return live_costs_main(argv[1:])
     if argv and argv[0] in ("run", "grid", "paper"):
         from profiler.simulate import cli as simulate_cli
 

@@ -14,6 +14,7 @@ while a step runs join the next one, as in vLLM.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from profiler.sim.config import EngineConfig, NodeRole
@@ -191,6 +192,17 @@ class Engine:
         if seq.phase not in (Phase.FINISHED, Phase.FAILED) or request_id in self._kv_held:
             raise ValueError(f"request {request_id} is still in use ({seq.phase})")
         return self._seqs.pop(request_id)
+
+    def cached_prefix_tokens(self, hashes: Iterable[int]) -> int:
+        """Leading tokens of a block-hash chain (`prefix_cache.block_hashes` at this node's
+        block size) its prefix cache holds now: what its KV cache events tell a subscriber;
+        `--policy live` reads it."""
+        return self._scheduler.cache.longest_prefix(hashes) * self.config.block_size
+
+    def running_output_lengths(self) -> list[int]:
+        """max_tokens of each request in the running batch (what a proxy knows of its own
+        requests on this node; `--policy live` reads it)."""
+        return [seq.request.max_tokens for seq in self._scheduler.running]
 
     def stats(self) -> EngineStats:
         scheduler = self._scheduler

@@ -40,6 +40,7 @@ SUMMARY_COLUMNS = (
     "total_tok_s", "requests_s", "local_share", "kv_bytes_moved", "wall_time_s",
 )
 _PPD = re.compile(r"^ppd(?:-wtpot(?P<tpot>[\d.]+))?$")
+_LIVE = re.compile(r"^live(?P<table>-table)?(?:-wtpot(?P<tpot>[\d.]+))?$")
 
 
 def paper_datasets() -> list[str]:
@@ -63,6 +64,11 @@ def parse_policy(label: str, table: Path | None = None) -> PolicyConfig:
         if table is None:
             raise ValueError(f"policy {label} needs a decision table (--table or --table-dir)")
         return PolicyConfig(kind=Policy.PPD, table=table,
+                            w_tpot=float(match["tpot"]) if match["tpot"] else 1.0)
+    if (match := _LIVE.match(label)) is not None:
+        if match["table"] and table is None:
+            raise ValueError(f"policy {label} needs a decision table (--table or --table-dir)")
+        return PolicyConfig(kind=Policy.LIVE, table=table if match["table"] else None,
                             w_tpot=float(match["tpot"]) if match["tpot"] else 1.0)
     try:
         return PolicyConfig(kind=Policy(label))
@@ -95,8 +101,8 @@ def grid_cells(layouts: Sequence[str], datasets: Sequence[str], qps: Sequence[fl
             is_replica = label == "replica"
             if is_replica != (layout.replica > 0 and not layout.disaggregated):
                 continue
-            config = parse_policy(label, table_for(layout.name) if label.startswith("ppd")
-                                  else None)
+            config = parse_policy(label, table_for(layout.name)
+                                  if label.startswith(("ppd", "live-table")) else None)
             for dataset in datasets:
                 for point in qps:
                     spec = replace(base, layout=layout.name, dataset=dataset, qps=point,

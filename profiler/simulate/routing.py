@@ -23,11 +23,12 @@ from typing import Any
 from proxy.backends import Backend, BackendPool
 from proxy.completion import assistant_message
 from proxy.lease import Admission, Lease
+from proxy.live import TurnState
 from proxy.load import RateMeter
 from proxy.policies import Decision, Reason, RoutingPolicy
 from proxy.route import Role, RouteKind, Workload
 from proxy.session_ledger import SessionLedger
-from proxy.sessions import Lookup, Transcript
+from proxy.sessions import Lookup, Session, Transcript
 
 # The proxy's defaults (proxy.config.ProxyConfig): load window and session bounds.
 DEFAULT_LOAD_WINDOW_S = 30.0
@@ -86,6 +87,11 @@ class SimProxy:
         self.load = RateMeter(load_window_s, clock)
         self.admission = Admission(self.pool)
         self._forced = forced
+        self._observe: Callable[[Session], TurnState] | None = None
+
+    def observe_with(self, observe: Callable[[Session], TurnState]) -> None:
+        """Give policy live the cluster's state at each decision (the simulator's engines)."""
+        self._observe = observe
 
     def begin(self, conversation_id: str, turn: int, n_new_tokens: int,
               max_tokens: int) -> Plan:
@@ -133,7 +139,8 @@ class SimProxy:
         can_local = lookup.continuation and self.pool.is_usable(session.decode, Role.DECODE)
         forced = self._forced(turn) if self._forced is not None else None
         if forced is None or self.policy.kind.value == "replica":
-            return self.policy.decide(workload, session.id, can_local)
+            state = self._observe(session) if self._observe is not None and can_local else None
+            return self.policy.decide(workload, session.id, can_local, state)
         if forced is RouteKind.LOCAL and not can_local:
             return Decision(RouteKind.PD, Reason.NO_HOME)
         return Decision(forced, Reason.FORCED)

@@ -27,9 +27,11 @@ from profiler.sim.config import EngineConfig
 from profiler.sim.cost import CostModel, load_cost
 from profiler.sim.transfer import load_link, load_model_shape
 from profiler.simulate.layout import Layout
+from profiler.simulate.live_costs import step_costs_for
 from profiler.simulate.simulator import DEFAULT_TIMEOUT_S, SimResult, SimSetup, Simulator
 from profiler.simulate.workload import arrivals, conversations_needed, load_conversations
 from proxy.config import Policy, PolicyConfig
+from proxy.live import StepCosts
 from proxy.policies import RoutingPolicy
 from proxy.route import Role, RouteKind
 from proxy.table import DecisionTable
@@ -115,10 +117,19 @@ def _table(path: str) -> DecisionTable:
     return DecisionTable.load(path)
 
 
-def routing_policy(config: PolicyConfig) -> RoutingPolicy:
+def routing_policy(config: PolicyConfig, costs: StepCosts | None = None) -> RoutingPolicy:
     """The proxy's policy object for a config (its table loaded once per process)."""
     table = _table(str(config.table)) if config.table is not None else None
-    return RoutingPolicy(config, table)
+    return RoutingPolicy(config, table, costs)
+
+
+def live_costs(spec: RunSpec) -> StepCosts | None:
+    """Policy live's step costs: its --live-costs file, else fitted to the run's preset."""
+    if spec.policy.kind is not Policy.LIVE:
+        return None
+    if spec.policy.live_costs is not None:
+        return StepCosts.load(spec.policy.live_costs)
+    return step_costs_for(spec.cost, spec.link, spec.model_name)
 
 
 def setup_for(spec: RunSpec) -> SimSetup:
@@ -129,7 +140,7 @@ def setup_for(spec: RunSpec) -> SimSetup:
 
     return SimSetup(
         layout=Layout.parse(spec.layout), cost=cost_model(spec.cost),
-        policy=routing_policy(spec.policy), link=load_link(spec.link),
+        policy=routing_policy(spec.policy, live_costs(spec)), link=load_link(spec.link),
         kv_bytes_per_token=load_model_shape(spec.model_name).kv_bytes_per_token,
         engine=engine_config(spec.cost, spec.seed), timeout_s=spec.timeout_s,
         load_window_s=spec.load_window_s, client_connections=spec.client_connections,
@@ -196,9 +207,11 @@ def policy_label(config: PolicyConfig) -> str:
         return f"x={config.x:.2g}"
     if kind is Policy.THRESHOLD:
         return f"threshold-{config.non_cached_tokens}"
-    if kind is Policy.PPD:
+    if kind in (Policy.PPD, Policy.LIVE):
+        prefix = "ppd" if kind is Policy.PPD else (
+            "live-table" if config.table is not None else "live")
         weights = "" if (config.w_ttft, config.w_tpot) == (1.0, 1.0) else (
             f"-wtpot{config.w_tpot:g}" if config.w_ttft == 1.0
             else f"-w{config.w_ttft:g}:{config.w_tpot:g}")
-        return f"ppd{weights}"
+        return f"{prefix}{weights}"
     return str(kind)

@@ -37,9 +37,11 @@ from profiler.sim.engine import Engine, StepResult
 from profiler.sim.host import host_of
 from profiler.sim.requests import Request, RequestRejected
 from profiler.sim.transfer import Link, SharedLink
+from profiler.simulate.cluster_state import observer
 from profiler.simulate.layout import Layout, SimNode
 from profiler.simulate.routing import Plan, SimProxy
 from profiler.simulate.workload import Arrival, SimConversation
+from proxy.config import Policy
 from proxy.policies import RoutingPolicy
 from proxy.route import Role, RouteKind
 
@@ -128,6 +130,9 @@ class Simulator:
         self.proxy = SimProxy([(url, n.spec.role) for url, n in self._nodes.items()],
                               setup.policy, lambda: self.now,
                               load_window_s=setup.load_window_s, forced=setup.forced)
+        if setup.policy.kind is Policy.LIVE:
+            self.proxy.observe_with(observer({url: n.engine for url, n in self._nodes.items()},
+                                             self.proxy.pool, lambda cid: self._history.get(cid)))
         self._turns: dict[str, _Turn] = {}  # request id (D's / R's) -> turn
         self._by_prefill: dict[str, _Turn] = {}  # P's request id -> turn
         self._history: dict[str, list[int]] = {}  # conversation id -> its context's token ids

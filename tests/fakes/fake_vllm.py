@@ -65,6 +65,7 @@ class FakeVLLM:
         self.requests: list[Recorded] = []
         self.faults = Faults()
         self.health_status = 200
+        self.metrics_text: str | None = None  # what /metrics serves (None: 404, no metrics)
         self.streams_started = 0
         self.streams_cancelled = 0
         self.streams_finished = 0
@@ -99,6 +100,10 @@ class FakeVLLM:
         @app.get("/health")
         async def health() -> tuple[str, int]:
             return "", self.health_status
+
+        @app.get("/metrics")
+        async def metrics() -> tuple[str, int]:
+            return (self.metrics_text, 200) if self.metrics_text is not None else ("", 404)
 
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:

@@ -1,0 +1,173 @@
+"""One ZMQ SUB socket per D/R node, folding its KV cache events into `proxy.residency`.
+
+Runs in the background on the proxy's event loop; the request path only reads the index.
+Sequence numbers (`proxy.kv_events`) are checked: a batch that skips numbers is a gap. With a
+replay endpoint (vLLM's ROUTER, `--kv-events-config ... "replay_endpoint"`) the missing
+batches are asked for and applied in order; if the replay fails or no longer holds them, the
+node's index is forgotten (`NodeResidency.forget`: every session unknown until it is stored
+again - the proxy then behaves as it did without residency). Without a replay endpoint a gap
+forgets at once. The first batch seen may have any number: what came before is unknown
+anyway (the index starts empty).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from proxy.kv_events import (
+    END_SEQ,
+    EventBatch,
+    KvEventError,
+    encode_seq,
+    parse_batch,
+    parse_message,
+    parse_seq,
+)
+from proxy.residency import NodeResidency
+
+log = logging.getLogger("ppd.proxy.residency")
+
+REPLAY_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventSource:
+    """Where a node publishes its KV events (and, optionally, replays them)."""
+
+    url: str  # the node's base URL (the pool's key)
+    endpoint: str  # tcp://HOST:PORT of its PUB socket
+    replay: str | None = None  # tcp://HOST:PORT of its ROUTER replay socket
+
+
+@dataclass(slots=True)
+class SubscriberStats:
+    batches: int = 0
+    gaps: int = 0
+    replayed: int = 0  # batches recovered by replay
+    resets: int = 0  # gaps that forgot the index
+    bad_messages: int = 0
+    last_seq: int | None = None
+    last_event_at: float | None = None  # time.monotonic() of the last batch applied
+
+
+@dataclass(slots=True)
+class NodeSubscriber:
+    """Applies one node's event stream to its index; `handle` is the whole sequence logic."""
+
+    source: KvEventSource
+    index: NodeResidency
+    stats: SubscriberStats = field(default_factory=SubscriberStats)
+
+    def expected(self) -> int | None:
+        last = self.stats.last_seq
+        return None if last is None else last + 1
+
+    def apply(self, batch: EventBatch) -> None:
+        for event in batch.events:
+            self.index.apply(event)
+        self.stats.batches += 1
+        self.stats.last_seq = batch.seq
+        self.stats.last_event_at = time.monotonic()
+
+    def forget(self) -> None:
+        self.index.forget()
+        self.stats.resets += 1
+
+    async def handle(self, batch: EventBatch, ctx: zmq.asyncio.Context) -> None:
+        """One published batch: apply it, after replaying (or forgetting) what was missed."""
+        expected = self.expected()
+        if expected is not None and batch.seq < expected:
+            return  # already applied (a replay overlapped the live stream)
+        if expected is not None and batch.seq > expected:
+            self.stats.gaps += 1
+            log.warning("KV events of %s: batches %d..%d missed", self.source.url, expected,
+                        batch.seq - 1)
+            filled = False
+            if self.source.replay is not None:
+                filled = await self._replay(ctx, expected, batch.seq)
+            if not filled:
+                self.forget()
+        if self.stats.last_seq is None or batch.seq > self.stats.last_seq:
+            self.apply(batch)
+
+    async def _replay(self, ctx: zmq.asyncio.Context, start: int, until: int) -> bool:
+        """Ask the node's replay socket for batches start..until-1; True iff all applied."""
+        assert self.source.replay is not None
+        socket = ctx.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        try:
+            socket.connect(self.source.replay)
+            await socket.send_multipart([b"", encode_seq(start)])
+            while True:
+                if not await socket.poll(REPLAY_TIMEOUT_S * 1000):
+                    log.warning("KV event replay of %s timed out", self.source.url)
+                    return False
+                frames = await socket.recv_multipart()
+                if len(frames) != 4 or frames[2] == END_SEQ:
+                    break
+                batch = parse_batch(parse_seq(frames[2]), frames[3])
+                expected = self.expected()
+                if expected is not None and batch.seq < expected:
+                    continue
+                if batch.seq != expected:
+                    return False  # the replay buffer no longer holds what was missed
+                self.apply(batch)
+                self.stats.replayed += 1
+            reached = self.expected()
+            return reached is not None and reached >= until
+        except (zmq.ZMQError, KvEventError) as exc:
+            log.warning("KV event replay of %s failed: %s", self.source.url, exc)
+            return False
+        finally:
+            socket.close()
+
+    async def run(self, ctx: zmq.asyncio.Context) -> None:
+        """Subscribe and apply batches until cancelled."""
+        socket = ctx.socket(zmq.SUB)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SUBSCRIBE, b"")  # every topic: one node publishes one stream
+        socket.connect(self.source.endpoint)
+        try:
+            while True:
+                frames = await socket.recv_multipart()
+                try:
+                    batch = parse_message(frames)
+                except KvEventError as exc:
+                    self.stats.bad_messages += 1
+                    log.warning("bad KV event message from %s: %s", self.source.url, exc)
+                    continue
+                await self.handle(batch, ctx)
+        finally:
+            socket.close()
+
+
+class KvEventSubscribers:
+    """Every configured node's subscriber, as background tasks on the running loop."""
+
+    def __init__(self, subscribers: list[NodeSubscriber]) -> None:
+        self.subscribers = subscribers
+        self._ctx: zmq.asyncio.Context | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+        self._tasks = [asyncio.create_task(s.run(self._ctx), name=f"kv-events {s.source.url}")
+                       for s in self.subscribers]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None

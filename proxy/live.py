@@ -1,0 +1,194 @@
+"""`--policy live`: each turn 2+ routed from what D still holds and how busy the nodes are now.
+
+Pure: `decide_live(workload, state, costs, w_ttft, w_tpot)` reads no clock and does no I/O.
+For the turn it predicts, with a linear step-cost model (`StepCosts`):
+
+- local (append-prefill on the session's D): D must prefill the tokens it no longer holds
+  (n_ctx - held, from `proxy.residency`) plus the new n_in, in one step beside its running
+  decode batch of B requests: TTFT = the rest of D's current step + D's queue + that step;
+- P->D: P prefills the whole history it does not hold plus n_in; D admits the request in
+  one step, pulls the KV, and decodes its first token in a later step: TTFT = P's queue +
+  P's prefill + about three of D's steps + the transfer;
+- the TPOT the local route costs D's batch: the prefill lengthens one of D's steps by
+  delta = step(B decodes + prefill) - step(B decodes), a delay each of the B running
+  requests spreads over its n_out tokens.
+
+Then the decision table's own score, as one turn moves it (`LiveScorer`): local iff > 0.
+A turn that goes P->D because D no longer holds its whole history has reason `evicted`.
+
+The costs are a cost file (`--live-costs`: a `ppd sim fit` preset, or `ppd sim live-costs`
+fitted to a GPU preset): a model of the node's step, not of a cell, so it predicts states a
+table never measured (a half-evicted D, a batch twice the profiled one) and needs no served
+turns to start from. A decision table, when given, is the prior for the state it measured:
+when D holds the whole history the table's verdict for the cell stands (see `RoutingPolicy`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from proxy.route import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class StepCosts:
+    """A linear model of one engine step, in ms (the form of `profiler.sim.cost.LinearCost`):
+
+    step = base + per_prefill_token * P + per_prefill_attention * P * (ctx + P/2) / 1000
+           + per_decode_seq * B + per_decode_kv_ktoken * KV / 1000
+    plus the P->D transfer: transfer_base_ms + transfer_ms_per_ktoken * tokens / 1000."""
+
+    base_ms: float
+    per_prefill_token_ms: float
+    per_decode_seq_ms: float
+    per_decode_kv_ktoken_ms: float = 0.0
+    per_prefill_attention_ms: float = 0.0
+    transfer_base_ms: float = 0.0
+    transfer_ms_per_ktoken: float = 0.0
+    source: str = ""
+
+    def step_ms(self, prefill: int, prefill_ctx: int, decodes: float, decode_kv: float) -> float:
+        cost = self.base_ms + self.per_decode_seq_ms * decodes \
+            + self.per_decode_kv_ktoken_ms * decode_kv / 1000.0
+        if prefill > 0:
+            cost += prefill * (self.per_prefill_token_ms + self.per_prefill_attention_ms
+                               * (prefill_ctx + prefill / 2) / 1000.0)
+        return cost
+
+    def transfer_ms(self, tokens: int) -> float:
+        return self.transfer_base_ms + self.transfer_ms_per_ktoken * tokens / 1000.0
+
+    @classmethod
+    def load(cls, path: Path) -> StepCosts:
+        """A cost file: JSON with these fields (extra keys such as `name` are ignored)."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise ValueError(f"cannot read live cost file {path}: {exc.strerror or exc}") \
+                from exc
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"live cost file {path} is not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(f"live cost file {path} must hold a JSON object")
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        for name in ("base_ms", "per_prefill_token_ms", "per_decode_seq_ms"):
+            if name not in values:
+                raise ValueError(f"live cost file {path} lacks {name!r}")
+        for name, value in values.items():
+            if name != "source" and (not isinstance(value, (int, float))
+                                     or not math.isfinite(value) or value < 0):
+                raise ValueError(f"live cost file {path}: {name} must be a number >= 0")
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """What is known of one node now (None: not known)."""
+
+    running: float = 0.0  # requests in its batch (/metrics, else the proxy's in-flight)
+    waiting: float = 0.0  # requests queued
+    held_tokens: int | None = None  # leading tokens of this session it holds (residency)
+    block_size: int = 1  # only full blocks are cached: a shorter tail is never "held"
+    # Sum over the running batch of 1 / (n_out - 1): how much one step's delay raises the
+    # batch's summed TPOT. None: not known (the policy uses running / mean n_out).
+    tpot_sensitivity: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnState:
+    """The session's D and the P a P->D turn would use."""
+
+    decode: NodeState
+    prefill: NodeState
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """Both routes' predicted TTFT (ms) and what the local route does to D's batch."""
+
+    ttft_local_ms: float
+    ttft_pd_ms: float
+    decode_step_ms: float  # D's step with its batch alone
+    batch_delay_ms: float  # sum over D's running requests of the delay local adds to them
+    missing_tokens: int  # history tokens D no longer holds
+    delay_ms: float = 0.0  # how much longer local makes D's step
+    tpot_sensitivity: float | None = None  # NodeState.tpot_sensitivity of D
+
+
+def predict(workload: Workload, state: TurnState, costs: StepCosts) -> Prediction:
+    """Both routes of one turn 2+ (see the module docstring)."""
+    n_ctx, n_in = workload.n_ctx, workload.n_in
+    held = state.decode.held_tokens
+    held = n_ctx if held is None else min(held, n_ctx)
+    missing = n_ctx - held
+    if missing <= state.decode.block_size:
+        # Only full blocks are cached, and the last sampled token has no KV yet: the partial
+        # last block is recomputed on either route.
+        missing = 0
+    batch = state.decode.running
+    decode_kv = batch * n_ctx  # the session's context as the batch's typical one
+    decode_step = costs.step_ms(0, 0, batch, decode_kv)
+    local_step = costs.step_ms(missing + n_in, held, batch, decode_kv)
+    ttft_local = decode_step / 2 + state.decode.waiting * decode_step + local_step
+    p_held = min(state.prefill.held_tokens or 0, n_ctx)
+    p_prefill = costs.step_ms(n_ctx + n_in - p_held, p_held, 0, 0)
+    p_queue = (state.prefill.running + state.prefill.waiting) * p_prefill
+    # D's side of P->D (vLLM's P/D connectors): the request waits for D's step in flight,
+    # is admitted (blocks allocated) in the next step, pulls the KV after it, waits for the
+    # step then in flight, and gets its first token from the step after that.
+    ttft_pd = (p_queue + p_prefill + decode_step / 2 + decode_step
+               + costs.transfer_ms(n_ctx + n_in) + decode_step / 2
+               + costs.step_ms(0, 0, batch + 1, decode_kv + n_ctx + n_in))
+    delay = local_step - decode_step
+    return Prediction(ttft_local, ttft_pd, decode_step, batch * delay, missing, delay,
+                      state.decode.tpot_sensitivity)
+
+
+class LiveScorer:
+    """The decision table's score for one turn, against the cluster's typical turn.
+
+    The table scores a cell by mean turn-2+ TTFT relative to P->D's and mean TPOT relative
+    to P->D's. One turn moves those means by its own TTFT difference over the mean P->D TTFT,
+    and by the delay it adds to each of D's B running requests, spread over that request's
+    output, over the mean TPOT - weighted by the share of requests that are turn 2+. The
+    batch's sum of 1/(n_out - 1) is used when known (`NodeState.tpot_sensitivity`); else, as
+    a request sits in a batch for a time proportional to its output, B / (mean n_out). The
+    means are exponentially weighted over the turns decided so far (the policy's own inputs
+    and predictions: no clock, no I/O), starting from this turn's own values.
+    """
+
+    def __init__(self, w_ttft: float, w_tpot: float, halflife_turns: float = 200.0) -> None:
+        self.w_ttft, self.w_tpot = w_ttft, w_tpot
+        self._alpha = 1.0 - 0.5 ** (1.0 / halflife_turns)
+        self.ttft_pd_ms: float | None = None
+        self.step_ms: float | None = None
+        self.n_out: float | None = None
+        self.followup_share = 0.5
+
+    def count_turn(self, workload: Workload) -> None:
+        """Every decided turn (turn 1 too): the share of requests that are turn 2+, and the
+        mean output length."""
+        self.followup_share += self._alpha * (float(workload.turn > 1) - self.followup_share)
+        self._mean("n_out", float(max(workload.n_out, 1)))
+
+    def score(self, prediction: Prediction) -> float:
+        """> 0: local is better by the table's weights."""
+        ttft_ref = self._mean("ttft_pd_ms", prediction.ttft_pd_ms)
+        step_ref = self._mean("step_ms", prediction.decode_step_ms)
+        gain = (prediction.ttft_pd_ms - prediction.ttft_local_ms) / ttft_ref
+        if prediction.tpot_sensitivity is not None:  # the batch's own output lengths
+            summed = prediction.delay_ms * prediction.tpot_sensitivity
+        else:
+            summed = prediction.batch_delay_ms / (self.n_out or 1.0)
+        tpot_loss = self.followup_share * summed / step_ref if step_ref > 0 else 0.0
+        return self.w_ttft * gain - self.w_tpot * tpot_loss
+
+    def _mean(self, name: str, value: float) -> float:
+        old = getattr(self, name)
+        new = value if old is None else old + self._alpha * (value - old)
+        setattr(self, name, new)
+        return new

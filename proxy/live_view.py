@@ -1,0 +1,91 @@
+"""The cluster as `--policy live` sees it in the proxy: residency, /metrics and in-flight.
+
+`LiveView.state(session)` assembles a `proxy.live.TurnState` from what the background tasks
+keep (`proxy.residency` fed by `proxy.kv_subscriber`, `proxy.node_load` scraping /metrics)
+and the pool's own in-flight counts; it does no I/O, so the router calls it on the request
+path. A reading older than `max_age` seconds is not trusted: the node's batch is then the
+proxy's own in-flight count on it (exact for the proxy's traffic, blind to anything else).
+
+For residency to know a session, vLLM must tag the blocks it stores with the session:
+vLLM >= 0.32 copies a request's `session_id` body field into its `BlockStored` events, so
+the router sends the proxy's session id there (`tag_session`) on every leg of a live run.
+An older vLLM ignores the field; its events carry no session and residency stays unknown
+(the policy then assumes D holds what the session ledger says, as before).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from proxy.backends import BackendPool
+from proxy.kv_subscriber import KvEventSource, KvEventSubscribers, NodeSubscriber
+from proxy.live import NodeState, TurnState
+from proxy.node_load import LoadSignals
+from proxy.residency import Residency
+from proxy.route import Role
+from proxy.sessions import Session
+
+# vLLM's default --block-size, for a node whose events have not said theirs yet.
+DEFAULT_BLOCK_SIZE = 16
+
+
+def tag_session(body: dict[str, Any], session_id: str) -> dict[str, Any]:
+    """A leg's body with vLLM's `session_id` field set (a new dict: bodies are never mutated)."""
+    return {**body, "session_id": session_id}
+
+
+class LiveView:
+    """Reads the background signals into a TurnState for one session."""
+
+    def __init__(self, pool: BackendPool, residency: Residency, signals: LoadSignals,
+                 max_age: float) -> None:
+        self.pool = pool
+        self.residency = residency
+        self.signals = signals
+        self.max_age = max_age
+
+    def state(self, session: Session) -> TurnState:
+        prefill = session.prefill if self.pool.is_usable(session.prefill, Role.PREFILL) else None
+        if prefill is None:
+            candidates = self.pool.healthy(Role.PREFILL)
+            prefill = min(candidates, key=lambda n: n.in_flight).url if candidates else None
+        return TurnState(self._node(session.decode, session.id),
+                         self._node(prefill, session.id))
+
+    def _node(self, url: str | None, session_id: str) -> NodeState:
+        if url is None:
+            return NodeState()
+        held, block_size = self.residency.held(url, session_id)
+        reading = self.signals.get(url)
+        age = self.signals.age(url)
+        if reading is not None and age is not None and age <= self.max_age:
+            return NodeState(reading.running, reading.waiting, held, block_size)
+        backend = self.pool.get(url)
+        in_flight = float(backend.in_flight) if backend is not None else 0.0
+        return NodeState(in_flight, 0.0, held, block_size)
+
+
+class LiveRuntime:
+    """The background half of policy live: one KV event subscriber per configured node and
+    the /metrics scraper; `view` is what the router reads."""
+
+    def __init__(self, pool: BackendPool, sources: tuple[KvEventSource, ...],
+                 metrics_interval: float, clock: Callable[[], float]) -> None:
+        self.residency = Residency()
+        self.signals = LoadSignals(clock)
+        self.subscribers = KvEventSubscribers(
+            [NodeSubscriber(source, self.residency.node(source.url)) for source in sources])
+        self.metrics_interval = metrics_interval
+        # Three missed scrapes and a reading is too old to describe the node now.
+        self.view = LiveView(pool, self.residency, self.signals, 3 * metrics_interval)
+        self._pool = pool
+
+    def start(self) -> None:
+        self.subscribers.start()
+        self.signals.start(lambda: [node.url for node in self._pool.nodes()],
+                           self.metrics_interval)
+
+    async def stop(self) -> None:
+        await self.signals.stop()
+        await self.subscribers.stop()

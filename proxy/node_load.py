@@ -1,0 +1,118 @@
+"""How busy each node is: its vLLM `/metrics`, scraped in the background, with their age.
+
+Three gauges per node (summed over the engines a node reports):
+`vllm:num_requests_running`, `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc`
+(vLLM < 0.10 called the last one `vllm:gpu_cache_usage_perc`; either is read). A scrape
+runs every `interval` seconds for all nodes at once, never on a request's path; a node whose
+scrape fails keeps its last reading, whose age then grows (a policy can distrust it). The
+proxy's own in-flight count per node (`proxy.backends.Backend.in_flight`) is exact and
+current and is read beside these.
+
+Only the sample lines of those gauges are read (`name{labels} value [timestamp]`, the
+Prometheus text format), found with str.find: vLLM's page holds hundreds of histogram lines
+that nothing here needs, and a full parse of them (prometheus-client's parser) or a
+line-by-line scan costs 10-100x more per scrape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import httpx
+
+log = logging.getLogger("ppd.proxy.load")
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
+_GAUGES = (RUNNING, WAITING, KV_USAGE, KV_USAGE_OLD)
+DEFAULT_SCRAPE_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMetrics:
+    """One scrape of a node: requests running and waiting, KV cache usage in [0, 1]."""
+
+    running: float
+    waiting: float
+    kv_usage: float | None
+    at: float  # the monotonic clock when it was read
+
+
+def parse_metrics(text: str, at: float) -> NodeMetrics:
+    """The three gauges of a Prometheus text page (0 when a gauge is missing)."""
+    totals: dict[str, float] = {}
+    page = "\n" + text
+    for name in _GAUGES:
+        key = "\n" + name
+        pos = page.find(key)
+        while pos >= 0:
+            end = page.find("\n", pos + 1)
+            line = page[pos + len(key):end if end >= 0 else len(page)]
+            pos = page.find(key, pos + 1)
+            if line[:1] == "{":
+                line = line.rpartition("}")[2]  # after the labels (a value may hold "}")
+            elif line[:1] not in (" ", "\t"):
+                continue  # another metric whose name starts with this one
+            fields = line.split()
+            if fields:
+                totals[name] = totals.get(name, 0.0) + float(fields[0])  # ValueError: bad
+    usage = totals.get(KV_USAGE, totals.get(KV_USAGE_OLD))
+    return NodeMetrics(totals.get(RUNNING, 0.0), totals.get(WAITING, 0.0), usage, at)
+
+
+class LoadSignals:
+    """The latest scrape per node URL, and the scraping loop that keeps them fresh."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.latest: dict[str, NodeMetrics] = {}
+        self.failures: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def get(self, url: str | None) -> NodeMetrics | None:
+        return self.latest.get(url) if url is not None else None
+
+    def age(self, url: str) -> float | None:
+        """Seconds since the node's last successful scrape (None: never scraped)."""
+        reading = self.latest.get(url)
+        return None if reading is None else self.clock() - reading.at
+
+    async def scrape(self, client: httpx.AsyncClient, urls: Iterable[str]) -> None:
+        """Scrape every node once, concurrently."""
+        await asyncio.gather(*(self._scrape_one(client, url) for url in urls))
+
+    async def _scrape_one(self, client: httpx.AsyncClient, url: str) -> None:
+        try:
+            response = await client.get(f"{url.rstrip('/')}/metrics")
+            response.raise_for_status()
+            self.latest[url] = parse_metrics(response.text, self.clock())
+        except (httpx.HTTPError, ValueError) as exc:
+            self.failures[url] = self.failures.get(url, 0) + 1
+            log.debug("metrics scrape of %s failed: %s", url, exc)
+
+    def start(self, urls: Callable[[], Iterable[str]], interval: float,
+              timeout: float = 2.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        """Scrape `urls()` (read each round: nodes come and go) every `interval` seconds."""
+
+        async def loop() -> None:
+            async with httpx.AsyncClient(timeout=timeout, transport=transport) as client:
+                while True:
+                    started = self.clock()
+                    await self.scrape(client, list(urls()))
+                    await asyncio.sleep(max(0.0, interval - (self.clock() - started)))
+
+        self._task = asyncio.create_task(loop(), name="metrics scraper")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

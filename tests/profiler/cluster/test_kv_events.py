@@ -1,0 +1,39 @@
+"""`ppd cluster up` turns on KV cache events on D/R nodes and names them in cluster.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from profiler.cluster.plan import (
+    ClusterConfig,
+    ServedModel,
+    cluster_document,
+    node_command,
+    parse_layout,
+    plan_nodes,
+)
+from proxy import kv_sources
+from proxy.route import Role
+
+
+def test_d_and_r_publish_events_p_does_not_and_cluster_json_names_them(
+        tmp_path: Path) -> None:
+    config = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path, base_port=9000)
+    model = ServedModel("tiny", tmp_path / "model")
+    prefill, decode = plan_nodes(config)
+    assert "--kv-events-config" not in node_command(config, model, prefill)
+    argv = node_command(config, model, decode)
+    events = json.loads(argv[argv.index("--kv-events-config") + 1])
+    assert events == {"enable_kv_cache_events": True, "publisher": "zmq",
+                      "endpoint": "tcp://*:10001", "replay_endpoint": "tcp://127.0.0.1:11001",
+                      "topic": "kv"}
+    doc = cluster_document("tiny", config.layout, [
+        (Role.PREFILL, "http://127.0.0.1:9000", 1, tmp_path / "p.log"),
+        (Role.DECODE, "http://127.0.0.1:9001", 2, tmp_path / "d.log")])
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(doc))
+    # The proxy reads them back (`ppd proxy --cluster`): the PUB and replay of the D only.
+    (source,) = kv_sources.from_cluster_file(path)
+    assert (source.url, source.endpoint, source.replay) == (
+        "http://127.0.0.1:9001", "tcp://127.0.0.1:10001", "tcp://127.0.0.1:11001")

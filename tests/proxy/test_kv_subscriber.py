@@ -1,0 +1,140 @@
+"""The KV event subscriber against a fake vLLM publisher on loopback (real ZMQ)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+import zmq.asyncio
+
+from proxy.kv_events import BlockRemoved, BlockStored
+from proxy.kv_subscriber import KvEventSource, KvEventSubscribers, NodeSubscriber
+from proxy.residency import NodeResidency
+from tests.fakes.fake_kv_publisher import FakeKvPublisher
+
+
+def stored(hashes: list[int], parent: int | None, session: str = "s") -> BlockStored:
+    return BlockStored(tuple(hashes), parent, 16 * len(hashes), 16, session)
+
+
+@pytest.fixture(params=[False, True], ids=["map", "positional"])
+def publisher(request: pytest.FixtureRequest) -> Iterator[FakeKvPublisher]:
+    pub = FakeKvPublisher(replay=True, positional=request.param)
+    yield pub
+    pub.close()
+
+
+async def wait_for(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.01)
+
+
+async def connected(pub: FakeKvPublisher, sub: NodeSubscriber) -> None:
+    """PUB drops what it sends before SUB joined: publish a probe until one arrives."""
+    probe = 0
+    while sub.stats.batches == 0:
+        pub.publish([stored([10_000 + probe], None, session="probe")])
+        probe += 1
+        await asyncio.sleep(0.02)
+
+
+async def test_events_fold_into_the_index(publisher: FakeKvPublisher) -> None:
+    session_tagged = not publisher.positional  # positional events carry no session_id
+    index = NodeResidency()
+    sub = NodeSubscriber(KvEventSource("http://d0", publisher.endpoint), index)
+    subs = KvEventSubscribers([sub])
+    subs.start()
+    try:
+        await connected(publisher, sub)
+        publisher.publish([stored([1, 2, 3], None)])
+        publisher.publish([BlockRemoved((3,))])
+        await wait_for(lambda: sub.stats.last_seq == publisher.seq - 1)
+        assert index.held_tokens("s") == (32 if session_tagged else None)
+        assert 1 in index._parent and 3 not in index._parent
+        assert sub.stats.gaps == 0
+    finally:
+        await subs.stop()
+
+
+async def test_a_gap_is_replayed(publisher: FakeKvPublisher) -> None:
+    index = NodeResidency()
+    sub = NodeSubscriber(KvEventSource("http://d0", publisher.endpoint,
+                                       publisher.replay_endpoint), index)
+    subs = KvEventSubscribers([sub])
+    subs.start()
+    try:
+        await connected(publisher, sub)
+        publisher.publish([stored([1, 2], None)], drop=True)  # missed on the live stream
+        publisher.publish([stored([3], 2)])
+        await wait_for(lambda: sub.stats.last_seq == publisher.seq - 1)
+        assert sub.stats.gaps == 1 and sub.stats.replayed >= 1 and sub.stats.resets == 0
+        assert 1 in index._parent and 3 in index._parent
+        if not publisher.positional:
+            assert index.held_tokens("s") == 48
+    finally:
+        await subs.stop()
+
+
+async def test_a_gap_without_replay_forgets_the_index() -> None:
+    publisher = FakeKvPublisher()
+    index = NodeResidency()
+    sub = NodeSubscriber(KvEventSource("http://d0", publisher.endpoint), index)
+    subs = KvEventSubscribers([sub])
+    subs.start()
+    try:
+        await connected(publisher, sub)
+        publisher.publish([stored([1, 2], None)])
+        await wait_for(lambda: index.held_tokens("s") == 32)
+        publisher.publish([BlockRemoved((2,))], drop=True)
+        publisher.publish([stored([7], None, session="t")])
+        await wait_for(lambda: sub.stats.last_seq == publisher.seq - 1)
+        assert sub.stats.gaps == 1 and sub.stats.resets == 1
+        assert index.held_tokens("s") is None  # unknown: today's behaviour
+        assert index.held_tokens("t") == 16  # stored after the gap: known again
+    finally:
+        await subs.stop()
+        publisher.close()
+
+
+async def test_replay_that_no_longer_holds_the_gap_forgets() -> None:
+    publisher = FakeKvPublisher(replay=True, buffer=1)
+    index = NodeResidency()
+    sub = NodeSubscriber(KvEventSource("http://d0", publisher.endpoint,
+                                       publisher.replay_endpoint), index)
+    subs = KvEventSubscribers([sub])
+    subs.start()
+    try:
+        await connected(publisher, sub)
+        publisher.publish([stored([1, 2], None)])
+        await wait_for(lambda: index.held_tokens("s") == 32)
+        publisher.publish([BlockRemoved((2,))], drop=True)
+        publisher.publish([BlockRemoved((1,))], drop=True)  # pushes the first out of buffer
+        publisher.publish([stored([9], None, session="t")])
+        await wait_for(lambda: sub.stats.last_seq == publisher.seq - 1)
+        assert sub.stats.resets == 1 and index.held_tokens("s") is None
+    finally:
+        await subs.stop()
+        publisher.close()
+
+
+async def test_a_dead_replay_endpoint_forgets_instead_of_hanging() -> None:
+    publisher = FakeKvPublisher()
+    ctx = zmq.asyncio.Context()
+    index = NodeResidency()
+    sub = NodeSubscriber(KvEventSource("http://d0", publisher.endpoint, "tcp://127.0.0.1:9"),
+                         index)
+    try:
+        from proxy.kv_events import parse_batch, encode_batch  # noqa: I001
+        first = parse_batch(0, encode_batch(0.0, [stored([1], None)]))
+        await sub.handle(first, ctx)
+        later = parse_batch(5, encode_batch(0.0, [stored([2], 1)]))
+        await sub.handle(later, ctx)
+        assert sub.stats.resets == 1 and sub.stats.last_seq == 5
+        assert index.held_tokens("s") is None
+    finally:
+        ctx.destroy(linger=0)
+        publisher.close()

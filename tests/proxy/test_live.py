@@ -1,0 +1,142 @@
+"""Policy live: both routes predicted from residency, load and a step-cost model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from proxy.config import ConfigError, NodeSpec, Policy, PolicyConfig, ProxyConfig
+from proxy.live import NodeState, StepCosts, TurnState, predict
+from proxy.policies import Reason, RoutingPolicy
+from proxy.route import Role, RouteKind, Workload
+
+# Round numbers: a step is 6 ms + 0.02 ms per prompt token + 0.01 ms per decoding request.
+COSTS = StepCosts(base_ms=6.0, per_prefill_token_ms=0.02, per_decode_seq_ms=0.01,
+                  transfer_ms_per_ktoken=0.3)
+LIVE = PolicyConfig(kind=Policy.LIVE)
+
+
+def turn(n_ctx: int = 2048, n_in: int = 64, n_out: int = 256) -> Workload:
+    return Workload(2, n_in, n_ctx, n_out, 4.0)
+
+
+def state(held: int | None, running: float = 32.0, p_held: int | None = None) -> TurnState:
+    return TurnState(NodeState(running, 0.0, held, 16), NodeState(0.0, 0.0, p_held, 16))
+
+
+def test_predict_charges_local_for_what_d_no_longer_holds() -> None:
+    resident = predict(turn(), state(2048 - 16), COSTS)  # the partial last block only
+    evicted = predict(turn(), state(0), COSTS)
+    assert resident.missing_tokens == 0 and evicted.missing_tokens == 2048
+    # Local prefills 64 tokens when D holds the history, 2,112 when it holds none.
+    assert evicted.ttft_local_ms - resident.ttft_local_ms == pytest.approx(2048 * 0.02)
+    assert evicted.ttft_pd_ms == resident.ttft_pd_ms  # P->D does not depend on D's cache
+    assert evicted.batch_delay_ms == pytest.approx(32 * 2112 * 0.02)
+
+
+def test_p_that_holds_the_history_makes_p_to_d_cheaper() -> None:
+    cold, warm = predict(turn(), state(2048), COSTS), predict(turn(), state(2048, p_held=2000),
+                                                              COSTS)
+    assert cold.ttft_pd_ms - warm.ttft_pd_ms == pytest.approx(2000 * 0.02)
+
+
+def test_resident_session_stays_local_and_evicted_one_goes_p_to_d() -> None:
+    policy = RoutingPolicy(LIVE, costs=COSTS)
+    assert policy.decide(turn(), "s", True, state(2048)) == \
+        policy.decide(turn(), "s", True, state(2048))
+    decision = policy.decide(turn(), "s", True, state(2048))
+    assert decision.kind is RouteKind.LOCAL and decision.reason is Reason.LIVE
+    evicted = policy.decide(turn(), "s", True, state(0, running=128))
+    assert evicted.kind is RouteKind.PD and evicted.reason is Reason.EVICTED
+
+
+def test_unknown_residency_behaves_as_fully_held() -> None:
+    policy = RoutingPolicy(LIVE, costs=COSTS)
+    assert policy.decide(turn(), "s", True, state(None)).kind is RouteKind.LOCAL
+    assert policy.decide(turn(), "s", True).kind is RouteKind.LOCAL  # no state at all
+
+
+def test_turn_one_and_no_home_go_p_to_d() -> None:
+    policy = RoutingPolicy(LIVE, costs=COSTS)
+    assert policy.decide(Workload(1, 100, 0, 10, 1.0), "s", False).reason is Reason.TURN1
+    assert policy.decide(turn(), "s", False, state(2048)).reason is Reason.NO_HOME
+
+
+def test_w_tpot_moves_a_big_paste_on_a_busy_d_to_p_to_d() -> None:
+    paste = turn(n_ctx=512, n_in=1024, n_out=512)
+    busy = state(512, running=60)
+    balanced = RoutingPolicy(LIVE, costs=COSTS)
+    heavy = RoutingPolicy(PolicyConfig(kind=Policy.LIVE, w_tpot=6.0), costs=COSTS)
+    assert balanced.decide(paste, "s", True, busy).kind is RouteKind.LOCAL
+    decision = heavy.decide(paste, "s", True, busy)
+    assert decision.kind is RouteKind.PD and decision.reason is Reason.LIVE
+
+
+def test_live_needs_costs() -> None:
+    with pytest.raises(ValueError, match="step-cost"):
+        RoutingPolicy(LIVE)
+    nodes = (NodeSpec("http://p", Role.PREFILL), NodeSpec("http://d", Role.DECODE))
+    with pytest.raises(ConfigError, match="--live-costs"):
+        ProxyConfig(nodes=nodes, policy=LIVE)
+
+
+def test_cost_file_round_trip_and_errors(tmp_path: Path) -> None:
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"name": "x", "base_ms": 1, "per_prefill_token_ms": 0.1,
+                                "per_decode_seq_ms": 0.5}))
+    assert StepCosts.load(path).step_ms(10, 0, 2, 0) == pytest.approx(1 + 1 + 1)
+    with pytest.raises(ValueError, match="cannot read"):
+        StepCosts.load(tmp_path / "missing.json")
+    path.write_text("{")
+    with pytest.raises(ValueError, match="not JSON"):
+        StepCosts.load(path)
+    path.write_text(json.dumps({"base_ms": 1}))
+    with pytest.raises(ValueError, match="lacks 'per_prefill_token_ms'"):
+        StepCosts.load(path)
+    path.write_text(json.dumps({"base_ms": -1, "per_prefill_token_ms": 0,
+                                "per_decode_seq_ms": 0}))
+    with pytest.raises(ValueError, match="base_ms must be"):
+        StepCosts.load(path)
+
+
+def test_the_batch_own_output_lengths_price_local_when_known() -> None:
+    # 60 requests of 2,000 output tokens each barely notice a delay; 60 of 10 tokens
+    # feel it two hundred times more.
+    paste = turn(n_ctx=512, n_in=1024, n_out=512)
+    long_batch = TurnState(NodeState(60, 0, 512, 16, tpot_sensitivity=60 / 1999),
+                           NodeState())
+    short_batch = TurnState(NodeState(60, 0, 512, 16, tpot_sensitivity=60 / 9), NodeState())
+    heavy = PolicyConfig(kind=Policy.LIVE, w_tpot=6.0)
+    assert RoutingPolicy(heavy, costs=COSTS).decide(paste, "s", True, long_batch).kind \
+        is RouteKind.LOCAL
+    assert RoutingPolicy(heavy, costs=COSTS).decide(paste, "s", True, short_batch).kind \
+        is RouteKind.PD
+
+
+def test_live_view_trusts_fresh_metrics_else_the_proxy_in_flight() -> None:
+    from proxy.backends import BackendPool
+    from proxy.kv_events import BlockStored
+    from proxy.live_view import LiveView
+    from proxy.node_load import LoadSignals, NodeMetrics
+    from proxy.residency import Residency
+    from proxy.sessions import Session
+
+    now = [10.0]
+    pool = BackendPool(clock=lambda: now[0])
+    pool.add("http://p", Role.PREFILL)
+    decode = pool.add("http://d", Role.DECODE)
+    residency = Residency()
+    residency.node("http://d").apply(BlockStored((1, 2), None, 64, 32, "s"))
+    signals = LoadSignals(clock=lambda: now[0])
+    signals.latest["http://d"] = NodeMetrics(running=40, waiting=2, kv_usage=0.5, at=9.0)
+    view = LiveView(pool, residency, signals, max_age=3.0)
+    session = Session("s", opening="o", hashed=False, decode="http://d")
+    state = view.state(session)
+    assert (state.decode.running, state.decode.waiting) == (40, 2)
+    assert (state.decode.held_tokens, state.decode.block_size) == (64, 32)
+    assert state.prefill.held_tokens is None  # P publishes nothing
+    now[0] = 20.0  # the reading is 11 s old: the proxy's own count stands in
+    decode.in_flight = 3
+    assert (view.state(session).decode.running, view.state(session).decode.waiting) == (3, 0)
