@@ -23,9 +23,11 @@ from typing import Any
 import yaml
 
 from proxy.breaker import DEFAULT_COOLDOWN_S, DEFAULT_FAILURES
+from proxy.load import DEFAULT_LOAD_WINDOW_S
 from proxy.logs import LogFormat, LogLevel
 from proxy.options import add_flags, option, option_fields
 from proxy.route import Role
+from proxy.session_ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S
 from proxy.table import DEFAULT_SUCCESS_MARGIN
 
 
@@ -128,8 +130,9 @@ class ProxyConfig:
         False, "allow --discovery on a non-loopback address without --discovery-token")
     heartbeat_timeout: float = option(
         10.0, "drop a registered node after S seconds without a heartbeat", metavar="S")
-    session_ttl: float = option(3600.0, "forget a session idle for S seconds", metavar="S")
-    max_sessions: int = option(100_000, "LRU bound on the sessions kept", metavar="N")
+    session_ttl: float = option(DEFAULT_SESSION_TTL_S, "forget a session idle for S seconds",
+                                metavar="S")
+    max_sessions: int = option(DEFAULT_MAX_SESSIONS, "LRU bound on the sessions kept", metavar="N")
     session_store: str = option(
         "memory", "where sessions live: memory (this process), or Redis/Valkey shared by "
         "workers and replicas", metavar="memory|redis://HOST:PORT/DB")
@@ -148,7 +151,8 @@ class ProxyConfig:
     connect_timeout: float = option(5.0, "upstream connect timeout in seconds", metavar="S")
     health_interval: float = option(5.0, "seconds between health checks", metavar="S")
     load_window: float = option(
-        30.0, "sliding window of the turns-per-second load meter, seconds", metavar="S")
+        DEFAULT_LOAD_WINDOW_S, "sliding window of the turns-per-second load meter, seconds",
+        metavar="S")
     shutdown_grace: float = option(
         30.0, "on SIGTERM/SIGINT, seconds open streams may take to finish before they are cut",
         metavar="S")

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+# The proxy's --load-window default: long enough to smooth a bursty replay's arrivals.
+DEFAULT_LOAD_WINDOW_S = 30.0
+
 
 class RateMeter:
     """Events per second over the last `window` seconds."""

@@ -13,17 +13,16 @@ sent; a streamed reply that breaks after its first byte ends with an in-band err
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from proxy import forward, wire
+from proxy import forward, turn_plan, wire
 from proxy.backends import Backend, BackendPool
 from proxy.completion import Captured, ReplyCapture
-from proxy.config import Policy
 from proxy.errors import NotFound, Overloaded, ProxyError
 from proxy.failover import Failover, charge
 from proxy.forward import Answer, UpstreamStream
@@ -31,9 +30,9 @@ from proxy.lease import Admission, Lease
 from proxy.load import RateMeter, RunningMean
 from proxy.logs import AccessEntry
 from proxy.metrics import ProxyMetrics
-from proxy.policies import Decision, Reason, RoutingPolicy
+from proxy.policies import RoutingPolicy
 from proxy.relay import Relay
-from proxy.route import Role, RouteKind, Workload
+from proxy.route import RouteKind, Workload
 from proxy.session_store import SessionStore
 from proxy.sessions import Lookup, Transcript
 from proxy.tokens import (
@@ -42,6 +41,7 @@ from proxy.tokens import (
     requested_output_tokens,
     turn_usage,
 )
+from proxy.turn_plan import Attempt, Pick, TurnPlan
 from proxy.validate import Endpoint
 
 # Visible ASCII but `%`: what a client-chosen session id may carry unescaped in a header.
@@ -168,10 +168,12 @@ class Router:
         self.load.record()
         turn = _Turn(incoming, transcript, lookup, self._workload(incoming, transcript, lookup),
                      started, Failover(self.pool, lease, self.metrics), access)
-        decision = self._decide(turn)
+        plan = turn_plan.plan_turn(self.policy, self.pool, lookup, turn.workload,
+                                   incoming.forced)
+        decision = plan.decision
         access.decided(decision)
         try:
-            served = await self._serve(turn, decision)
+            served = await self._serve(turn, plan)
         except ProxyError as exc:
             exc.headers.update(turn.headers())
             self.metrics.responded(exc.status)
@@ -208,39 +210,39 @@ class Router:
         n_out = requested_output_tokens(incoming.body) or round(self.expected_output.value)
         return Workload(lookup.turn, n_in, lookup.cached_tokens, n_out, self.load.rate())
 
-    def _decide(self, turn: _Turn) -> Decision:
-        session = turn.lookup.session
-        can_local = turn.lookup.continuation and self.pool.is_usable(session.decode, Role.DECODE)
-        forced = turn.incoming.forced
-        if forced is None or self.policy.kind is Policy.REPLICA:
-            return self.policy.decide(turn.workload, session.id, can_local)
-        if forced is RouteKind.LOCAL and not can_local:
-            # Nothing to append to (turn 1, or the session's D is gone): P->D is the only way.
-            return Decision(RouteKind.PD, Reason.NO_HOME)
-        return Decision(forced, Reason.FORCED)
+    async def _serve(self, turn: _Turn, plan: TurnPlan) -> _Served:
+        for attempt in plan.attempts:
+            served = await self._try(turn, attempt)
+            if served is not None:
+                return served
+        raise AssertionError("a turn plan ends with an attempt that serves or raises")
 
-    async def _serve(self, turn: _Turn, decision: Decision) -> _Served:
-        session, body = turn.lookup.session, turn.incoming.body
-        if decision.kind is RouteKind.REPLICA:
-            turn.route = RouteKind.REPLICA
-            served = await turn.failover.run(Role.REPLICA, session.decode, lambda node: self._leg(
-                turn, RouteKind.REPLICA, node, wire.local_body(body), wire.request_id()))
-            if not served.rejected and served.decode is not None:
-                session.decode = served.decode.url
-            return served
-        if decision.kind is RouteKind.LOCAL and session.decode is not None:
-            home = self.pool.take(session.decode, Role.DECODE)
-            if home is not None:
-                turn.route = RouteKind.LOCAL
-                local = await turn.failover.attempt(home, lambda node: self._leg(
-                    turn, RouteKind.LOCAL, node, wire.local_body(body), wire.request_id()))
-                if local is not None:
-                    return local
-        turn.route = RouteKind.PD
-        return await turn.failover.run(Role.DECODE, session.decode,
-                                       lambda decode: self._pd(turn, decode))
+    async def _try(self, turn: _Turn, attempt: Attempt) -> _Served | None:
+        """One attempt of the plan; None when its only node cannot serve (the next one runs)."""
+        session, body, answering = turn.lookup.session, turn.incoming.body, attempt.answering
+        if attempt.prefill is not None:
+            turn.route = attempt.route
+            prefill = attempt.prefill
+            return await turn.failover.run(answering.role, answering.prefer,
+                                           lambda decode: self._pd(turn, decode, prefill))
 
-    async def _pd(self, turn: _Turn, decode: Backend) -> _Served:
+        def leg(node: Backend) -> Awaitable[_Served]:
+            return self._leg(turn, attempt.route, node, wire.local_body(body), wire.request_id())
+
+        if answering.only_preferred:
+            home = (self.pool.take(answering.prefer, answering.role)
+                    if answering.prefer is not None else None)
+            if home is None:
+                return None
+            turn.route = attempt.route
+            return await turn.failover.attempt(home, leg)
+        turn.route = attempt.route
+        served = await turn.failover.run(answering.role, answering.prefer, leg)
+        if not served.rejected and served.decode is not None:
+            session.decode = served.decode.url
+        return served
+
+    async def _pd(self, turn: _Turn, decode: Backend, pick: Pick) -> _Served:
         """One P->D try on decode: the P leg (failing over among Ps), then D's leg."""
         body, lease = turn.incoming.body, turn.failover.lease
 
@@ -252,8 +254,7 @@ class Router:
             lease.settle(prefill, ok=True)
             return prefill, request_id, result
 
-        prefill, request_id, result = await turn.failover.run(
-            Role.PREFILL, turn.lookup.session.prefill, prefill_on)
+        prefill, request_id, result = await turn.failover.run(pick.role, pick.prefer, prefill_on)
         if isinstance(result, Answer):  # P rejected the request: D is not asked
             return _Served(RouteKind.PD, result, None, prefill)
         served = await self._leg(turn, RouteKind.PD, decode,

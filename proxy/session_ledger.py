@@ -27,6 +27,10 @@ from typing import Any
 
 from proxy.sessions import Held, Lookup, Session, Transcript, Version, explicit_key
 
+# The proxy's --session-ttl and --max-sessions defaults: an hour idle, 100k sessions.
+DEFAULT_SESSION_TTL_S = 3600.0
+DEFAULT_MAX_SESSIONS = 100_000
+
 
 def new_session(transcript: Transcript, explicit_id: str | None, now: float,
                 home: Session | None = None) -> Session:

@@ -29,6 +29,7 @@ from profiler.simulate.run import (
     write_sim_run,
 )
 from proxy.config import ConfigError, PolicyConfig
+from proxy.load import DEFAULT_LOAD_WINDOW_S
 from proxy.options import add_flags, option_fields
 
 
@@ -46,7 +47,7 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
                         help="per-request timeout in seconds; a slower turn fails (default 30, "
                         "the paper's)")
     parser.add_argument("--seed", type=int, default=0, help="arrivals, workload and engine seed")
-    parser.add_argument("--load-window", type=float, default=30.0,
+    parser.add_argument("--load-window", type=float, default=DEFAULT_LOAD_WINDOW_S,
                         help="the proxy's --load-window: seconds its turns-per-second meter "
                         "averages over (default 30, the proxy's)")
 

@@ -6,8 +6,8 @@
 decides the route (ppd reads its `proxy.table.DecisionTable` through `proxy.discretize`), and
 the backend pool (`proxy.backends`) picks nodes - the session's own first, else the least
 loaded - with in-flight slots held through `proxy.lease` exactly as the router holds them.
-Nothing here decides a route or picks a node by itself; only the order of those calls
-mirrors `Router._handle`/`_serve` (which cannot run in virtual time: it is async HTTP).
+Nothing here decides a route or picks a node by itself: `proxy.turn_plan.plan_turn`, which
+the router calls too, gives the decision and the nodes to try; this runs them on the clock.
 
 Transcripts are chat messages with placeholder text (`conv/turn/user`, `conv/turn/reply`):
 the ledger's continuation rule (a request must strictly extend what D holds) sees the same
@@ -20,19 +20,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from proxy import turn_plan
 from proxy.backends import Backend, BackendPool
 from proxy.completion import assistant_message
 from proxy.lease import Admission, Lease
-from proxy.load import RateMeter
-from proxy.policies import Decision, Reason, RoutingPolicy
+from proxy.load import DEFAULT_LOAD_WINDOW_S, RateMeter
+from proxy.policies import Decision, RoutingPolicy
 from proxy.route import Role, RouteKind, Workload
-from proxy.session_ledger import SessionLedger
+from proxy.session_ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, SessionLedger
 from proxy.sessions import Lookup, Transcript
-
-# The proxy's defaults (proxy.config.ProxyConfig): load window and session bounds.
-DEFAULT_LOAD_WINDOW_S = 30.0
-_SESSION_TTL_S = 3600.0
-_MAX_SESSIONS = 100_000
+from proxy.turn_plan import Pick
 
 
 @dataclass(slots=True)
@@ -82,7 +79,7 @@ class SimProxy:
         for url, role in nodes:
             self.pool.add(url, role)
         self.policy = policy
-        self.ledger = SessionLedger(_SESSION_TTL_S, _MAX_SESSIONS, clock)
+        self.ledger = SessionLedger(DEFAULT_SESSION_TTL_S, DEFAULT_MAX_SESSIONS, clock)
         self.load = RateMeter(load_window_s, clock)
         self.admission = Admission(self.pool)
         self._forced = forced
@@ -95,23 +92,21 @@ class SimProxy:
         self.load.record()
         workload = Workload(lookup.turn, n_new_tokens, lookup.cached_tokens, max_tokens,
                             self.load.rate())
-        decision = self._decide(lookup, workload, turn)
+        forced = self._forced(turn) if self._forced is not None else None
+        plan = turn_plan.plan_turn(self.policy, self.pool, lookup, workload, forced)
         lease = self.admission.admit()
         session = lookup.session
-        if decision.kind is RouteKind.REPLICA:
-            node = self._hold(lease, self.pool.pick(Role.REPLICA, session.decode))
-            session.decode = node.url
-            return Plan(RouteKind.REPLICA, decision, node, None, workload, lookup, transcript,
-                        lease)
-        if decision.kind is RouteKind.LOCAL and session.decode is not None:
-            home = self.pool.take(session.decode, Role.DECODE)
-            if home is not None:
-                return Plan(RouteKind.LOCAL, decision, self._hold(lease, home), None, workload,
-                            lookup, transcript, lease)
-        decode = self._hold(lease, self.pool.pick(Role.DECODE, session.decode))
-        prefill = self._hold(lease, self.pool.pick(Role.PREFILL, session.prefill))
-        session.prefill, session.decode = prefill.url, decode.url
-        return Plan(RouteKind.PD, decision, decode, prefill, workload, lookup, transcript, lease)
+        for attempt in plan.attempts:
+            nodes = [self._choose(pick) for pick in attempt.picks]
+            if None in nodes and attempt is not plan.attempts[-1]:
+                continue  # the session's D cannot take it now: the next attempt (P->D)
+            decode, *prefill = [self._hold(lease, node) for node in nodes]
+            session.decode = decode.url
+            if prefill:
+                session.prefill = prefill[0].url
+            return Plan(attempt.route, plan.decision, decode, prefill[0] if prefill else None,
+                        workload, lookup, transcript, lease)
+        raise AssertionError("a turn plan ends with an attempt that serves or raises")
 
     def prefilled(self, plan: Plan) -> None:
         """P's leg answered: its slot is free (the router settles it then)."""
@@ -127,16 +122,10 @@ class SimProxy:
             self.ledger.record_turn(plan.lookup, held)
         plan.lease.release()
 
-    def _decide(self, lookup: Lookup, workload: Workload, turn: int) -> Decision:
-        # Router._decide, with the x-ppd-route header replaced by `forced` (the profiler's).
-        session = lookup.session
-        can_local = lookup.continuation and self.pool.is_usable(session.decode, Role.DECODE)
-        forced = self._forced(turn) if self._forced is not None else None
-        if forced is None or self.policy.kind.value == "replica":
-            return self.policy.decide(workload, session.id, can_local)
-        if forced is RouteKind.LOCAL and not can_local:
-            return Decision(RouteKind.PD, Reason.NO_HOME)
-        return Decision(forced, Reason.FORCED)
+    def _choose(self, pick: Pick) -> Backend | None:
+        if pick.only_preferred:
+            return self.pool.take(pick.prefer, pick.role) if pick.prefer is not None else None
+        return self.pool.pick(pick.role, pick.prefer)
 
     @staticmethod
     def _hold(lease: Lease, node: Backend | None) -> Backend:

@@ -30,6 +30,7 @@ from profiler.simulate.layout import Layout
 from profiler.simulate.simulator import DEFAULT_TIMEOUT_S, SimResult, SimSetup, Simulator
 from profiler.simulate.workload import arrivals, conversations_needed, load_conversations
 from proxy.config import Policy, PolicyConfig
+from proxy.load import DEFAULT_LOAD_WINDOW_S
 from proxy.policies import RoutingPolicy
 from proxy.route import Role, RouteKind
 from proxy.table import DecisionTable
@@ -55,7 +56,7 @@ class RunSpec:
     max_turns: int | None = None
     max_context_tokens: int | None = None
     forced_route: RouteKind | None = None  # turn 2+ forced, as the profiler's x-ppd-route
-    load_window_s: float = 30.0  # the proxy's --load-window (its load meter's window)
+    load_window_s: float = DEFAULT_LOAD_WINDOW_S  # the proxy's --load-window
 
     def __post_init__(self) -> None:
         if min(self.qps, self.duration_s, self.timeout_s, self.load_window_s) <= 0:

@@ -39,6 +39,7 @@ from profiler.sim.transfer import Link, SharedLink
 from profiler.simulate.layout import Layout, SimNode
 from profiler.simulate.routing import Plan, SimProxy
 from profiler.simulate.workload import Arrival, SimConversation
+from proxy.load import DEFAULT_LOAD_WINDOW_S
 from proxy.policies import RoutingPolicy
 from proxy.route import Role, RouteKind
 
@@ -64,7 +65,7 @@ class SimSetup:
     kv_bytes_per_token: int
     engine: EngineConfig = field(default_factory=EngineConfig)
     timeout_s: float = DEFAULT_TIMEOUT_S
-    load_window_s: float = 30.0
+    load_window_s: float = DEFAULT_LOAD_WINDOW_S
     forced: Callable[[int], RouteKind | None] | None = None
 
 
