@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "proxy": ("proxy.cli:main", "run the PPD routing proxy in front of vLLM P/D servers"),
     "model": ("profiler.models.prepare:main",
               "prepare a local model (tiny | smollm2) without a hub"),
-    "cluster": ("profiler.cluster.launcher:main",
+    "cluster": ("profiler.cluster.cli:main",
                 "start, inspect or stop a local vLLM P/D cluster"),
     "replay": ("profiler.replay.cli:main", "replay multi-turn traces against a proxy"),
     "profile": ("profiler.profile.cli:main", "measure x=0 vs x=1 per workload cell into a table"),

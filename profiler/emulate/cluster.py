@@ -19,9 +19,9 @@ from profiler.cluster.launcher import (
     Cluster,
     Node,
     Progress,
-    _quiet,
-    _write_json,
     plan_free_nodes,
+    quiet,
+    write_json,
 )
 from profiler.cluster.plan import ClusterConfig, ClusterError, cluster_document
 from profiler.cluster.procs import ManagedProcess, StartupError
@@ -33,7 +33,7 @@ HOST_LOG = "emulated-nodes.log"
 
 
 def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | None = None,
-                           progress: Progress = _quiet, max_model_len: int | None = None
+                           progress: Progress = quiet, max_model_len: int | None = None
                            ) -> Cluster:
     """Start config.layout as emulated nodes of preset hardware:config.model; write cluster.json.
 
@@ -75,7 +75,7 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
                            [(n.role, n.url, n.proc.pid, n.proc.log) for n in started])
     doc["emulated"] = {"preset": preset.name, "link": preset.link.name,
                        "backend": emulated_backend(preset.name), "tokenizer": str(tokenizer)}
-    _write_json(cluster.cluster_file, doc)
+    write_json(cluster.cluster_file, doc)
     return cluster
 
 
