@@ -16,7 +16,8 @@ from pathlib import Path
 
 from profiler.emulate.port import NodeEngine
 from profiler.sim import Engine, EngineConfig, LinearCost, NodeRole, load_cost
-from profiler.sim.cost import BatchShape, CostModel
+from profiler.sim.batch import BatchShape
+from profiler.sim.cost import CostModel
 from profiler.sim.transfer import LINKS, Link, ModelShape, load_model_shape
 
 
@@ -58,12 +59,7 @@ class Preset:
 
 def _kv_blocks(cost: CostModel, config: EngineConfig) -> int | None:
     """vLLM's KV blocks on the preset's GPU (aiconfigurator's memory model), if it has one."""
-    estimate = getattr(cost, "num_kv_blocks", None)
-    if estimate is None:
-        return None
-    return int(estimate(block_size=config.block_size,
-                        max_num_batched_tokens=config.max_num_batched_tokens,
-                        max_num_seqs=config.max_num_seqs))
+    return cost.kv_blocks(config.block_size, config.max_num_batched_tokens, config.max_num_seqs)
 
 
 def resolve(hardware: str, model: str, link: str | None = None,

@@ -4,8 +4,9 @@ No HTTP here and nothing in `proxy/` imports it. `aiconfigurator-core` (the GPU 
 the optional extra `ppd[sim]`, imported only when an `h100:...`-style preset is first used.
 """
 
+from profiler.sim.batch import BatchShape
 from profiler.sim.config import EngineConfig, NodeRole, SchedulePolicy
-from profiler.sim.cost import BatchShape, CostModel, LinearCost, load_cost
+from profiler.sim.cost import CostModel, LinearCost, load_cost
 from profiler.sim.engine import Engine, EngineStats, StepResult
 from profiler.sim.prefix_cache import PrefixCache, block_hashes
 from profiler.sim.requests import Phase, Request, RequestRejected, Sequence

@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiler.sim.cost import BatchShape
+from profiler.sim.batch import BatchShape
 
 AIC_PACKAGE = "aiconfigurator-core"
 BACKEND, BACKEND_VERSION = "vllm", "0.24.0"
@@ -96,8 +96,8 @@ class AicCost:
             raise RuntimeError(f"{self.name}: aiconfigurator has no estimate for {shape}")
         return float(result)
 
-    def num_kv_blocks(self, *, block_size: int = 16, max_num_batched_tokens: int = 8192,
-                      max_num_seqs: int = 256, gpu_memory_utilization: float = 0.9) -> int:
+    def kv_blocks(self, block_size: int = 16, max_num_batched_tokens: int = 8192,
+                  max_num_seqs: int = 256, gpu_memory_utilization: float = 0.9) -> int | None:
         """vLLM's num_gpu_blocks for this GPU and model: aiconfigurator's memory model (weights,
         activations at the given batch limits, CUDA graphs) under vLLM's
         --gpu-memory-utilization (a fraction of total memory). H100 + Llama-3.1-8B: ~27k."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from profiler.sim.cost import BatchShape, load_cost
+from profiler.sim.batch import BatchShape
+from profiler.sim.cost import load_cost
 from profiler.sim.transfer import LINKS, MODEL_SHAPES
 
 

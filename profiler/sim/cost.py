@@ -1,9 +1,9 @@
 """Step cost models: how long one engine step takes for the batch it runs.
 
-A step is described by a `BatchShape` (the same features NVIDIA's aiconfigurator forward-pass
-model takes), and a `CostModel` turns it into milliseconds. Presets are named and record
-their source: `aic.py` (GPUs, measured kernel data) and `LinearCost` (fitted to this
-machine's vLLM-CPU cluster by `ppd sim fit`, stored as JSON).
+A step is described by a `BatchShape` (`profiler.sim.batch`: the same features NVIDIA's
+aiconfigurator forward-pass model takes), and a `CostModel` turns it into milliseconds.
+Presets are named and record their source: `aic.py` (GPUs, measured kernel data) and
+`LinearCost` (fitted to this machine's vLLM-CPU cluster by `ppd sim fit`, stored as JSON).
 """
 
 from __future__ import annotations
@@ -13,31 +13,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Protocol
 
-
-@dataclass(frozen=True, slots=True)
-class BatchShape:
-    """What one forward pass computes.
-
-    Prefill items are prompt chunks (their tokens attend to `sum_prefill_kv_tokens` earlier
-    tokens in total); decode items compute one token each over `sum_decode_kv_tokens` of
-    context in total."""
-
-    num_prefill_requests: int = 0
-    sum_prefill_tokens: int = 0
-    sum_prefill_kv_tokens: int = 0
-    num_decode_requests: int = 0
-    sum_decode_kv_tokens: int = 0
-
-    @property
-    def is_empty(self) -> bool:
-        return self.num_prefill_requests == 0 and self.num_decode_requests == 0
-
-    @property
-    def num_tokens(self) -> int:
-        return self.sum_prefill_tokens + self.num_decode_requests
+from profiler.sim import aic
+from profiler.sim.batch import BatchShape
 
 
 class CostModel(Protocol):
+    """A step-cost preset: the time of one step, and the KV cache the hardware holds."""
+
     @property
     def name(self) -> str: ...
 
@@ -48,6 +30,12 @@ class CostModel(Protocol):
 
     def step_ms(self, shape: BatchShape) -> float:
         """Modelled wall time of one step, in milliseconds (0 for an empty batch)."""
+        ...
+
+    def kv_blocks(self, block_size: int, max_num_batched_tokens: int,
+                  max_num_seqs: int) -> int | None:
+        """vLLM's num_gpu_blocks on the preset's hardware for these engine limits; None when
+        the preset models no memory (the engine config's own KV size then applies)."""
         ...
 
 
@@ -80,6 +68,11 @@ class LinearCost:
                 + self.per_decode_seq_ms * shape.num_decode_requests
                 + self.per_decode_kv_ktoken_ms * shape.sum_decode_kv_tokens / 1000)
 
+    def kv_blocks(self, block_size: int, max_num_batched_tokens: int,
+                  max_num_seqs: int) -> int | None:
+        """None: a fitted CPU preset times steps only (vLLM-CPU's KV size is a flag)."""
+        return None
+
     def to_json(self) -> str:
         return json.dumps({"kind": "linear", **asdict(self)}, indent=2)
 
@@ -100,6 +93,4 @@ def load_cost(spec: str) -> CostModel:
         if not path.is_file():
             raise ValueError(f"cost preset file not found: {spec}")
         return LinearCost.from_dict(json.loads(path.read_text()))
-    from profiler.sim import aic
-
     return aic.load_preset(spec)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from profiler.sim.batch import BatchShape
 from profiler.sim.config import EngineConfig, NodeRole
-from profiler.sim.cost import BatchShape, CostModel
+from profiler.sim.cost import CostModel
 from profiler.sim.prefix_cache import block_hashes
 from profiler.sim.requests import Phase, Request, RequestRejected, Sequence
 from profiler.sim.scheduler import ScheduledItem, Scheduler

@@ -8,7 +8,7 @@ says `"simulated": true` with the cost preset, link and layout in its config.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -99,10 +99,10 @@ def cost_model(name: str) -> CostModel:
 @lru_cache(maxsize=8)
 def engine_config(cost: str, seed: int) -> EngineConfig:
     """vLLM's defaults, with the KV cache the preset's GPU holds when the preset knows it."""
-    model = cost_model(cost)
-    blocks = getattr(model, "num_kv_blocks", None)
-    return EngineConfig(seed=seed, num_kv_blocks=blocks()) if callable(blocks) \
-        else EngineConfig(seed=seed)
+    config = EngineConfig(seed=seed)
+    blocks = cost_model(cost).kv_blocks(config.block_size, config.max_num_batched_tokens,
+                                        config.max_num_seqs)
+    return config if blocks is None else replace(config, num_kv_blocks=blocks)
 
 
 @lru_cache(maxsize=32)

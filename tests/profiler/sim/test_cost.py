@@ -22,7 +22,7 @@ def test_h100_preset_reproduces_the_reference_numbers(h100, shape, expected_ms):
 
 def test_kv_capacity_from_the_memory_model(h100):
     # 80 GiB x 0.9 less weights and activations, at 128 KiB per token: ~433k tokens
-    assert h100.num_kv_blocks() == pytest.approx(27062, rel=0.01)
+    assert h100.kv_blocks() == pytest.approx(27062, rel=0.01)
 
 
 def test_aic_results_are_cached_by_bucket(h100):
