@@ -17,11 +17,15 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pandas as pd
+
 from profiler.replay.cli import default_label
 from profiler.replay.output import summary_table
+from profiler.simulate import grid
+from profiler.simulate.flags import add_cluster_flags
+from profiler.simulate.paper import load_grid
+from profiler.simulate.paper_report import write_report
 from profiler.simulate.run import (
-    DEFAULT_COST,
-    DEFAULT_LINK,
     RunSpec,
     policy_label,
     run_summary,
@@ -29,27 +33,7 @@ from profiler.simulate.run import (
     write_sim_run,
 )
 from proxy.config import ConfigError, PolicyConfig
-from proxy.load import DEFAULT_LOAD_WINDOW_S
 from proxy.options import add_flags, option_fields
-
-
-def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags every simulator command shares: the cost preset, model, link, engine seed."""
-    parser.add_argument("--cost", default=DEFAULT_COST,
-                        help="cost preset (`ppd sim presets`) or a JSON file from `ppd sim fit` "
-                        f"(default {DEFAULT_COST})")
-    parser.add_argument("--model", help="model whose KV size the transfers move (default: the "
-                        "model part of --cost, e.g. llama-3.1-8b)")
-    parser.add_argument("--link", default=DEFAULT_LINK,
-                        help=f"P->D link preset: nvlink, rdma-400g, tcp-25g (default "
-                        f"{DEFAULT_LINK})")
-    parser.add_argument("--timeout", type=float, default=30.0,
-                        help="per-request timeout in seconds; a slower turn fails (default 30, "
-                        "the paper's)")
-    parser.add_argument("--seed", type=int, default=0, help="arrivals, workload and engine seed")
-    parser.add_argument("--load-window", type=float, default=DEFAULT_LOAD_WINDOW_S,
-                        help="the proxy's --load-window: seconds its turns-per-second meter "
-                        "averages over (default 30, the proxy's)")
 
 
 def build_run_parser() -> argparse.ArgumentParser:
@@ -113,12 +97,24 @@ def run_main(argv: list[str]) -> int:
 
 
 def grid_main(argv: list[str]) -> int:
-    from profiler.simulate.grid import main
+    return grid.main(argv)
 
-    return main(argv)
+
+def build_paper_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ppd sim paper",
+        description="The PPD paper's Tables 1, 2, 4 and the ppd-vs-fixed comparison from a "
+        "`ppd sim grid` table, beside the paper's figures (markdown + plots).")
+    parser.add_argument("grid", type=Path, nargs="+",
+                        help="ppd sim grid tables (.parquet or .csv), read as one")
+    parser.add_argument("--out", type=Path, required=True, help="directory for tables/plots")
+    return parser
 
 
 def paper_main(argv: list[str]) -> int:
-    from profiler.simulate.paper import main
+    args = build_paper_parser().parse_args(argv)
+    frame = pd.concat([load_grid(path) for path in args.grid], ignore_index=True)
+    written = write_report(frame, args.out, source=" + ".join(map(str, args.grid)))
+    print("\n".join(f"wrote {path}" for path in written))
+    return 0
 
-    return main(argv)

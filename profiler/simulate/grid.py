@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from profiler.simulate.cli import add_cluster_flags
+from profiler.simulate.flags import add_cluster_flags
 from profiler.simulate.layout import Layout
 from profiler.simulate.run import RunSpec, policy_label, run_summary, simulate
 from proxy.config import Policy, PolicyConfig

@@ -2,6 +2,7 @@
 
     ppd sim paper runs/paper-grid.parquet --out docs/paper-reproduction
 
+(the command line is `profiler.simulate.cli`; the paper's own figures, `paper_figures`).
 Reads the tidy grid (one row per run: layout, dataset, qps, policy, metrics) and writes
 markdown tables and PNG plots:
 - Table 1: turn-2 TTFT change from x=0 (`pd`) to x=1 (`local`) per P/D layout and load band;
@@ -19,7 +20,6 @@ more than 5 points scores -inf (the table's success guard). Higher is better.
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,14 +27,8 @@ from typing import Any
 
 import pandas as pd
 
-# The paper's figures (../shared/paper-reference.md), to print beside ours.
-PAPER_TABLE1 = {"1P3D": (-57.8, -65.2, -73.3), "2P2D": (-47.7, -51.6, -56.2),
-                "3P1D": (-44.3, -38.1, -24.9)}
-PAPER_TABLE2 = {"replica": (63.3, 0.6, 0.0, 21.3), "x=0": (0.0, 38.3, 4.4, 14.2),
-                "0<x<1": (3.3, 33.3, 27.8, 21.5), "x=1": (27.2, 15.6, 38.3, 27.0)}
-PAPER_TABLE4 = {("3P1D", "pd"): (11, 44, 61, 89), ("3P1D", "local"): (6, 22, 44, 67),
-                ("2P2D", "pd"): (0, 6, 11, 22), ("2P2D", "local"): (0, 0, 6, 11),
-                ("4R", "replica"): (0, 0, 0, 0)}
+from profiler.simulate.paper_figures import PAPER_TABLE1, PAPER_TABLE2, PAPER_TABLE4
+
 BANDS = (("low (0.5-2)", 0.5, 2.0), ("medium (4-8)", 4.0, 8.0), ("high (12-20)", 12.0, 20.0))
 TABLE4_QPS = (8.0, 12.0, 16.0, 20.0)
 SUCCESS_GUARD = 0.05
@@ -187,17 +181,6 @@ def _paper_key(label: Any) -> Any:
     return label
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ppd sim paper",
-        description="The PPD paper's Tables 1, 2, 4 and the ppd-vs-fixed comparison from a "
-        "`ppd sim grid` table, beside the paper's figures (markdown + plots).")
-    parser.add_argument("grid", type=Path, nargs="+",
-                        help="ppd sim grid tables (.parquet or .csv), read as one")
-    parser.add_argument("--out", type=Path, required=True, help="directory for tables/plots")
-    return parser
-
-
 def load_grid(path: Path) -> pd.DataFrame:
     if not path.is_file():
         raise ValueError(f"grid table not found: {path} (write one with `ppd sim grid`)")
@@ -206,13 +189,3 @@ def load_grid(path: Path) -> pd.DataFrame:
     if missing:
         raise ValueError(f"{path} is not a ppd sim grid table (missing {sorted(missing)})")
     return frame
-
-
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    from profiler.simulate.paper_report import write_report
-
-    grid = pd.concat([load_grid(path) for path in args.grid], ignore_index=True)
-    written = write_report(grid, args.out, source=" + ".join(map(str, args.grid)))
-    print("\n".join(f"wrote {path}" for path in written))
-    return 0
