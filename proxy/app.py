@@ -39,10 +39,11 @@ from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
 from proxy.health import HealthMonitor
 from proxy.load import RateMeter
 from proxy.metrics import ProxyMetrics
+from proxy.open_store import open_store
 from proxy.policies import RoutingPolicy
 from proxy.route import Role
 from proxy.router import Router
-from proxy.session_store import SessionStore, open_store, watch_store
+from proxy.session_store import SessionStore, watch_store
 from proxy.table import DecisionTable
 from proxy.tokens import token_counter
 from proxy.transport import default_transport

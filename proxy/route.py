@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from proxy.discretize import Cell
+
 
 class Role(enum.StrEnum):
     PREFILL = "prefill"
@@ -41,3 +43,26 @@ class Workload:
     n_ctx: int
     n_out: int
     qps: float
+
+
+class Reason(enum.StrEnum):
+    """Why a route was chosen (a metrics label)."""
+
+    TURN1 = "turn1"
+    NO_HOME = "no_home"
+    POLICY = "policy"
+    DRAW = "draw"
+    THRESHOLD = "threshold"
+    TABLE = "table"
+    MISSING_CELL = "missing_cell"
+    FORCED = "forced"
+    REPLICA = "replica"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A policy's verdict for one turn, with the reason and (ppd) the table cell used."""
+
+    kind: RouteKind
+    reason: Reason
+    cell: Cell | None = None

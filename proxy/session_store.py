@@ -7,7 +7,7 @@ session, in one process or several, never corrupt it: the loser stays unrecorded
 
 `MemoryStore` keeps them in this process (`proxy.session_ledger`), with no dependency;
 `proxy.redis_store.RedisStore` keeps them in Redis/Valkey, shared by every worker and replica
-(`--session-store redis://HOST:PORT/DB`). `open_store` picks one from the configuration.
+(`--session-store redis://HOST:PORT/DB`). `proxy.open_store` picks one from the configuration.
 """
 
 from __future__ import annotations
@@ -77,17 +77,6 @@ class MemoryStore(SessionStore):
 
     def live(self) -> int:
         return len(self.ledger)
-
-
-def open_store(url: str, ttl: float, max_sessions: int,
-               clock: Callable[[], float]) -> SessionStore:
-    """The store `--session-store` names: `memory`, or `redis://HOST:PORT/DB` (also rediss://,
-    unix://)."""
-    if url == MEMORY:
-        return MemoryStore(ttl, max_sessions, clock)
-    from proxy.redis_store import RedisStore  # the redis client is an optional dependency
-
-    return RedisStore(url, ttl, max_sessions, clock)
 
 
 def watch_store(registry: CollectorRegistry, store: SessionStore) -> None:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from proxy.backends import BackendPool
 from proxy.config import Policy
-from proxy.policies import Decision, Reason, RoutingPolicy
-from proxy.route import Role, RouteKind, Workload
+from proxy.policies import RoutingPolicy
+from proxy.route import Decision, Reason, Role, RouteKind, Workload
 from proxy.sessions import Lookup
 
 

@@ -25,8 +25,8 @@ from proxy.backends import Backend, BackendPool
 from proxy.completion import assistant_message
 from proxy.lease import Admission, Lease
 from proxy.load import DEFAULT_LOAD_WINDOW_S, RateMeter
-from proxy.policies import Decision, RoutingPolicy
-from proxy.route import Role, RouteKind, Workload
+from proxy.policies import RoutingPolicy
+from proxy.route import Decision, Role, RouteKind, Workload
 from proxy.session_ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, SessionLedger
 from proxy.sessions import Lookup, Transcript
 from proxy.turn_plan import Pick

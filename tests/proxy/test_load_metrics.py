@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from proxy.load import RateMeter, RunningMean
 from proxy.metrics import ProxyMetrics
-from proxy.policies import Decision, Reason
-from proxy.route import RouteKind
+from proxy.route import Decision, Reason, RouteKind
 from tests.proxy.helpers import FakeClock
 
 

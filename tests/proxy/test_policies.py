@@ -10,8 +10,8 @@ import pytest
 
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import Cell, ContextClass
-from proxy.policies import Reason, RoutingPolicy, stable_fraction
-from proxy.route import RouteKind, Workload
+from proxy.policies import RoutingPolicy, stable_fraction
+from proxy.route import Reason, RouteKind, Workload
 from proxy.table import DecisionTable
 
 

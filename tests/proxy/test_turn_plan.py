@@ -9,8 +9,8 @@ from profiler.simulate.routing import SimProxy
 from proxy import turn_plan
 from proxy.backends import BackendPool
 from proxy.config import Policy, PolicyConfig
-from proxy.policies import Decision, Reason, RoutingPolicy
-from proxy.route import Role, RouteKind, Workload
+from proxy.policies import RoutingPolicy
+from proxy.route import Decision, Reason, Role, RouteKind, Workload
 from proxy.sessions import Lookup, Session
 from proxy.turn_plan import Attempt, Pick, TurnPlan, plan_turn
 from tests.proxy.router_harness import chat, router_over, text_of
