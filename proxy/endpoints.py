@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from proxy.config import ProxyConfig
-from proxy.errors import BadRequest, PayloadTooLarge, ProxyError, Unauthorized
+from proxy.errors import BadRequest, MethodNotAllowed, PayloadTooLarge, ProxyError, Unauthorized
 from proxy.logs import AccessEntry
 from proxy.relay import Relay
 from proxy.route import RouteKind
@@ -35,12 +35,6 @@ log = logging.getLogger("ppd.proxy")
 FORCIBLE = {RouteKind.PD.value: RouteKind.PD, RouteKind.LOCAL.value: RouteKind.LOCAL}
 _PATHS = {endpoint.value: endpoint for endpoint in Endpoint}
 _WANTED = (b"authorization", b"x-ppd-route", b"x-session-id", b"content-length")
-
-
-class MethodNotAllowed(ProxyError):
-    status = 405
-    type = "invalid_request_error"
-    code = "method_not_allowed"
 
 
 class _ClientGone(Exception):

@@ -4,9 +4,14 @@
     ├── BadRequest (400)          malformed JSON, missing/mistyped fields, bad forcing header
     ├── Unauthorized (401)        missing or wrong API / admin key
     ├── NotFound (404)            a model no backend serves
+    ├── MethodNotAllowed (405)    a method the path does not take
     ├── PayloadTooLarge (413)     body over --max-body-bytes
     ├── Overloaded (429)          admission control (--max-in-flight)
-    ├── UpstreamError (502)       backend connection error or 5xx, after failover
+    ├── UpstreamError (502)       a backend failed, after failover; what failed:
+    │   ├── UpstreamRefused           the connection was refused: nothing listens there
+    │   ├── UpstreamBroken            the connection broke (reset, read or write error)
+    │   ├── UpstreamStatus            the backend answered 5xx
+    │   └── UpstreamProtocol          the backend's answer was not what vLLM sends
     ├── NoBackend (503)           no healthy node for the route
     └── UpstreamTimeout (504)     backend did not answer in time
 
@@ -30,13 +35,19 @@ class ProxyError(Exception):
     status: ClassVar[int] = 500
     type: ClassVar[str] = "internal_error"
     code: ClassVar[str] = "internal_error"
+    # The metrics label of a failure (ppd_upstream_errors{kind}): a class's code unless it
+    # names a finer one.
+    kind: ClassVar[str] = "internal_error"
 
-    def __init__(self, message: str, kind: str | None = None, param: str | None = None) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" not in vars(cls) and "code" in vars(cls):
+            cls.kind = cls.code
+
+    def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
-        # A finer label for metrics (e.g. "connect", "status", "timeout"); defaults to code.
-        self.kind = kind or self.code
         # Response headers the client gets with the error (session, turn, route tried).
         self.headers: dict[str, str] = {}
 
@@ -68,6 +79,12 @@ class NotFound(ProxyError):
     code = "model_not_found"
 
 
+class MethodNotAllowed(ProxyError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
 class PayloadTooLarge(ProxyError):
     status = 413
     type = "invalid_request_error"
@@ -86,6 +103,30 @@ class UpstreamError(ProxyError):
     code = "bad_gateway"
 
 
+class UpstreamRefused(UpstreamError):
+    """Nothing listens at the node: it is down at once (`proxy.failover.charge`)."""
+
+    kind = "connect"
+
+
+class UpstreamBroken(UpstreamError):
+    """The connection broke after it was made: may be this request's alone."""
+
+    kind = "transport"
+
+
+class UpstreamStatus(UpstreamError):
+    """The node answered 5xx: it failed this request."""
+
+    kind = "status"
+
+
+class UpstreamProtocol(UpstreamError):
+    """The node's answer is not what vLLM sends (e.g. a prefill answer that is not JSON)."""
+
+    kind = "protocol"
+
+
 class NoBackend(ProxyError):
     status = 503
     type = "service_unavailable"
@@ -96,3 +137,4 @@ class UpstreamTimeout(ProxyError):
     status = 504
     type = "timeout"
     code = "upstream_timeout"
+    kind = "timeout"

@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from proxy.backends import Backend, BackendPool
 from proxy.breaker import CircuitState
-from proxy.errors import NoBackend, ProxyError, UpstreamError, UpstreamTimeout
+from proxy.errors import NoBackend, ProxyError, UpstreamError, UpstreamRefused, UpstreamTimeout
 from proxy.lease import Lease
 from proxy.metrics import ProxyMetrics
 from proxy.route import Role
@@ -36,7 +36,7 @@ NodeFailure = (UpstreamError, UpstreamTimeout)
 
 def charge(pool: BackendPool, lease: Lease, node: Backend, exc: ProxyError) -> None:
     """The rule for a node whose leg failed: down at once if it refused, else a breaker strike."""
-    if exc.kind == "connect":
+    if isinstance(exc, UpstreamRefused):
         pool.mark(node.url, healthy=False)
     lease.settle(node, ok=False)
 

@@ -170,3 +170,18 @@ async def test_requests_over_max_in_flight_answer_429(cluster: dict[str, FakeVLL
     error = assert_openai_error(refused, 429)
     assert "limit of 1 open requests" in error["message"]
     assert after.status_code == 200
+
+
+def test_failure_kinds_are_classes_of_the_one_hierarchy_with_their_metrics_label() -> None:
+    from proxy import errors
+
+    failures = {errors.UpstreamRefused: "connect", errors.UpstreamBroken: "transport",
+                errors.UpstreamStatus: "status", errors.UpstreamProtocol: "protocol"}
+    for failure, label in failures.items():
+        exc = failure("boom")
+        assert isinstance(exc, errors.UpstreamError) and exc.status == 502
+        assert (exc.kind, exc.to_openai_body()["error"]["code"]) == (label, "bad_gateway")
+    assert errors.UpstreamTimeout("slow").kind == "timeout"
+    assert errors.NoBackend("none").kind == "no_backend"  # no finer label: the code
+    assert issubclass(errors.MethodNotAllowed, errors.ProxyError)
+    assert errors.MethodNotAllowed.status == 405
