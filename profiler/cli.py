@@ -25,7 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("profiler.report:main", "compare replay runs (tables and plots)"),
     "register": ("proxy.register:main", "send node heartbeats to a proxy's discovery socket"),
     "demo": ("profiler.demo:main", "end-to-end demo on a local CPU cluster"),
-    "sim": ("profiler.sim.cli:main", "engine model: cost presets, step times, fit a CPU preset"),
+    "sim": ("profiler.simulate.cli:main",
+            "simulate a cluster (run, grid, paper); engine model presets, step times, fit"),
 }
 
 

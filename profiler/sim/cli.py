@@ -14,13 +14,15 @@ from profiler.sim.batch import BatchShape
 from profiler.sim.cost import load_cost
 from profiler.sim.transfer import LINKS, MODEL_SHAPES
 
+SIMULATOR_ACTIONS = ("run", "grid", "paper")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ppd sim", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="action", required=True)
     actions.add_parser("presets", help="list cost presets, KV model shapes and links")
-    # The cluster simulator's commands (profiler.simulate); main() hands them over unparsed.
+    # The cluster simulator's actions (profiler.simulate.cli runs them; listed for --help).
     actions.add_parser("run", add_help=False,
                        help="simulate a replay on a P/D cluster + the proxy (see run --help)")
     actions.add_parser("grid", add_help=False,
@@ -47,11 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] in ("run", "grid", "paper"):
-        from profiler.simulate import cli as simulate_cli
-
-        return int(getattr(simulate_cli, f"{argv[0]}_main")(argv[1:]))
+    """The engine model's actions (presets, step, fit); `ppd sim` itself is dispatched by
+    `profiler.simulate.cli.main`, which runs run, grid and paper."""
     args = build_parser().parse_args(argv)
+    if args.action in SIMULATOR_ACTIONS:
+        raise ValueError(f"`ppd sim {args.action}` runs through `ppd sim` (profiler.cli)")
     if args.action == "presets":
         print(render_presets())
     elif args.action == "step":

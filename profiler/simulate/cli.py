@@ -1,4 +1,5 @@
-"""`ppd sim run` and `ppd sim grid`: the cluster simulator's command lines.
+"""`ppd sim`: the cluster simulator's command lines (run, grid, paper), and the dispatch of
+the engine model's (presets, step, fit: `profiler.sim.cli`).
 
     ppd sim run --layout 1P3D --cost h100:llama-3.1-8b --policy ppd \\
         --table tables/h100-llama-3.1-8b-1p3d.csv --dataset synthetic:small-mid_bal \\
@@ -21,6 +22,7 @@ import pandas as pd
 
 from profiler.replay.cli import default_label
 from profiler.replay.output import summary_table
+from profiler.sim import cli as engine_cli
 from profiler.simulate import grid
 from profiler.simulate.flags import add_cluster_flags
 from profiler.simulate.paper import load_grid
@@ -94,6 +96,15 @@ def run_main(argv: list[str]) -> int:
     print(f"simulated {result.wall_time_s:.1f} s of cluster time in {elapsed:.2f} s; "
           f"outputs in {out}/")
     return 0
+
+
+def main(argv: list[str]) -> int:
+    """`ppd sim ACTION`: run, grid and paper here; the engine model's presets, step and fit
+    in `profiler.sim.cli`."""
+    simulator = {"run": run_main, "grid": grid_main, "paper": paper_main}
+    if argv and argv[0] in simulator:
+        return simulator[argv[0]](argv[1:])
+    return engine_cli.main(argv)
 
 
 def grid_main(argv: list[str]) -> int:
