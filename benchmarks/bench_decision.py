@@ -26,9 +26,9 @@ from proxy import ProxyConfig, create_app
 from proxy.config import NodeSpec, Policy, PolicyConfig
 from proxy.discretize import WORKLOAD_SHAPES, ContextClass
 from proxy.policies import RoutingPolicy
-from proxy.route import Role, Workload
 from proxy.server import running
 from proxy.table import TABLE_COLUMNS, DecisionTable
+from proxy.vocabulary import Role, Workload
 
 QPS_POINTS = (0.5, 1.0, 2.0)
 

@@ -37,16 +37,16 @@ from proxy.discovery import Discovery
 from proxy.endpoints import CompletionsApp, bearer_matches
 from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
 from proxy.health import HealthMonitor
-from proxy.load import RateMeter
+from proxy.load_meter import RateMeter
 from proxy.metrics import ProxyMetrics
 from proxy.open_store import open_store
 from proxy.policies import RoutingPolicy
-from proxy.route import Role
 from proxy.router import Router
 from proxy.session_store import SessionStore, watch_store
 from proxy.table import DecisionTable
 from proxy.tokens import token_counter
 from proxy.transport import default_transport
+from proxy.vocabulary import Role
 
 log = logging.getLogger("ppd.proxy")
 

@@ -21,9 +21,9 @@ from proxy.config import ProxyConfig
 from proxy.errors import BadRequest, MethodNotAllowed, PayloadTooLarge, ProxyError, Unauthorized
 from proxy.logs import AccessEntry
 from proxy.relay import Relay
-from proxy.route import RouteKind
 from proxy.router import Incoming, Reply, Router
 from proxy.validate import Endpoint, parse_json_object, validate_body
+from proxy.vocabulary import RouteKind
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

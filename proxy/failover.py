@@ -25,7 +25,7 @@ from proxy.breaker import CircuitState
 from proxy.errors import NoBackend, ProxyError, UpstreamError, UpstreamRefused, UpstreamTimeout
 from proxy.lease import Lease
 from proxy.metrics import ProxyMetrics
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 log = logging.getLogger("ppd.proxy")
 

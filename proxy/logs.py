@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
-from proxy.route import Decision
+from proxy.vocabulary import Decision
 
 ACCESS_LOGGER = "ppd.access"
 # Libraries whose INFO lines are per request: kept at WARNING whatever --log-level says.

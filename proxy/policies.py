@@ -19,8 +19,8 @@ import hashlib
 
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import classify
-from proxy.route import Decision, Reason, RouteKind, Workload
 from proxy.table import DecisionTable
+from proxy.vocabulary import Decision, Reason, RouteKind, Workload
 
 
 def stable_fraction(session_id: str, turn: int) -> float:

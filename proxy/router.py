@@ -27,12 +27,11 @@ from proxy.errors import NotFound, Overloaded, ProxyError
 from proxy.failover import Failover, charge
 from proxy.forward import Answer, UpstreamStream
 from proxy.lease import Admission, Lease
-from proxy.load import RateMeter, RunningMean
+from proxy.load_meter import RateMeter, RunningMean
 from proxy.logs import AccessEntry
 from proxy.metrics import ProxyMetrics
 from proxy.policies import RoutingPolicy
 from proxy.relay import Relay
-from proxy.route import RouteKind, Workload
 from proxy.session_store import SessionStore
 from proxy.sessions import Lookup, Transcript
 from proxy.tokens import (
@@ -43,6 +42,7 @@ from proxy.tokens import (
 )
 from proxy.turn_plan import Attempt, Pick, TurnPlan
 from proxy.validate import Endpoint
+from proxy.vocabulary import RouteKind, Workload
 
 # Visible ASCII but `%`: what a client-chosen session id may carry unescaped in a header.
 _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from proxy.backends import BackendPool
 from proxy.config import Policy
 from proxy.policies import RoutingPolicy
-from proxy.route import Decision, Reason, Role, RouteKind, Workload
 from proxy.sessions import Lookup
+from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
 
 
 @dataclass(frozen=True, slots=True)

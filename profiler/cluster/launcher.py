@@ -45,7 +45,7 @@ from profiler.models.prepare import (
     prepare_model,
     serving_dtype,
 )
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 PROXY_FILE = "proxy.json"
 PROXY_LOG = "proxy.log"

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 DEFAULT_STATE_DIR = Path(".ppd-cluster")
 DEFAULT_BASE_PORT = 8100

@@ -25,8 +25,8 @@ from profiler.emulate.presets import Preset, resolve
 from profiler.emulate.service import NodeService, NodeSpec, Peers
 from profiler.emulate.vocab import Vocabulary, tokenizer_dir
 from profiler.sim import NodeRole
-from proxy.route import Role
 from proxy.server import running
+from proxy.vocabulary import Role
 
 
 @dataclass(frozen=True, slots=True)

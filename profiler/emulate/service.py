@@ -26,7 +26,7 @@ from profiler.emulate.openai_format import DONE, Envelope, Parsed, RequestError,
 from profiler.emulate.port import Job, JobRejected, NodeEngine
 from profiler.emulate.runtime import EmulatedNode, EngineFailed, Stream
 from profiler.emulate.vocab import Vocabulary
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 
 @dataclass(frozen=True, slots=True)

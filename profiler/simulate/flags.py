@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from profiler.simulate.run import DEFAULT_COST, DEFAULT_LINK
-from proxy.load import DEFAULT_LOAD_WINDOW_S
+from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 
 
 def add_cluster_flags(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 _LAYOUT = re.compile(r"^(?:(\d+)P)?(?:(\d+)D)?(?:(\d+)R)?$", re.IGNORECASE)
 _PREFIX = {Role.PREFILL: "p", Role.DECODE: "d", Role.REPLICA: "r"}

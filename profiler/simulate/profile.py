@@ -23,8 +23,8 @@ from profiler.simulate.run import RunSpec, simulate
 from profiler.tables.io import build_meta, write_table
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import Cell
-from proxy.route import RouteKind
 from proxy.tokens import TOKEN_DEFINITION
+from proxy.vocabulary import RouteKind
 
 
 def _spec(base: RunSpec, cell: Cell, route: RouteKind) -> RunSpec:

@@ -2,7 +2,7 @@
 
 `SimProxy` does what `proxy.router.Router` does for one turn, minus HTTP: the session ledger
 (`proxy.sessions`) finds the conversation and whether this turn continues it, the load meter
-(`proxy.load`) measures turns per second, the configured `proxy.policies.RoutingPolicy`
+(`proxy.load_meter`) measures turns per second, the configured `proxy.policies.RoutingPolicy`
 decides the route (ppd reads its `proxy.table.DecisionTable` through `proxy.discretize`), and
 the backend pool (`proxy.backends`) picks nodes - the session's own first, else the least
 loaded - with in-flight slots held through `proxy.lease` exactly as the router holds them.
@@ -24,12 +24,12 @@ from proxy import turn_plan
 from proxy.backends import Backend, BackendPool
 from proxy.completion import assistant_message
 from proxy.lease import Admission, Lease
-from proxy.load import DEFAULT_LOAD_WINDOW_S, RateMeter
+from proxy.load_meter import DEFAULT_LOAD_WINDOW_S, RateMeter
 from proxy.policies import RoutingPolicy
-from proxy.route import Decision, Role, RouteKind, Workload
 from proxy.session_ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, SessionLedger
 from proxy.sessions import Lookup, Transcript
 from proxy.turn_plan import Pick
+from proxy.vocabulary import Decision, Role, RouteKind, Workload
 
 
 @dataclass(slots=True)

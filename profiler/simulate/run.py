@@ -30,10 +30,10 @@ from profiler.simulate.layout import Layout
 from profiler.simulate.simulator import DEFAULT_TIMEOUT_S, SimResult, SimSetup, Simulator
 from profiler.simulate.workload import arrivals, conversations_needed, load_conversations
 from proxy.config import Policy, PolicyConfig
-from proxy.load import DEFAULT_LOAD_WINDOW_S
+from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.policies import RoutingPolicy
-from proxy.route import Role, RouteKind
 from proxy.table import DecisionTable
+from proxy.vocabulary import Role, RouteKind
 
 DEFAULT_COST = "h100:llama-3.1-8b"
 DEFAULT_LINK = "nvlink"

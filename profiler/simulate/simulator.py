@@ -39,9 +39,9 @@ from profiler.sim.transfer import Link, SharedLink
 from profiler.simulate.layout import Layout, SimNode
 from profiler.simulate.routing import Plan, SimProxy
 from profiler.simulate.workload import Arrival, SimConversation
-from proxy.load import DEFAULT_LOAD_WINDOW_S
+from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.policies import RoutingPolicy
-from proxy.route import Role, RouteKind
+from proxy.vocabulary import Role, RouteKind
 
 _ENGINE_ROLE = {Role.PREFILL: NodeRole.PREFILL, Role.DECODE: NodeRole.DECODE,
                 Role.REPLICA: NodeRole.REPLICA}

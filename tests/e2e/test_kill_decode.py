@@ -26,7 +26,7 @@ import pytest
 from profiler.cluster.launcher import Cluster, default_cores, start_cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
 from proxy import ServerThread, config_from_args, create_app
-from proxy.route import Role
+from proxy.vocabulary import Role
 from tests.e2e.support import filler
 
 # Ports apart from conftest's clusters: this module kills a node, so it owns its cluster.

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from proxy.load import RateMeter, RunningMean
+from proxy.load_meter import RateMeter, RunningMean
 from proxy.metrics import ProxyMetrics
-from proxy.route import Decision, Reason, RouteKind
+from proxy.vocabulary import Decision, Reason, RouteKind
 from tests.proxy.helpers import FakeClock
 
 

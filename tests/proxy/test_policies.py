@@ -11,8 +11,8 @@ import pytest
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import Cell, ContextClass
 from proxy.policies import RoutingPolicy, stable_fraction
-from proxy.route import Reason, RouteKind, Workload
 from proxy.table import DecisionTable
+from proxy.vocabulary import Reason, RouteKind, Workload
 
 
 def work(turn: int = 2, n_in: int = 16, n_ctx: int = 300, n_out: int = 32,

@@ -33,7 +33,7 @@ from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.emulate.cluster import start_emulated_cluster
 from profiler.emulate.presets import Preset, resolve
 from profiler.sim.batch import BatchShape
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 pytest.importorskip("aiconfigurator_core", reason="the h100 preset needs ppd[sim]")
 

@@ -34,8 +34,8 @@ from profiler.simulate.workload import Arrival, to_sim
 from profiler.traces.synthetic import named_workload
 from proxy.config import Policy, PolicyConfig
 from proxy.policies import RoutingPolicy
-from proxy.route import RouteKind
 from proxy.tokens import EstimateTokenCounter
+from proxy.vocabulary import RouteKind
 
 pytest.importorskip("aiconfigurator_core", reason="the h100 preset needs ppd[sim]")
 

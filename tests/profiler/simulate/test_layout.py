@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from profiler.simulate.layout import Layout, LayoutError
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 
 @pytest.mark.parametrize(("name", "counts"), [

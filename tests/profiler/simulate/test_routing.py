@@ -5,7 +5,7 @@ from __future__ import annotations
 from profiler.simulate.routing import SimProxy
 from proxy.config import Policy, PolicyConfig
 from proxy.policies import RoutingPolicy
-from proxy.route import Reason, Role, RouteKind
+from proxy.vocabulary import Reason, Role, RouteKind
 
 NODES = [("http://p0", Role.PREFILL), ("http://d0", Role.DECODE), ("http://d1", Role.DECODE)]
 
