@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import httpx
 
-from proxy import forward, turn_plan, wire
+from proxy import forward, pd_protocol, turn_plan
 from proxy.backends import Backend, BackendPool
 from proxy.completion import Captured, ReplyCapture
 from proxy.errors import NotFound, Overloaded, ProxyError
@@ -227,7 +227,8 @@ class Router:
                                            lambda decode: self._pd(turn, decode, prefill))
 
         def leg(node: Backend) -> Awaitable[_Served]:
-            return self._leg(turn, attempt.route, node, wire.local_body(body), wire.request_id())
+            return self._leg(turn, attempt.route, node, pd_protocol.local_body(body),
+                             pd_protocol.request_id())
 
         if answering.only_preferred:
             home = (self.pool.take(answering.prefer, answering.role)
@@ -248,9 +249,9 @@ class Router:
 
         async def prefill_on(prefill: Backend) -> tuple[Backend, str, forward.Prefilled | Answer]:
             # A fresh id per try: no node ever sees one X-Request-Id twice.
-            request_id = wire.request_id(prefill.zmq_address, decode.zmq_address)
+            request_id = pd_protocol.request_id(prefill.zmq_address, decode.zmq_address)
             result = await forward.prefill(self._client(), prefill.base, turn.incoming.endpoint,
-                                           wire.prefill_body(body), request_id)
+                                           pd_protocol.prefill_body(body), request_id)
             lease.settle(prefill, ok=True)
             return prefill, request_id, result
 
@@ -258,8 +259,8 @@ class Router:
         if isinstance(result, Answer):  # P rejected the request: D is not asked
             return _Served(RouteKind.PD, result, None, prefill)
         served = await self._leg(turn, RouteKind.PD, decode,
-                                 wire.decode_body(body, result.kv_transfer_params), request_id,
-                                 prefill)
+                                 pd_protocol.decode_body(body, result.kv_transfer_params),
+                                 request_id, prefill)
         if not served.rejected:
             turn.lookup.session.prefill, turn.lookup.session.decode = prefill.url, decode.url
         return served

@@ -6,7 +6,7 @@ import json
 from dataclasses import replace
 
 from proxy.config import Policy
-from proxy.wire import P_KV_TRANSFER_PARAMS
+from proxy.pd_protocol import P_KV_TRANSFER_PARAMS
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import chat_body, config_for, serve_proxy
 

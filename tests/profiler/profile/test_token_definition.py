@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from profiler.replay.wire import Api, History
+from profiler.replay.request_bodies import Api, History
 from profiler.traces import two_turn_conversations
 from proxy.config import Policy
 from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES, ContextClass, workload_shape
