@@ -39,10 +39,10 @@ from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
 from proxy.health import HealthMonitor
 from proxy.load_meter import RateMeter
 from proxy.metrics import ProxyMetrics
-from proxy.open_store import open_store
 from proxy.policies import RoutingPolicy
 from proxy.router import Router
-from proxy.session_store import SessionStore, watch_store
+from proxy.sessions.open_store import open_store
+from proxy.sessions.store import SessionStore, watch_store
 from proxy.table import DecisionTable
 from proxy.tokens import token_counter
 from proxy.transport import default_transport

@@ -26,7 +26,7 @@ from proxy.breaker import DEFAULT_COOLDOWN_S, DEFAULT_FAILURES
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.logs import LogFormat, LogLevel
 from proxy.options import add_flags, option, option_fields
-from proxy.session_ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S
+from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S
 from proxy.table import DEFAULT_SUCCESS_MARGIN
 from proxy.vocabulary import Role
 

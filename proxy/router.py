@@ -32,8 +32,8 @@ from proxy.logs import AccessEntry
 from proxy.metrics import ProxyMetrics
 from proxy.policies import RoutingPolicy
 from proxy.relay import Relay
-from proxy.session_store import SessionStore
-from proxy.sessions import Lookup, Transcript
+from proxy.sessions.session import Lookup, Transcript
+from proxy.sessions.store import SessionStore
 from proxy.tokens import (
     TokenCounter,
     new_input_tokens,

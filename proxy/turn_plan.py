@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from proxy.backends import BackendPool
 from proxy.config import Policy
 from proxy.policies import RoutingPolicy
-from proxy.sessions import Lookup
+from proxy.sessions.session import Lookup
 from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
 
 

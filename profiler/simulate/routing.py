@@ -1,7 +1,7 @@
 """The proxy's routing on a virtual clock: its own pool, ledger, policy and load meter.
 
 `SimProxy` does what `proxy.router.Router` does for one turn, minus HTTP: the session ledger
-(`proxy.sessions`) finds the conversation and whether this turn continues it, the load meter
+(`proxy.sessions.session`) finds the conversation and whether this turn continues it, the load meter
 (`proxy.load_meter`) measures turns per second, the configured `proxy.policies.RoutingPolicy`
 decides the route (ppd reads its `proxy.table.DecisionTable` through `proxy.discretize`), and
 the backend pool (`proxy.backends`) picks nodes - the session's own first, else the least
@@ -26,8 +26,8 @@ from proxy.completion import assistant_message
 from proxy.lease import Admission, Lease
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S, RateMeter
 from proxy.policies import RoutingPolicy
-from proxy.session_ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, SessionLedger
-from proxy.sessions import Lookup, Transcript
+from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, SessionLedger
+from proxy.sessions.session import Lookup, Transcript
 from proxy.turn_plan import Pick
 from proxy.vocabulary import Decision, Role, RouteKind, Workload
 

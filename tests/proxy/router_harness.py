@@ -18,7 +18,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.policies import RoutingPolicy
 from proxy.relay import Relay
 from proxy.router import Incoming, Reply, Router
-from proxy.session_store import MemoryStore
+from proxy.sessions.store import MemoryStore
 from proxy.tokens import token_counter
 from proxy.validate import Endpoint
 from proxy.vocabulary import Role, RouteKind

@@ -10,7 +10,7 @@ from proxy import turn_plan
 from proxy.backends import BackendPool
 from proxy.config import Policy, PolicyConfig
 from proxy.policies import RoutingPolicy
-from proxy.sessions import Lookup, Session
+from proxy.sessions.session import Lookup, Session
 from proxy.turn_plan import Attempt, Pick, TurnPlan, plan_turn
 from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
 from tests.proxy.router_harness import chat, router_over, text_of

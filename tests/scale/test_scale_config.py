@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from profiler.cli import main as ppd_main
 from proxy.config import ConfigError, config_from_args
-from proxy.open_store import open_store
-from proxy.redis_store import RedisStore
-from proxy.session_store import MemoryStore
+from proxy.sessions.open_store import open_store
+from proxy.sessions.redis_store import RedisStore
+from proxy.sessions.store import MemoryStore
 from proxy.worker_metrics import WorkerMetrics
 
 NODES = ["--prefill", "http://p:1", "--decode", "http://d:1"]

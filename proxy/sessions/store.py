@@ -5,9 +5,10 @@ does the request continue it) and `record` (once, when the turn completed: what 
 `record` is a compare-and-set on the version the turn read, so concurrent turns of one
 session, in one process or several, never corrupt it: the loser stays unrecorded.
 
-`MemoryStore` keeps them in this process (`proxy.session_ledger`), with no dependency;
-`proxy.redis_store.RedisStore` keeps them in Redis/Valkey, shared by every worker and replica
-(`--session-store redis://HOST:PORT/DB`). `proxy.open_store` picks one from the configuration.
+`MemoryStore` keeps them in this process (`proxy.sessions.ledger`), with no dependency;
+`proxy.sessions.redis_store.RedisStore` keeps them in Redis/Valkey, shared by every worker and
+replica (`--session-store redis://HOST:PORT/DB`). `proxy.sessions.open_store` picks one from
+the configuration.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from proxy.session_ledger import SessionLedger
-from proxy.sessions import Held, Lookup, Transcript
+from proxy.sessions.ledger import SessionLedger
+from proxy.sessions.session import Held, Lookup, Transcript
 
 MEMORY = "memory"
 

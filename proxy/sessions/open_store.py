@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from proxy.session_store import MEMORY, MemoryStore, SessionStore
+from proxy.sessions.store import MEMORY, MemoryStore, SessionStore
 
 
 def open_store(url: str, ttl: float, max_sessions: int,
@@ -13,6 +13,6 @@ def open_store(url: str, ttl: float, max_sessions: int,
     unix://)."""
     if url == MEMORY:
         return MemoryStore(ttl, max_sessions, clock)
-    from proxy.redis_store import RedisStore  # the redis client is an optional dependency
+    from proxy.sessions.redis_store import RedisStore  # the redis client is an optional dependency
 
     return RedisStore(url, ttl, max_sessions, clock)

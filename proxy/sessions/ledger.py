@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from proxy.sessions import Held, Lookup, Session, Transcript, Version, explicit_key
+from proxy.sessions.session import Held, Lookup, Session, Transcript, Version, explicit_key
 
 # The proxy's --session-ttl and --max-sessions defaults: an hour idle, 100k sessions.
 DEFAULT_SESSION_TTL_S = 3600.0

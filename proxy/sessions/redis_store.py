@@ -3,7 +3,7 @@
 Layout (prefix `ppd:`; a standalone server, not a cluster: the scripts name keys they derive):
 - `s:ID` hash: one session (opening, hashed, decode, prefill, turns, last_access, created and
   the held fingerprint hl/hd/ht);
-- `h:DIGEST` -> ID: the hash-keyed session whose D holds that text (`proxy.session_ledger`
+- `h:DIGEST` -> ID: the hash-keyed session whose D holds that text (`proxy.sessions.ledger`
   explains the index); `l:OPENING`: the held lengths of that opening's branches; `o:OPENING`
   -> ID: its latest branch, whose nodes a new branch starts on;
 - `live`: sorted set ID -> expiry, for the live count and the admin snapshot.
@@ -39,9 +39,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from proxy.session_ledger import SessionLedger, new_session
-from proxy.session_store import SessionStore
-from proxy.sessions import ChatTranscript, Held, Lookup, Session, Transcript, Version
+from proxy.sessions.ledger import SessionLedger, new_session
+from proxy.sessions.session import ChatTranscript, Held, Lookup, Session, Transcript, Version
+from proxy.sessions.store import SessionStore
 
 log = logging.getLogger("ppd.proxy")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.session_ledger import SessionLedger
-from proxy.sessions import Transcript
+from proxy.sessions.ledger import SessionLedger
+from proxy.sessions.session import Transcript
 from tests.proxy.helpers import FakeClock
 
 

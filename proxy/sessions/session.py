@@ -15,8 +15,8 @@ turn 1. Hash-keyed sessions keep one session per branch, so two users with the s
 each continue their own conversation.
 
 This module is the vocabulary (transcripts, fingerprints, sessions, lookups). Where sessions
-live is `proxy.session_store` (in memory by default, `proxy.redis_store` for several
-processes); the in-memory index is `proxy.session_ledger`. They only keep books: which route a
+live is `proxy.sessions.store` (in memory by default, `proxy.sessions.redis_store` for several
+processes); the in-memory index is `proxy.sessions.ledger`. They only keep books: which route a
 turn takes is the policies' business.
 """
 
