@@ -19,7 +19,7 @@ import platform
 import random
 import time
 
-from profiler.sim.batch import BatchShape
+from profiler.engine.batch import BatchShape
 from profiler.simulate.grid import (
     PAPER_LAYOUTS,
     PAPER_POLICIES,

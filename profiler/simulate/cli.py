@@ -1,5 +1,5 @@
 """`ppd sim`: the cluster simulator's command lines (run, grid, paper), and the dispatch of
-the engine model's (presets, step, fit: `profiler.sim.cli`).
+the engine model's (presets, step, fit: `profiler.engine.cli`).
 
     ppd sim run --layout 1P3D --cost h100:llama-3.1-8b --policy ppd \\
         --table tables/h100-llama-3.1-8b-1p3d.csv --dataset synthetic:small-mid_bal \\
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from profiler.engine import cli as engine_cli
 from profiler.replay.cli import default_label
 from profiler.replay.output import summary_table
-from profiler.sim import cli as engine_cli
 from profiler.simulate import grid
 from profiler.simulate.flags import add_cluster_flags
 from profiler.simulate.paper import load_grid
@@ -100,7 +100,7 @@ def run_main(argv: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     """`ppd sim ACTION`: run, grid and paper here; the engine model's presets, step and fit
-    in `profiler.sim.cli`."""
+    in `profiler.engine.cli`."""
     simulator = {"run": run_main, "grid": grid_main, "paper": paper_main}
     if argv and argv[0] in simulator:
         return simulator[argv[0]](argv[1:])

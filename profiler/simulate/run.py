@@ -14,6 +14,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from profiler.engine.config import EngineConfig
+from profiler.engine.cost import CostModel, load_cost
+from profiler.engine.transfer import load_link, load_model_shape
 from profiler.replay.metrics import summarize
 from profiler.replay.output import (
     REQUESTS_CSV,
@@ -23,9 +26,6 @@ from profiler.replay.output import (
     plot_ttft_cdf,
     records_frame,
 )
-from profiler.sim.config import EngineConfig
-from profiler.sim.cost import CostModel, load_cost
-from profiler.sim.transfer import load_link, load_model_shape
 from profiler.simulate.layout import Layout
 from profiler.simulate.simulator import DEFAULT_TIMEOUT_S, SimResult, SimSetup, Simulator
 from profiler.simulate.workload import arrivals, conversations_needed, load_conversations

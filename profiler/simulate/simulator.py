@@ -1,7 +1,7 @@
 """A whole P/D cluster and the proxy in virtual time: events, not sleeps.
 
-Every node is an engine model (`profiler.sim.engine.Engine`) on the same cost preset; the
-proxy is `SimProxy` (the proxy's own routing code); KV moves over `profiler.sim.transfer`
+Every node is an engine model (`profiler.engine.engine.Engine`) on the same cost preset; the
+proxy is `SimProxy` (the proxy's own routing code); KV moves over `profiler.engine.transfer`
 links, one per P node (its egress port, shared by the transfers it serves at once). Events,
 in virtual seconds, ordered by (time, sequence number) so equal times resolve the same way
 on every run:
@@ -30,12 +30,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from profiler.engine.config import EngineConfig, NodeRole
+from profiler.engine.cost import CostModel
+from profiler.engine.engine import Engine, StepResult
+from profiler.engine.requests import Request, RequestRejected
+from profiler.engine.transfer import Link, SharedLink
 from profiler.replay.client import RequestRecord
-from profiler.sim.config import EngineConfig, NodeRole
-from profiler.sim.cost import CostModel
-from profiler.sim.engine import Engine, StepResult
-from profiler.sim.requests import Request, RequestRejected
-from profiler.sim.transfer import Link, SharedLink
 from profiler.simulate.layout import Layout, SimNode
 from profiler.simulate.routing import Plan, SimProxy
 from profiler.simulate.workload import Arrival, SimConversation

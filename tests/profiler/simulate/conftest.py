@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.sim import LinearCost
+from profiler.engine import LinearCost
 
 # Round numbers so expected times are computed by hand: a step costs 10 ms + 0.1 ms per
 # prompt token + 1 ms per decoding request (the engine tests' HAND_COST).

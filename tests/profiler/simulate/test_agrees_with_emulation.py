@@ -25,8 +25,8 @@ import pytest
 from profiler.cluster.launcher import Cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.emulate.cluster import start_emulated_cluster
+from profiler.engine.transfer import load_link, load_model_shape
 from profiler.replay.client import ReplayConfig, RequestRecord, arrival_times, replay
-from profiler.sim.transfer import load_link, load_model_shape
 from profiler.simulate.layout import Layout
 from profiler.simulate.run import cost_model, engine_config
 from profiler.simulate.simulator import SimSetup, Simulator

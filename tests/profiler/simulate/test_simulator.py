@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import proxy.policies
-from profiler.sim import LinearCost
-from profiler.sim.transfer import SharedLink, load_link, load_model_shape
+from profiler.engine import LinearCost
+from profiler.engine.transfer import SharedLink, load_link, load_model_shape
 from profiler.simulate.layout import Layout
 from profiler.simulate.simulator import SimSetup, Simulator
 from profiler.simulate.workload import Arrival, SimConversation, SimTurn

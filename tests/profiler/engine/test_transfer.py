@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from profiler.sim import (
+from profiler.engine import (
     Engine,
     EngineConfig,
     Link,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from profiler.sim.batch import BatchShape
-from profiler.sim.cost import load_cost
-from profiler.sim.transfer import LINKS, MODEL_SHAPES
+from profiler.engine.batch import BatchShape
+from profiler.engine.cost import load_cost
+from profiler.engine.transfer import LINKS, MODEL_SHAPES
 
 SIMULATOR_ACTIONS = ("run", "grid", "paper")
 
@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
 
 
 def render_presets() -> str:
-    from profiler.sim import aic
+    from profiler.engine import aic
 
     lines = ["cost presets (aiconfigurator-core, measured vLLM kernels; append :tpN for TP):"]
     lines += [f"  {name}" for name in aic.preset_names()]
@@ -104,7 +104,7 @@ def render_step(args: argparse.Namespace) -> str:
 
 
 def run_fit(runs: list[Path], out: Path, name: str) -> str:
-    from profiler.sim.fit import fit, read_runs, write_preset
+    from profiler.engine.fit import fit, read_runs, write_preset
 
     source = "ppd sim fit on " + ", ".join(str(run) for run in runs)
     result = fit(read_runs(runs), name=name, source=source)

@@ -4,14 +4,14 @@ No HTTP here and nothing in `proxy/` imports it. `aiconfigurator-core` (the GPU 
 the optional extra `ppd[sim]`, imported only when an `h100:...`-style preset is first used.
 """
 
-from profiler.sim.batch import BatchShape
-from profiler.sim.config import EngineConfig, NodeRole, SchedulePolicy
-from profiler.sim.cost import CostModel, LinearCost, load_cost
-from profiler.sim.engine import Engine, EngineStats, StepResult
-from profiler.sim.prefix_cache import PrefixCache, block_hashes
-from profiler.sim.requests import Phase, Request, RequestRejected, Sequence
-from profiler.sim.simulate import Outcome, SimResult, simulate
-from profiler.sim.transfer import Link, ModelShape, SharedLink, load_link, load_model_shape
+from profiler.engine.batch import BatchShape
+from profiler.engine.config import EngineConfig, NodeRole, SchedulePolicy
+from profiler.engine.cost import CostModel, LinearCost, load_cost
+from profiler.engine.drive import Outcome, SimResult, simulate
+from profiler.engine.engine import Engine, EngineStats, StepResult
+from profiler.engine.prefix_cache import PrefixCache, block_hashes
+from profiler.engine.requests import Phase, Request, RequestRejected, Sequence
+from profiler.engine.transfer import Link, ModelShape, SharedLink, load_link, load_model_shape
 
 __all__ = [
     "BatchShape",

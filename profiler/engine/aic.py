@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiler.sim.batch import BatchShape
+from profiler.engine.batch import BatchShape
 
 AIC_PACKAGE = "aiconfigurator-core"
 BACKEND, BACKEND_VERSION = "vllm", "0.24.0"

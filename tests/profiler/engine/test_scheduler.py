@@ -3,10 +3,10 @@ limit, and preemption when the KV cache is full (vLLM v1's behaviour, docs/engin
 
 from __future__ import annotations
 
-from profiler.sim.config import EngineConfig, SchedulePolicy
-from profiler.sim.prefix_cache import block_hashes
-from profiler.sim.requests import Phase, Request, Sequence
-from profiler.sim.scheduler import Scheduler
+from profiler.engine.config import EngineConfig, SchedulePolicy
+from profiler.engine.prefix_cache import block_hashes
+from profiler.engine.requests import Phase, Request, Sequence
+from profiler.engine.scheduler import Scheduler
 
 
 def _queue(scheduler: Scheduler, name: str, prompt: int, max_tokens: int = 4) -> Sequence:

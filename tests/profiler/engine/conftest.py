@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from profiler.sim import LinearCost
-from profiler.sim.aic import AicCost, load_preset
+from profiler.engine import LinearCost
+from profiler.engine.aic import AicCost, load_preset
 
 # Round numbers so every expected time below is computed by hand:
 # a step costs 10 ms + 0.1 ms per prompt token + 1 ms per decoding request.

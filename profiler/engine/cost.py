@@ -1,6 +1,6 @@
 """Step cost models: how long one engine step takes for the batch it runs.
 
-A step is described by a `BatchShape` (`profiler.sim.batch`: the same features NVIDIA's
+A step is described by a `BatchShape` (`profiler.engine.batch`: the same features NVIDIA's
 aiconfigurator forward-pass model takes), and a `CostModel` turns it into milliseconds.
 Presets are named and record their source: `aic.py` (GPUs, measured kernel data) and
 `LinearCost` (fitted to this machine's vLLM-CPU cluster by `ppd sim fit`, stored as JSON).
@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Protocol
 
-from profiler.sim import aic
-from profiler.sim.batch import BatchShape
+from profiler.engine import aic
+from profiler.engine.batch import BatchShape
 
 
 class CostModel(Protocol):

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 
-from profiler.sim.config import EngineConfig, SchedulePolicy
-from profiler.sim.prefix_cache import PrefixCache, hash_block
-from profiler.sim.requests import Phase, Sequence
+from profiler.engine.config import EngineConfig, SchedulePolicy
+from profiler.engine.prefix_cache import PrefixCache, hash_block
+from profiler.engine.requests import Phase, Sequence
 
 ScheduledItem = tuple[Sequence, int]  # (request, tokens it computes this step)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from profiler.sim.cost import LinearCost
+from profiler.engine.cost import LinearCost
 
 MIN_ROWS = 3
 QUIET_ROWS = 5  # enough unqueued turn-1 rows to fit the prefill slope on them alone

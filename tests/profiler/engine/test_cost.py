@@ -5,8 +5,8 @@ import pickle
 
 import pytest
 
-from profiler.sim import BatchShape, LinearCost, load_cost
-from profiler.sim.aic import _bucket, load_preset
+from profiler.engine import BatchShape, LinearCost, load_cost
+from profiler.engine.aic import _bucket, load_preset
 
 
 # The reference numbers of issue #12 (aiconfigurator-core 0.12, h100_sxm, vllm 0.24.0, bf16).

@@ -16,12 +16,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from profiler.sim.batch import BatchShape
-from profiler.sim.config import EngineConfig, NodeRole
-from profiler.sim.cost import CostModel
-from profiler.sim.prefix_cache import block_hashes
-from profiler.sim.requests import Phase, Request, RequestRejected, Sequence
-from profiler.sim.scheduler import ScheduledItem, Scheduler
+from profiler.engine.batch import BatchShape
+from profiler.engine.config import EngineConfig, NodeRole
+from profiler.engine.cost import CostModel
+from profiler.engine.prefix_cache import block_hashes
+from profiler.engine.requests import Phase, Request, RequestRejected, Sequence
+from profiler.engine.scheduler import ScheduledItem, Scheduler
 
 
 @dataclass(frozen=True, slots=True)

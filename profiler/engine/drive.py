@@ -13,9 +13,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from profiler.sim.engine import Engine
-from profiler.sim.requests import Phase, Request, RequestRejected
-from profiler.sim.transfer import SharedLink
+from profiler.engine.engine import Engine
+from profiler.engine.requests import Phase, Request, RequestRejected
+from profiler.engine.transfer import SharedLink
 
 
 @dataclass(slots=True)

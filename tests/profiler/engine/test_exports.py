@@ -1,4 +1,4 @@
-import profiler.sim as sim
+import profiler.engine as sim
 from tests.exports import assert_exports
 
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from profiler.sim import (
+from profiler.engine import (
     BatchShape,
     Engine,
     EngineConfig,
