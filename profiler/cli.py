@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("profiler.report:main", "compare replay runs (tables and plots)"),
     "register": ("proxy.register:main", "send node heartbeats to a proxy's discovery socket"),
     "demo": ("profiler.demo:main", "end-to-end demo on a local CPU cluster"),
-    "sim": ("profiler.simulate.cli:main",
+    "sim": ("profiler.simulator.cli:main",
             "simulate a cluster (run, grid, paper); engine model presets, step times, fit"),
 }
 

@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="action", required=True)
     actions.add_parser("presets", help="list cost presets, KV model shapes and links")
-    # The cluster simulator's actions (profiler.simulate.cli runs them; listed for --help).
+    # The cluster simulator's actions (profiler.simulator.cli runs them; listed for --help).
     actions.add_parser("run", add_help=False,
                        help="simulate a replay on a P/D cluster + the proxy (see run --help)")
     actions.add_parser("grid", add_help=False,
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     """The engine model's actions (presets, step, fit); `ppd sim` itself is dispatched by
-    `profiler.simulate.cli.main`, which runs run, grid and paper."""
+    `profiler.simulator.cli.main`, which runs run, grid and paper."""
     args = build_parser().parse_args(argv)
     if args.action in SIMULATOR_ACTIONS:
         raise ValueError(f"`ppd sim {args.action}` runs through `ppd sim` (profiler.cli)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from profiler.simulate.routing import SimProxy
+from profiler.simulator.sim_proxy import SimProxy
 from proxy import turn_plan
 from proxy.backends import BackendPool
 from proxy.config import Policy, PolicyConfig

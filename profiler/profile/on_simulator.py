@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler.profile.runner import TURNS_PER_CONVERSATION, ProfileGrid, cell_row, turn2_stats
-from profiler.simulate.run import RunSpec, simulate
+from profiler.simulator.run import RunSpec, simulate
 from profiler.tables.io import build_meta, write_table
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import Cell

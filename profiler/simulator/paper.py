@@ -2,7 +2,7 @@
 
     ppd sim paper runs/paper-grid.parquet --out docs/paper-reproduction
 
-(the command line is `profiler.simulate.cli`; the paper's own figures, `paper_figures`).
+(the command line is `profiler.simulator.cli`; the paper's own figures, `paper_figures`).
 Reads the tidy grid (one row per run: layout, dataset, qps, policy, metrics) and writes
 markdown tables and PNG plots:
 - Table 1: turn-2 TTFT change from x=0 (`pd`) to x=1 (`local`) per P/D layout and load band;
@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from profiler.simulate.paper_figures import PAPER_TABLE1, PAPER_TABLE2, PAPER_TABLE4
+from profiler.simulator.paper_figures import PAPER_TABLE1, PAPER_TABLE2, PAPER_TABLE4
 
 BANDS = (("low (0.5-2)", 0.5, 2.0), ("medium (4-8)", 4.0, 8.0), ("high (12-20)", 12.0, 20.0))
 TABLE4_QPS = (8.0, 12.0, 16.0, 20.0)

@@ -23,11 +23,11 @@ import pandas as pd
 from profiler.engine import cli as engine_cli
 from profiler.replay.cli import default_label
 from profiler.replay.output import summary_table
-from profiler.simulate import grid
-from profiler.simulate.flags import add_cluster_flags
-from profiler.simulate.paper import load_grid
-from profiler.simulate.paper_report import write_report
-from profiler.simulate.run import (
+from profiler.simulator import grid
+from profiler.simulator.flags import add_cluster_flags
+from profiler.simulator.paper import load_grid
+from profiler.simulator.paper_report import write_report
+from profiler.simulator.run import (
     RunSpec,
     policy_label,
     run_summary,

@@ -27,10 +27,10 @@ from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.emulate.cluster import start_emulated_cluster
 from profiler.engine.transfer import load_link, load_model_shape
 from profiler.replay.client import ReplayConfig, RequestRecord, arrival_times, replay
-from profiler.simulate.layout import Layout
-from profiler.simulate.run import cost_model, engine_config
-from profiler.simulate.simulator import SimSetup, Simulator
-from profiler.simulate.workload import Arrival, to_sim
+from profiler.simulator.layout import Layout
+from profiler.simulator.run import cost_model, engine_config
+from profiler.simulator.virtual_cluster import SimSetup, Simulator
+from profiler.simulator.workload import Arrival, to_sim
 from profiler.traces.synthetic import named_workload
 from proxy.config import Policy, PolicyConfig
 from proxy.policies import RoutingPolicy

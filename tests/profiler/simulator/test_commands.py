@@ -11,8 +11,8 @@ import pytest
 
 from profiler import report
 from profiler.cli import main as ppd
-from profiler.simulate.grid import grid_cells, paper_datasets, parse_policy, run_grid
-from profiler.simulate.run import RunSpec
+from profiler.simulator.grid import grid_cells, paper_datasets, parse_policy, run_grid
+from profiler.simulator.run import RunSpec
 from proxy.config import Policy, PolicyConfig
 from proxy.table import DecisionTable
 

@@ -1,6 +1,6 @@
 """`ppd sim grid`: layouts x workloads x qps x policies, in parallel processes, one tidy table.
 
-Every cell is one simulated run (`profiler.simulate.run`); a row holds its coordinates and
+Every cell is one simulated run (`profiler.simulator.run`); a row holds its coordinates and
 the replay summary's headline numbers. Cells run in worker processes (each loads the cost
 preset once), heaviest first so the last worker is not left with the longest cell. The
 output is a Parquet file (or CSV, by the suffix) with one row per cell.
@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from profiler.simulate.flags import add_cluster_flags
-from profiler.simulate.layout import Layout
-from profiler.simulate.run import RunSpec, policy_label, run_summary, simulate
+from profiler.simulator.flags import add_cluster_flags
+from profiler.simulator.layout import Layout
+from profiler.simulator.run import RunSpec, policy_label, run_summary, simulate
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import PAPER_CONTEXTS, WORKLOAD_SHAPES
 

@@ -36,9 +36,9 @@ from profiler.engine.engine import Engine, StepResult
 from profiler.engine.requests import Request, RequestRejected
 from profiler.engine.transfer import Link, SharedLink
 from profiler.replay.client import RequestRecord
-from profiler.simulate.layout import Layout, SimNode
-from profiler.simulate.routing import Plan, SimProxy
-from profiler.simulate.workload import Arrival, SimConversation
+from profiler.simulator.layout import Layout, SimNode
+from profiler.simulator.sim_proxy import Plan, SimProxy
+from profiler.simulator.workload import Arrival, SimConversation
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.policies import RoutingPolicy
 from proxy.vocabulary import Role, RouteKind

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from profiler.simulate.routing import SimProxy
+from profiler.simulator.sim_proxy import SimProxy
 from proxy.config import Policy, PolicyConfig
 from proxy.policies import RoutingPolicy
 from proxy.vocabulary import Reason, Role, RouteKind

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from profiler.simulate.layout import Layout, LayoutError
+from profiler.simulator.layout import Layout, LayoutError
 from proxy.vocabulary import Role
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from profiler.simulate.paper import (
+from profiler.simulator.paper import (
     PAPER_TABLE1,
     PAPER_TABLE2,
     PAPER_TABLE4,

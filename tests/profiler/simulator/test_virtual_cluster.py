@@ -7,9 +7,9 @@ import pytest
 import proxy.policies
 from profiler.engine import LinearCost
 from profiler.engine.transfer import SharedLink, load_link, load_model_shape
-from profiler.simulate.layout import Layout
-from profiler.simulate.simulator import SimSetup, Simulator
-from profiler.simulate.workload import Arrival, SimConversation, SimTurn
+from profiler.simulator.layout import Layout
+from profiler.simulator.virtual_cluster import SimSetup, Simulator
+from profiler.simulator.workload import Arrival, SimConversation, SimTurn
 from proxy.config import Policy, PolicyConfig
 from proxy.policies import RoutingPolicy
 

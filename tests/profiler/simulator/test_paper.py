@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from profiler.cli import main as ppd
-from profiler.simulate.paper import mode_of, ppd_versus_fixed, table1, table2, table4
+from profiler.simulator.paper import mode_of, ppd_versus_fixed, table1, table2, table4
 
 POLICIES = {"pd": (100.0, 10.0), "x=0.5": (70.0, 10.5), "local": (40.0, 11.0),
             "ppd": (40.0, 10.0)}
@@ -88,8 +88,8 @@ def test_the_committed_report_tables_regenerate_from_the_committed_grid(tmp_path
     root = Path(__file__).resolve().parents[3]
     grid = "docs/paper-reproduction/grid.parquet"
     committed = (root / "docs/paper-reproduction/tables.md").read_text()
-    from profiler.simulate.paper import load_grid
-    from profiler.simulate.paper_report import write_report
+    from profiler.simulator.paper import load_grid
+    from profiler.simulator.paper_report import write_report
 
     write_report(load_grid(root / grid), tmp_path, source=grid)
     assert (tmp_path / "tables.md").read_text() == committed

@@ -26,9 +26,9 @@ from profiler.replay.output import (
     plot_ttft_cdf,
     records_frame,
 )
-from profiler.simulate.layout import Layout
-from profiler.simulate.simulator import DEFAULT_TIMEOUT_S, SimResult, SimSetup, Simulator
-from profiler.simulate.workload import arrivals, conversations_needed, load_conversations
+from profiler.simulator.layout import Layout
+from profiler.simulator.virtual_cluster import DEFAULT_TIMEOUT_S, SimResult, SimSetup, Simulator
+from profiler.simulator.workload import arrivals, conversations_needed, load_conversations
 from proxy.config import Policy, PolicyConfig
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.policies import RoutingPolicy

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from profiler.profile.on_simulator import measure_cell
 from profiler.profile.runner import ProfileGrid
-from profiler.simulate.profile import measure_cell
-from profiler.simulate.run import RunSpec
+from profiler.simulator.run import RunSpec
 from proxy.discretize import Cell, ContextClass
 from proxy.table import DecisionTable
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from profiler.simulate.run import DEFAULT_COST, DEFAULT_LINK
+from profiler.simulator.run import DEFAULT_COST, DEFAULT_LINK
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 
 
