@@ -22,9 +22,9 @@ import asyncio
 import sys
 from pathlib import Path
 
+from profiler.cluster.emulated import start_emulated_cluster
 from profiler.cluster.launcher import Cluster, default_cores, start_cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
-from profiler.emulate.cluster import start_emulated_cluster
 from profiler.emulate.label import emulated_backend
 from profiler.engine.fit import fit, read_runs, write_preset
 from profiler.models.prepare import prepare_model

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from profiler.cli import HelpFormatter
+from profiler.cluster.emulated import start_emulated_cluster
 from profiler.cluster.launcher import cluster_status, default_cores, start_cluster, stop_cluster
 from profiler.cluster.plan import (
     DEFAULT_BASE_PORT,
@@ -21,7 +22,6 @@ from profiler.cluster.plan import (
     Layout,
     parse_layout,
 )
-from profiler.emulate.cluster import start_emulated_cluster
 from profiler.models.prepare import ModelName, default_model_dir, is_ready
 
 

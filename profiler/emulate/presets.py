@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from profiler.emulate.port import NodeEngine
+from profiler.emulate.engine_interface import NodeEngine
 from profiler.engine import Engine, EngineConfig, LinearCost, NodeRole, load_cost
 from profiler.engine.batch import BatchShape
 from profiler.engine.cost import CostModel
@@ -44,7 +44,7 @@ class Preset:
     config: EngineConfig
 
     def make_engine(self, role: NodeRole = NodeRole.REPLICA) -> NodeEngine:
-        from profiler.emulate.sim_engine import SimNodeEngine
+        from profiler.emulate.modelled_engine import SimNodeEngine
 
         return SimNodeEngine(Engine(replace(self.config, role=role), self.cost))
 

@@ -20,10 +20,10 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from profiler.emulate.engine_interface import Job, JobRejected, NodeEngine
 from profiler.emulate.link import SharedLink
 from profiler.emulate.metrics import NodeMetrics
 from profiler.emulate.openai_format import DONE, Envelope, Parsed, RequestError, sse, usage
-from profiler.emulate.port import Job, JobRejected, NodeEngine
 from profiler.emulate.runtime import EmulatedNode, EngineFailed, Stream
 from profiler.emulate.vocab import Vocabulary
 from proxy.vocabulary import Role

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from profiler.cluster.emulated import start_emulated_cluster
 from profiler.cluster.launcher import Cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
-from profiler.emulate.cluster import start_emulated_cluster
 from profiler.engine.transfer import load_link, load_model_shape
 from profiler.replay.client import ReplayConfig, RequestRecord, arrival_times, replay
 from profiler.simulator.layout import Layout

@@ -12,8 +12,8 @@ import pytest
 
 from profiler.cli import main as ppd
 from profiler.cluster import procs
+from profiler.cluster.emulated import start_emulated_cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
-from profiler.emulate.cluster import start_emulated_cluster
 from profiler.emulate.presets import parse_link
 
 BASE_PORT = 18320

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from profiler.emulate.port import EngineStats, Job, JobRejected, Tick
+from profiler.emulate.engine_interface import EngineStats, Job, JobRejected, Tick
 from profiler.engine import Engine, Request, RequestRejected
 from profiler.engine.requests import Phase
 from profiler.engine.requests import Sequence as Ledger
@@ -22,7 +22,7 @@ REMOTE = "remote-p"
 
 
 class SimNodeEngine:
-    """Adapts profiler.engine.Engine to profiler.emulate.port.NodeEngine."""
+    """Adapts profiler.engine.Engine to profiler.emulate.engine_interface.NodeEngine."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
