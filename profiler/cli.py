@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("profiler.replay.cli:main", "replay multi-turn traces against a proxy"),
     "profile": ("profiler.profile.cli:main", "measure x=0 vs x=1 per workload cell into a table"),
     "table": ("profiler.tables.cli:main", "show or plot a decision table"),
-    "report": ("profiler.report:main", "compare replay runs (tables and plots)"),
+    "report": ("profiler.replay.report:main", "compare replay runs (tables and plots)"),
     "register": ("proxy.register:main", "send node heartbeats to a proxy's discovery socket"),
     "demo": ("profiler.demo:main", "end-to-end demo on a local CPU cluster"),
     "sim": ("profiler.simulator.cli:main",

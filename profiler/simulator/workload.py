@@ -20,7 +20,7 @@ from pathlib import Path
 
 from profiler.replay.client import arrival_times
 from profiler.traces.conversation import Conversation
-from profiler.traces.load import TraceFilter, load_trace, sharegpt_package_file
+from profiler.traces.loader import TraceFilter, load_trace, sharegpt_package_file
 from profiler.traces.synthetic import named_workload
 from proxy.tokens import EstimateTokenCounter, TokenCounter
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from profiler import report
 from profiler.cli import main as ppd
+from profiler.replay import report
 from profiler.simulator.grid import grid_cells, paper_datasets, parse_policy, run_grid
 from profiler.simulator.run import RunSpec
 from proxy.config import Policy, PolicyConfig

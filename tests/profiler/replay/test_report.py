@@ -7,9 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from profiler import report
 from profiler.cli import main as ppd
-from profiler.replay import ReplayConfig, ReplayResult, RequestRecord
+from profiler.replay import ReplayConfig, ReplayResult, RequestRecord, report
 from profiler.replay.metrics import summarize
 from profiler.replay.output import write_run
 

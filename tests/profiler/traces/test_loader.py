@@ -15,7 +15,7 @@ from profiler.traces import (
     load_conversations,
     load_trace,
 )
-from profiler.traces import load as load_module
+from profiler.traces import loader as load_module
 from proxy.tokens import EstimateTokenCounter
 from tests.exports import assert_exports
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from profiler.packaged import packaged_file
+from profiler.models.packaged import packaged_file
 from profiler.traces.conversation import (
     Conversation,
     from_messages,
