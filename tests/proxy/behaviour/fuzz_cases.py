@@ -1,5 +1,6 @@
 """Fuzzing the proxy's HTTP surface: hypothesis strategies for hostile requests and the one
-property every answer must have. Shared by tests/proxy/test_fuzz.py and benchmarks/fuzz.py.
+property every answer must have. Shared by tests/proxy/behaviour/test_fuzz.py and
+benchmarks/fuzz.py.
 
 A case is (method, path, headers, body bytes). Bodies come from four families:
 - valid: a body the proxy must serve, with odd but legal text and session ids;

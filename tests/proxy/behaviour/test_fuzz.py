@@ -16,7 +16,7 @@ from proxy.config import Policy
 from proxy.errors import BadRequest
 from proxy.validate import MAX_DEPTH, parse_json_object
 from tests.fakes.mock_vllm import MockCluster
-from tests.proxy.fuzz_cases import ADMIN_KEY, Case, cases, check_answer, fuzz_target
+from tests.proxy.behaviour.fuzz_cases import ADMIN_KEY, Case, cases, check_answer, fuzz_target
 
 SUITE_CASES = 1100
 FUZZ_SETTINGS = settings(max_examples=SUITE_CASES, deadline=None, database=None,
