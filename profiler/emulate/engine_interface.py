@@ -1,9 +1,9 @@
-"""What an emulated node needs from an engine model: the port the real-time runtime drives.
+"""What an emulated node needs from an engine model: the interface the real-time runtime drives.
 
 The runtime (runtime.py) knows nothing of batching, caching or costs; an engine knows nothing
-of HTTP or of the wall clock: its caller passes `now` in. The port follows profiler.engine's
-Engine (next_step_time / step(now) / kv_pulls / kv_arrived / release_kv), adapted by
-sim_engine.py; the runtime tests drive it with a scripted engine.
+of HTTP or of the wall clock: its caller passes `now` in. The interface follows
+profiler.engine's Engine (next_step_time / step(now) / kv_pulls / kv_arrived / release_kv),
+adapted by modelled_engine.py; the runtime tests drive it with a scripted engine.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""profiler.engine's Engine behind the emulator's port.
+"""profiler.engine's Engine behind the emulator's engine interface (engine_interface.py).
 
-Two things the port adds to the engine:
+Two things the adapter adds to the engine:
 - output token ids: the engine draws its own (random) ids; the emulator's replies are word
   tokens that the next turn sends back, so each emitted id is replaced by the job's own
   before the next step hashes the block it completes - D's prefix cache then holds the reply
