@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from profiler.emulate.engine_interface import NodeEngine
+from profiler.emulate.modelled_engine import SimNodeEngine
 from profiler.engine import Engine, EngineConfig, LinearCost, NodeRole, load_cost
 from profiler.engine.batch import BatchShape
 from profiler.engine.cost import CostModel
@@ -44,8 +45,6 @@ class Preset:
     config: EngineConfig
 
     def make_engine(self, role: NodeRole = NodeRole.REPLICA) -> NodeEngine:
-        from profiler.emulate.modelled_engine import SimNodeEngine
-
         return SimNodeEngine(Engine(replace(self.config, role=role), self.cost))
 
     def warm(self) -> None:
