@@ -42,7 +42,7 @@ test-fast: system-deps $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks
 
-# 10,000+ hostile requests per policy against the in-process proxy (tests/proxy/fuzz_cases.py).
+# 10,000+ hostile requests per policy against the in-process proxy (tests/proxy/behaviour/fuzz_cases.py).
 fuzz: $(STAMP)
 	$(PY) -m benchmarks.fuzz
 

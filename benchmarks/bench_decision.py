@@ -32,9 +32,9 @@ from proxy.kv_events import BlockStored, encode_batch, parse_batch
 from proxy.live import NodeState, StepCosts, TurnState
 from proxy.policies import RoutingPolicy
 from proxy.residency import NodeResidency
-from proxy.route import Role, Workload
 from proxy.server import running
 from proxy.table import TABLE_COLUMNS, DecisionTable
+from proxy.vocabulary import Role, Workload
 
 QPS_POINTS = (0.5, 1.0, 2.0)
 

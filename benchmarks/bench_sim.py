@@ -25,8 +25,8 @@ import random
 import sys
 import time
 
-from profiler.sim import BatchShape, Engine, EngineConfig, LinearCost, Request, simulate
-from profiler.sim.aic import load_preset
+from profiler.engine import BatchShape, Engine, EngineConfig, LinearCost, Request, simulate
+from profiler.engine.aic import load_preset
 
 
 def random_shapes(n: int, rng: random.Random) -> list[BatchShape]:

@@ -19,8 +19,8 @@ import platform
 import random
 import time
 
-from profiler.sim.cost import BatchShape
-from profiler.simulate.grid import (
+from profiler.engine.batch import BatchShape
+from profiler.simulator.grid import (
     PAPER_LAYOUTS,
     PAPER_POLICIES,
     PAPER_QPS,
@@ -30,7 +30,7 @@ from profiler.simulate.grid import (
     run_cell,
     run_grid,
 )
-from profiler.simulate.run import RunSpec, cost_model
+from profiler.simulator.run import RunSpec, cost_model
 
 SINGLE_CELLS = (
     ("light: 1P3D pd small-tiny @0.5", "1P3D", "synthetic:small-tiny", 0.5),
@@ -41,7 +41,7 @@ SINGLE_CELLS = (
 
 def single_cells(cost: str) -> list[tuple[str, float]]:
     """Wall seconds of single cells, run inline (the cost preset already loaded)."""
-    from profiler.simulate.grid import parse_policy
+    from profiler.simulator.grid import parse_policy
 
     rows = []
     for label, layout, dataset, qps in SINGLE_CELLS:

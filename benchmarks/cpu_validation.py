@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from profiler.engine.calibrate import read_run
 from profiler.replay.metrics import summarize
-from profiler.sim.calibrate import read_run
-from profiler.simulate.run import RunSpec, simulate
-from proxy.route import RouteKind
+from profiler.simulator.run import RunSpec, simulate
+from proxy.vocabulary import RouteKind
 
 METRICS = (("turn2plus_ttft_ms_p50", "T2 TTFT p50"), ("turn2plus_tpot_ms_mean", "T2 TPOT mean"),
            ("decode_itl_ms", "D's ITL (server)"))

@@ -31,9 +31,9 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from profiler.cluster.emulated import start_emulated_cluster
 from profiler.cluster.launcher import Cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
-from profiler.emulate.cluster import start_emulated_cluster
 from profiler.replay.client import ReplayConfig, replay
 from profiler.traces.synthetic import named_workload
 from proxy.tokens import token_counter

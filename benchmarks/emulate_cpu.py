@@ -25,15 +25,15 @@ import asyncio
 import sys
 from pathlib import Path
 
+from profiler.cluster.emulated import start_emulated_cluster
 from profiler.cluster.launcher import Cluster, default_cores, start_cluster
 from profiler.cluster.plan import ClusterConfig, Connector, parse_layout
-from profiler.emulate.cluster import start_emulated_cluster
 from profiler.emulate.label import emulated_backend
+from profiler.engine.fit import fit, read_runs, write_preset
 from profiler.models.prepare import prepare_model
 from profiler.replay.client import ReplayConfig, ReplayResult, replay
 from profiler.replay.metrics import summarize
 from profiler.replay.output import write_run
-from profiler.sim.fit import fit, read_runs, write_preset
 from profiler.traces.synthetic import named_workload
 from proxy.tokens import token_counter
 

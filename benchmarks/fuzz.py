@@ -1,5 +1,6 @@
-"""`python -m benchmarks.fuzz` (`make fuzz`): the fuzz property of tests/proxy/test_fuzz.py on
-many more cases (10,000 by default) and both policies that change the path a body takes.
+"""`python -m benchmarks.fuzz` (`make fuzz`): the fuzz property of
+tests/proxy/behaviour/test_fuzz.py on many more cases (10,000 by default) and both policies
+that change the path a body takes.
 
 Prints how the proxy answered (status counts) and the rate; exits 1 on the first case that
 breaks the property (hypothesis shrinks it and prints it).
@@ -14,7 +15,7 @@ import time
 from hypothesis import HealthCheck, given, settings
 
 from proxy.config import Policy
-from tests.proxy.fuzz_cases import Case, cases, fuzz_target
+from tests.proxy.behaviour.fuzz_cases import Case, cases, fuzz_target
 
 
 def run(policy: Policy, n_cases: int) -> tuple[dict[int, int], float]:

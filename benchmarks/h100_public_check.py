@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from profiler.sim import BatchShape, load_cost, public
-from profiler.sim.host import HostedCost
+from profiler.engine import BatchShape, load_cost, public
+from profiler.engine.host import HostedCost
 
 
 def _err(predicted: float, measured: float) -> str:

@@ -36,11 +36,11 @@ import numpy as np
 
 from proxy import ProxyConfig, create_app
 from proxy.config import NodeSpec, Policy, PolicyConfig
-from proxy.redis_store import RedisStore
-from proxy.route import Role
 from proxy.server import running
-from proxy.session_store import MemoryStore, SessionStore
-from proxy.sessions import Transcript
+from proxy.sessions.redis_store import RedisStore
+from proxy.sessions.session import Transcript
+from proxy.sessions.store import MemoryStore, SessionStore
+from proxy.vocabulary import Role
 from tests.fakes.redis_server import RedisServer, free_port
 
 TURNS = 4

@@ -17,15 +17,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "proxy": ("proxy.cli:main", "run the PPD routing proxy in front of vLLM P/D servers"),
     "model": ("profiler.models.prepare:main",
               "prepare a local model (tiny | smollm2) without a hub"),
-    "cluster": ("profiler.cluster.launcher:main",
+    "cluster": ("profiler.cluster.cli:main",
                 "start, inspect or stop a local vLLM P/D cluster"),
     "replay": ("profiler.replay.cli:main", "replay multi-turn traces against a proxy"),
     "profile": ("profiler.profile.cli:main", "measure x=0 vs x=1 per workload cell into a table"),
     "table": ("profiler.tables.cli:main", "show or plot a decision table"),
-    "report": ("profiler.report:main", "compare replay runs (tables and plots)"),
+    "report": ("profiler.replay.report:main", "compare replay runs (tables and plots)"),
     "register": ("proxy.register:main", "send node heartbeats to a proxy's discovery socket"),
     "demo": ("profiler.demo:main", "end-to-end demo on a local CPU cluster"),
-    "sim": ("profiler.sim.cli:main",
+    "sim": ("profiler.simulator.cli:main",
             "cluster simulator (run, grid, paper) and its engine model"),
 }
 

@@ -7,9 +7,9 @@
 from proxy.app import create_app
 from proxy.config import ConfigError, NodeSpec, Policy, PolicyConfig, ProxyConfig, config_from_args
 from proxy.errors import ProxyError
-from proxy.route import Role, RouteKind, Workload
 from proxy.server import Server, ServerThread, running, serve
 from proxy.table import TABLE_COLUMNS, DecisionTable, TableError
+from proxy.vocabulary import Role, RouteKind, Workload
 
 __all__ = [
     "ConfigError",

@@ -40,15 +40,16 @@ from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
 from proxy.health import HealthMonitor
 from proxy.live import StepCosts
 from proxy.live_view import LiveRuntime
-from proxy.load import RateMeter
+from proxy.load_meter import RateMeter
 from proxy.metrics import ProxyMetrics
 from proxy.policies import RoutingPolicy
-from proxy.route import Role
 from proxy.router import Router
-from proxy.session_store import SessionStore, open_store, watch_store
+from proxy.sessions.open_store import open_store
+from proxy.sessions.store import SessionStore, watch_store
 from proxy.table import DecisionTable
 from proxy.tokens import token_counter
 from proxy.transport import default_transport
+from proxy.vocabulary import Role
 
 log = logging.getLogger("ppd.proxy")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from proxy.breaker import CLOSED, Breaker, Circuit, CircuitState
 from proxy.config import NodeSpec
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 
 class Source(enum.StrEnum):

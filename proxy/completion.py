@@ -14,9 +14,10 @@ The history rule (docs/architecture.md, "Session tracking"): a later turn's hist
 earlier reply as `assistant_message(reply)` = {"role": "assistant", "content": reply text};
 the reasoning is not sent back (OpenAI's and vLLM's advice for reasoning models; their chat
 templates drop earlier turns' reasoning anyway). For the completions API the prompt grows by
-the reply text. The proxy's continuation check (proxy/sessions.py) compares a message's role and
-text only, so a client that echoes extra fields (a `reasoning_content`, `refusal: null`) still
-continues its session; a client that pastes the reasoning into `content` starts a new branch.
+the reply text. The proxy's continuation check (proxy/sessions/session.py) compares a
+message's role and text only, so a client that echoes extra fields (a `reasoning_content`,
+`refusal: null`) still continues its session; a client that pastes the reasoning into
+`content` starts a new branch.
 """
 
 from __future__ import annotations

@@ -25,11 +25,13 @@ import yaml
 from proxy import kv_sources
 from proxy.breaker import DEFAULT_COOLDOWN_S, DEFAULT_FAILURES
 from proxy.kv_subscriber import KvEventSource
+from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.logs import LogFormat, LogLevel
 from proxy.options import add_flags, option, option_fields
 from proxy.redact import redacted_url
-from proxy.route import Role
+from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S
 from proxy.table import DEFAULT_SUCCESS_MARGIN
+from proxy.vocabulary import Role
 
 
 class ConfigError(ValueError):
@@ -136,8 +138,9 @@ class ProxyConfig:
         False, "allow --discovery on a non-loopback address without --discovery-token")
     heartbeat_timeout: float = option(
         10.0, "drop a registered node after S seconds without a heartbeat", metavar="S")
-    session_ttl: float = option(3600.0, "forget a session idle for S seconds", metavar="S")
-    max_sessions: int = option(100_000, "LRU bound on the sessions kept", metavar="N")
+    session_ttl: float = option(DEFAULT_SESSION_TTL_S, "forget a session idle for S seconds",
+                                metavar="S")
+    max_sessions: int = option(DEFAULT_MAX_SESSIONS, "LRU bound on the sessions kept", metavar="N")
     session_store: str = option(
         "memory", "where sessions live: memory (this process; with --workers N, a "
         "redis-server the proxy starts for its workers on a Unix socket), or Redis/Valkey "
@@ -162,7 +165,8 @@ class ProxyConfig:
     metrics_interval: float = option(
         1.0, "policy live: seconds between scrapes of every node's /metrics", metavar="S")
     load_window: float = option(
-        30.0, "sliding window of the turns-per-second load meter, seconds", metavar="S")
+        DEFAULT_LOAD_WINDOW_S, "sliding window of the turns-per-second load meter, seconds",
+        metavar="S")
     shutdown_grace: float = option(
         30.0, "on SIGTERM/SIGINT, seconds open streams may take to finish before they are cut",
         metavar="S")

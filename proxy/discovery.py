@@ -34,7 +34,7 @@ import zmq
 import zmq.asyncio
 
 from proxy.backends import BackendPool, Source
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 log = logging.getLogger("ppd.proxy.discovery")
 

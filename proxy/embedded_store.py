@@ -7,7 +7,7 @@ Unix socket in the supervisor's private temp directory (mode 700, no TCP port), 
 persistence, and hands the workers `unix://SOCKET` as their `--session-store`. It lives and
 dies with the supervisor (on Linux it also gets SIGTERM if the supervisor is killed), and the
 supervisor restarts it if it dies: the workers see a store outage (every turn P->D) and
-reconnect by themselves (proxy.redis_store). Several machines share one
+reconnect by themselves (proxy.sessions.redis_store). Several machines share one
 `--session-store redis://...` instead.
 """
 

@@ -18,12 +18,12 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from proxy.config import ProxyConfig
-from proxy.errors import BadRequest, PayloadTooLarge, ProxyError, Unauthorized
+from proxy.errors import BadRequest, MethodNotAllowed, PayloadTooLarge, ProxyError, Unauthorized
 from proxy.logs import AccessEntry
 from proxy.relay import Relay
-from proxy.route import RouteKind
 from proxy.router import Incoming, Reply, Router
 from proxy.validate import Endpoint, parse_json_object, validate_body
+from proxy.vocabulary import RouteKind
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -35,12 +35,6 @@ log = logging.getLogger("ppd.proxy")
 FORCIBLE = {RouteKind.PD.value: RouteKind.PD, RouteKind.LOCAL.value: RouteKind.LOCAL}
 _PATHS = {endpoint.value: endpoint for endpoint in Endpoint}
 _WANTED = (b"authorization", b"x-ppd-route", b"x-session-id", b"content-length")
-
-
-class MethodNotAllowed(ProxyError):
-    status = 405
-    type = "invalid_request_error"
-    code = "method_not_allowed"
 
 
 class _ClientGone(Exception):

@@ -4,12 +4,19 @@
     ├── BadRequest (400)          malformed JSON, missing/mistyped fields, bad forcing header
     ├── Unauthorized (401)        missing or wrong API / admin key
     ├── NotFound (404)            a model no backend serves
+    ├── MethodNotAllowed (405)    a method the path does not take
     ├── RequestTimeout (408)      the client's headers or body too slow (proxy.server)
     ├── PayloadTooLarge (413)     body over --max-body-bytes
     ├── Overloaded (429)          admission control (--max-in-flight)
-    ├── UpstreamError (502)       backend connection error or 5xx, after failover
+    ├── UpstreamError (502)       a backend failed, after failover; what failed:
+    │   ├── UpstreamRefused           the connection was refused: nothing listens there
+    │   ├── UpstreamBroken            the connection broke (reset, read or write error)
+    │   ├── UpstreamStatus            the backend answered 5xx
+    │   ├── UpstreamProtocol          the backend's answer was not what vLLM sends
+    │   └── UpstreamRunaway           the backend streamed past max_tokens
     ├── NoBackend (503)           no healthy node for the route
     └── UpstreamTimeout (504)     backend did not answer in time
+        └── BudgetExhausted           the request's whole budget ran out
 
 A backend's 4xx answer is not an error of the proxy: it is the client's request that is at
 fault, so `proxy.forward` returns it as a value (`forward.Answer`) and the client gets it as is.
@@ -31,13 +38,19 @@ class ProxyError(Exception):
     status: ClassVar[int] = 500
     type: ClassVar[str] = "internal_error"
     code: ClassVar[str] = "internal_error"
+    # The metrics label of a failure (ppd_upstream_errors{kind}): a class's code unless it
+    # names a finer one.
+    kind: ClassVar[str] = "internal_error"
 
-    def __init__(self, message: str, kind: str | None = None, param: str | None = None) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" not in vars(cls) and "code" in vars(cls):
+            cls.kind = cls.code
+
+    def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
-        # A finer label for metrics (e.g. "connect", "status", "timeout"); defaults to code.
-        self.kind = kind or self.code
         # Response headers the client gets with the error (session, turn, route tried).
         self.headers: dict[str, str] = {}
 
@@ -69,6 +82,12 @@ class NotFound(ProxyError):
     code = "model_not_found"
 
 
+class MethodNotAllowed(ProxyError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
 class RequestTimeout(ProxyError):
     status = 408
     type = "invalid_request_error"
@@ -93,6 +112,36 @@ class UpstreamError(ProxyError):
     code = "bad_gateway"
 
 
+class UpstreamRefused(UpstreamError):
+    """Nothing listens at the node: it is down at once (`proxy.failover.charge`)."""
+
+    kind = "connect"
+
+
+class UpstreamBroken(UpstreamError):
+    """The connection broke after it was made: may be this request's alone."""
+
+    kind = "transport"
+
+
+class UpstreamStatus(UpstreamError):
+    """The node answered 5xx: it failed this request."""
+
+    kind = "status"
+
+
+class UpstreamProtocol(UpstreamError):
+    """The node's answer is not what vLLM sends (e.g. a prefill answer that is not JSON)."""
+
+    kind = "protocol"
+
+
+class UpstreamRunaway(UpstreamError):
+    """The node streamed past the request's max_tokens: a backend fault, the reply is cut."""
+
+    kind = "runaway"
+
+
 class NoBackend(ProxyError):
     status = 503
     type = "service_unavailable"
@@ -103,3 +152,11 @@ class UpstreamTimeout(ProxyError):
     status = 504
     type = "timeout"
     code = "upstream_timeout"
+    kind = "timeout"
+
+
+class BudgetExhausted(UpstreamTimeout):
+    """The request's whole budget (`--request-timeout`, stream included) ran out: not a node's
+    fault by itself, so it strikes no circuit."""
+
+    kind = "deadline"

@@ -34,10 +34,17 @@ from typing import TypeVar
 from proxy.backends import Backend, BackendPool
 from proxy.breaker import CircuitState
 from proxy.deadline import Deadline
-from proxy.errors import NoBackend, ProxyError, UpstreamError, UpstreamTimeout
+from proxy.errors import (
+    NoBackend,
+    ProxyError,
+    UpstreamError,
+    UpstreamRefused,
+    UpstreamStatus,
+    UpstreamTimeout,
+)
 from proxy.lease import Lease
 from proxy.metrics import ProxyMetrics
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 log = logging.getLogger("ppd.proxy")
 
@@ -49,7 +56,7 @@ NodeFailure = (UpstreamError, UpstreamTimeout)
 def charge(pool: BackendPool, lease: Lease, node: Backend, exc: ProxyError) -> None:
     """A strike for node, whose leg failed on its own (a stream cut after it started, where no
     other node can be tried); refused: the node is down at once."""
-    if exc.kind == "connect":
+    if isinstance(exc, UpstreamRefused):
         pool.mark(node.url, healthy=False)
     lease.settle(node, ok=False)
 
@@ -95,14 +102,13 @@ class Failover:
                 self._expired = True
                 self.metrics.upstream_error(node.role.value, "timeout")
                 self._failure(node, UpstreamTimeout(f"backend {node.url} did not answer "
-                                                    "within the request timeout",
-                                                    kind="timeout"))
+                                                    "within the request timeout"))
             raise
 
     def _failure(self, node: Backend, exc: ProxyError) -> None:
         self.last = exc
         self._excluded[node.role].add(node.url)
-        if exc.kind == "connect":
+        if isinstance(exc, UpstreamRefused):
             self.pool.mark(node.url, healthy=False)
         self.lease.settle(node, ok=None)  # the slot is free; the verdict waits (`settle`)
         self._failed[node.role].append((node, exc))
@@ -130,7 +136,8 @@ class Failover:
         failures = self._failed.pop(role, [])
         # Served elsewhere: every failure was its node's. Failed everywhere: at most the first,
         # and not a 5xx answer.
-        struck = failures if served else [f for f in failures[:1] if f[1].kind != "status"]
+        struck = failures if served else [f for f in failures[:1]
+                                          if not isinstance(f[1], UpstreamStatus)]
         for node, _ in failures:
             if any(node is n for n, _ in struck):
                 self.pool.failed(node)

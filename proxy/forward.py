@@ -33,7 +33,14 @@ from typing import Any
 
 import httpx
 
-from proxy.errors import UpstreamError, UpstreamTimeout
+from proxy.errors import (
+    UpstreamBroken,
+    UpstreamError,
+    UpstreamProtocol,
+    UpstreamRefused,
+    UpstreamStatus,
+    UpstreamTimeout,
+)
 from proxy.json_codec import dumps, loads
 from proxy.transport import AiohttpTransport, RawResponse
 from proxy.validate import Endpoint
@@ -141,18 +148,17 @@ async def _post(client: httpx.AsyncClient, url: str, body: dict[str, Any], reque
 
 def _translate(exc: httpx.HTTPError, url: str) -> UpstreamError | UpstreamTimeout:
     if isinstance(exc, httpx.TimeoutException):
-        return UpstreamTimeout(f"backend {url} timed out ({type(exc).__name__})", kind="timeout")
+        return UpstreamTimeout(f"backend {url} timed out ({type(exc).__name__})")
     if isinstance(exc, httpx.ConnectError):
-        return UpstreamError(f"cannot connect to backend {url}: {exc}", kind="connect")
-    return UpstreamError(f"backend {url} failed: {type(exc).__name__}: {exc}", kind="transport")
+        return UpstreamRefused(f"cannot connect to backend {url}: {exc}")
+    return UpstreamBroken(f"backend {url} failed: {type(exc).__name__}: {exc}")
 
 
 def _answer(response: Upstream, body: bytes, url: str) -> Answer:
     """The answer of a finished response; a 5xx raises (the node failed, not the request)."""
     if response.status >= 500:
         snippet = body[:_ERROR_SNIPPET].decode(errors="replace")
-        raise UpstreamError(f"backend {url} answered {response.status}: {snippet}",
-                            kind="status")
+        raise UpstreamStatus(f"backend {url} answered {response.status}: {snippet}")
     return Answer(response.status, body, response.content_type)
 
 
@@ -175,8 +181,8 @@ async def complete(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
         except ValueError:
             data = None
         if not isinstance(data, dict):
-            raise UpstreamError(f"backend {base_url + endpoint.value} answered non-JSON "
-                                f"(status {answer.status})", kind="protocol")
+            raise UpstreamProtocol(f"backend {base_url + endpoint.value} answered non-JSON "
+                                   f"(status {answer.status})")
     return answer
 
 
@@ -189,8 +195,8 @@ async def prefill(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
     try:
         data = json.loads(answer.body)  # exactly: D gets P's kv_transfer_params as sent
     except ValueError as exc:
-        raise UpstreamError(f"backend {base_url + endpoint.value} answered non-JSON to the "
-                            "prefill", kind="protocol") from exc
+        raise UpstreamProtocol(f"backend {base_url + endpoint.value} answered non-JSON to the "
+                               "prefill") from exc
     return Prefilled(data.get("kv_transfer_params") if isinstance(data, dict) else None)
 
 

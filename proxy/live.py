@@ -30,12 +30,12 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from proxy.route import Workload
+from proxy.vocabulary import Workload
 
 
 @dataclass(frozen=True, slots=True)
 class StepCosts:
-    """A linear model of one engine step, in ms (the form of `profiler.sim.cost.LinearCost`):
+    """A linear model of one engine step, in ms (the form of `profiler.engine.cost.LinearCost`):
 
     step = base + per_prefill_token * P + per_prefill_attention * P * (ctx + P/2) / 1000
            + per_decode_seq * B + per_decode_kv_ktoken * KV / 1000

@@ -23,8 +23,8 @@ from proxy.kv_subscriber import KvEventSource, KvEventSubscribers, NodeSubscribe
 from proxy.live import NodeState, TurnState
 from proxy.node_load import LoadSignals
 from proxy.residency import Residency
-from proxy.route import Role
-from proxy.sessions import Session
+from proxy.sessions.session import Session
+from proxy.vocabulary import Role
 
 # vLLM's default --block-size, for a node whose events have not said theirs yet.
 DEFAULT_BLOCK_SIZE = 16

@@ -19,10 +19,9 @@ import sys
 import time
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # type names only: the policies import the config, which imports this
-    from proxy.policies import Decision
+from proxy.vocabulary import Decision
 
 ACCESS_LOGGER = "ppd.access"
 # Libraries whose INFO lines are per request: kept at WARNING whatever --log-level says.

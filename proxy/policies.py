@@ -19,41 +19,13 @@ Turn 1 is always P->D in the disaggregated policies.
 
 from __future__ import annotations
 
-import enum
 import hashlib
-from dataclasses import dataclass
 
 from proxy.config import Policy, PolicyConfig
-from proxy.discretize import Cell, classify
+from proxy.discretize import classify
 from proxy.live import LiveScorer, NodeState, StepCosts, TurnState, predict
-from proxy.route import RouteKind, Workload
 from proxy.table import DecisionTable
-
-
-class Reason(enum.StrEnum):
-    """Why a route was chosen (a metrics label)."""
-
-    TURN1 = "turn1"
-    NO_HOME = "no_home"
-    POLICY = "policy"
-    DRAW = "draw"
-    THRESHOLD = "threshold"
-    TABLE = "table"
-    MISSING_CELL = "missing_cell"
-    FORCED = "forced"
-    REPLICA = "replica"
-    LIVE = "live"
-    EVICTED = "evicted"
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """A policy's verdict for one turn, with the reason and (ppd) the table cell used."""
-
-    kind: RouteKind
-    reason: Reason
-    cell: Cell | None = None
-
+from proxy.vocabulary import Decision, Reason, RouteKind, Workload
 
 _UNKNOWN = TurnState(NodeState(), NodeState())
 

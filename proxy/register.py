@@ -15,7 +15,7 @@ import os
 import time
 
 from proxy.discovery import heartbeat, send_heartbeats
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 TOKEN_ENV = "PPD_DISCOVERY_TOKEN"
 

@@ -26,7 +26,11 @@ from dataclasses import dataclass
 from proxy.backends import Backend
 from proxy.completion import SSE_EVENT_ENDS, Captured, ReplyCapture
 from proxy.deadline import Deadline, DeadlineExceeded, guarded
-from proxy.errors import ProxyError, UpstreamError, UpstreamTimeout
+from proxy.errors import (
+    BudgetExhausted,
+    ProxyError,
+    UpstreamRunaway,
+)
 from proxy.forward import UpstreamStream
 from proxy.lease import Lease
 
@@ -124,8 +128,8 @@ class Relay:
                 self._capture.feed(chunk)
                 limit = self._limits.max_tokens
                 if limit is not None and self._capture.token_events > limit and not done:
-                    raise UpstreamError(f"backend {self._node.url} streamed past the request's "
-                                        f"max_tokens ({limit}); reply cut", kind="runaway")
+                    raise UpstreamRunaway(f"backend {self._node.url} streamed past the request's "
+                                        f"max_tokens ({limit}); reply cut")
                 if self._capture.stream_done:
                     await self._reply_once()
                 if done:
@@ -155,7 +159,7 @@ class Relay:
                 except StopAsyncIteration:
                     return
                 except DeadlineExceeded:
-                    raise UpstreamTimeout(self._limits.over_budget, kind="deadline") from None
+                    raise BudgetExhausted(self._limits.over_budget) from None
                 yield chunk
         finally:
             await chunks.aclose()

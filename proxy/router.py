@@ -14,38 +14,38 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from proxy import forward, wire
+from proxy import forward, pd_protocol, turn_plan
 from proxy.backends import Backend, BackendPool
 from proxy.completion import Captured, ReplyCapture
-from proxy.config import Policy
 from proxy.deadline import Deadline, DeadlineExceeded, guarded
-from proxy.errors import NotFound, Overloaded, ProxyError, UpstreamTimeout
+from proxy.errors import BudgetExhausted, NotFound, Overloaded, ProxyError
 from proxy.failover import Failover, charge
 from proxy.forward import Answer, UpstreamStream
 from proxy.lease import Admission, Lease
 from proxy.live_view import LiveView, tag_session
-from proxy.load import RateMeter, RunningMean
+from proxy.load_meter import RateMeter, RunningMean
 from proxy.logs import AccessEntry
 from proxy.metrics import ProxyMetrics
-from proxy.policies import Decision, Reason, RoutingPolicy
+from proxy.policies import RoutingPolicy
 from proxy.relay import Relay, StreamLimits
-from proxy.route import Role, RouteKind, Workload
-from proxy.session_store import SessionStore
-from proxy.sessions import Lookup, Transcript
+from proxy.sessions.session import Lookup, Transcript
+from proxy.sessions.store import SessionStore
 from proxy.tokens import (
     TokenCounter,
     new_input_tokens,
     requested_output_tokens,
     turn_usage,
 )
+from proxy.turn_plan import Attempt, Pick, TurnPlan
 from proxy.validate import Endpoint
+from proxy.vocabulary import RouteKind, Workload
 
 # Visible ASCII but `%`: what a client-chosen session id may carry unescaped in a header.
 _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
@@ -203,14 +203,17 @@ class Router:
 
     async def _route(self, turn: _Turn, lease: Lease) -> Reply:
         incoming, lookup, access, started = turn.incoming, turn.lookup, turn.access, turn.started
-        decision = self._decide(turn)
+        plan = turn_plan.plan_turn(self.policy, self.pool, lookup, turn.workload,
+                                   incoming.forced,
+                                   self.view.state if self.view is not None else None)
+        decision = plan.decision
         access.decided(decision)
         try:
             try:
                 with guarded(turn.failover.deadline):
-                    served = await self._serve(turn, decision)
+                    served = await self._serve(turn, plan)
             except DeadlineExceeded:
-                raise UpstreamTimeout(self._over_budget(), kind="deadline") from None
+                raise BudgetExhausted(self._over_budget()) from None
         except ProxyError as exc:
             exc.headers.update(turn.headers())
             self.metrics.responded(exc.status)
@@ -251,60 +254,60 @@ class Router:
         n_out = requested_output_tokens(incoming.body) or round(self.expected_output.value)
         return Workload(lookup.turn, n_in, lookup.cached_tokens, n_out, self.load.rate())
 
-    def _decide(self, turn: _Turn) -> Decision:
-        session = turn.lookup.session
-        can_local = turn.lookup.continuation and self.pool.is_usable(session.decode, Role.DECODE)
-        forced = turn.incoming.forced
-        if forced is None or self.policy.kind is Policy.REPLICA:
-            state = self.view.state(session) if self.view is not None and can_local else None
-            return self.policy.decide(turn.workload, session.id, can_local, state)
-        if forced is RouteKind.LOCAL and not can_local:
-            # Nothing to append to (turn 1, or the session's D is gone): P->D is the only way.
-            return Decision(RouteKind.PD, Reason.NO_HOME)
-        return Decision(forced, Reason.FORCED)
+    async def _serve(self, turn: _Turn, plan: TurnPlan) -> _Served:
+        for attempt in plan.attempts:
+            served = await self._try(turn, attempt)
+            if served is not None:
+                return served
+        raise AssertionError("a turn plan ends with an attempt that serves or raises")
 
-    async def _serve(self, turn: _Turn, decision: Decision) -> _Served:
-        session, body = turn.lookup.session, turn.incoming.body
-        if decision.kind is RouteKind.REPLICA:
-            turn.route = RouteKind.REPLICA
-            served = await turn.failover.run(Role.REPLICA, session.decode, lambda node: self._leg(
-                turn, RouteKind.REPLICA, node, wire.local_body(body), wire.request_id()),
-                _Served.proves)
-            if not served.rejected and served.decode is not None:
-                session.decode = served.decode.url
-            return served
-        if decision.kind is RouteKind.LOCAL and session.decode is not None:
-            home = self.pool.take(session.decode, Role.DECODE)
-            if home is not None:
-                turn.route = RouteKind.LOCAL
-                local = await turn.failover.attempt(home, lambda node: self._leg(
-                    turn, RouteKind.LOCAL, node, wire.local_body(body), wire.request_id()))
-                if local is not None:
-                    return local
-        turn.route = RouteKind.PD
-        return await turn.failover.run(Role.DECODE, session.decode,
-                                       lambda decode: self._pd(turn, decode), _Served.proves)
+    async def _try(self, turn: _Turn, attempt: Attempt) -> _Served | None:
+        """One attempt of the plan; None when its only node cannot serve (the next one runs)."""
+        session, body, answering = turn.lookup.session, turn.incoming.body, attempt.answering
+        if attempt.prefill is not None:
+            turn.route = attempt.route
+            prefill = attempt.prefill
+            return await turn.failover.run(answering.role, answering.prefer,
+                                           lambda decode: self._pd(turn, decode, prefill),
+                                           _Served.proves)
 
-    async def _pd(self, turn: _Turn, decode: Backend) -> _Served:
+        def leg(node: Backend) -> Awaitable[_Served]:
+            return self._leg(turn, attempt.route, node, pd_protocol.local_body(body),
+                             pd_protocol.request_id())
+
+        if answering.only_preferred:
+            home = (self.pool.take(answering.prefer, answering.role)
+                    if answering.prefer is not None else None)
+            if home is None:
+                return None
+            turn.route = attempt.route
+            return await turn.failover.attempt(home, leg)
+        turn.route = attempt.route
+        served = await turn.failover.run(answering.role, answering.prefer, leg, _Served.proves)
+        if not served.rejected and served.decode is not None:
+            session.decode = served.decode.url
+        return served
+
+    async def _pd(self, turn: _Turn, decode: Backend, pick: Pick) -> _Served:
         """One P->D try on decode: the P leg (failing over among Ps), then D's leg."""
         body, lease = turn.incoming.body, turn.failover.lease
 
         async def prefill_on(prefill: Backend) -> tuple[Backend, str, forward.Prefilled | Answer]:
             # A fresh id per try: no node ever sees one X-Request-Id twice.
-            request_id = wire.request_id(prefill.zmq_address, decode.zmq_address)
+            request_id = pd_protocol.request_id(prefill.zmq_address, decode.zmq_address)
             result = await forward.prefill(self._client(), prefill.base, turn.incoming.endpoint,
-                                           wire.prefill_body(body), request_id)
+                                           pd_protocol.prefill_body(body), request_id)
             lease.settle(prefill, ok=True)
             return prefill, request_id, result
 
         prefill, request_id, result = await turn.failover.run(
-            Role.PREFILL, turn.lookup.session.prefill, prefill_on,
+            pick.role, pick.prefer, prefill_on,
             lambda tried: isinstance(tried[2], forward.Prefilled))
         if isinstance(result, Answer):  # P rejected the request: D is not asked
             return _Served(RouteKind.PD, result, None, prefill)
         served = await self._leg(turn, RouteKind.PD, decode,
-                                 wire.decode_body(body, result.kv_transfer_params), request_id,
-                                 prefill)
+                                 pd_protocol.decode_body(body, result.kv_transfer_params),
+                                 request_id, prefill)
         if not served.rejected:
             turn.lookup.session.prefill, turn.lookup.session.decode = prefill.url, decode.url
         return served
@@ -347,7 +350,7 @@ class Router:
         node, relay_lease = served.decode, lease.hand_over()
 
         def on_failure(exc: ProxyError) -> None:
-            if exc.kind == "deadline":  # the request's budget ran out, not the node
+            if isinstance(exc, BudgetExhausted):  # the request's budget ran out, not the node
                 turn.access.error = exc.message
                 return
             log.warning("upstream %s failed mid-stream: %s", node.url, exc.message)

@@ -83,7 +83,8 @@ class Server:
         return f"http://{self.host}:{self.port}"
 
 
-def _listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+def listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound to host:port (not listening yet), for a server to take over."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and
     # without it Nagle holds each small write of a reply for the client's delayed ACK (40 ms).
@@ -228,9 +229,9 @@ async def running(app: Any, host: str = "127.0.0.1", port: int = 0,
     """Serve app in a background task for the block; on exit, open streams get `grace` s.
 
     `reuse_port`: several processes may listen on the port (SO_REUSEPORT; the kernel spreads
-    the connections), since every server here takes over the socket bound by `_listen`.
+    the connections), since every server here takes over the socket bound by `listen`.
     """
-    sock = _listen(host, port, reuse_port)
+    sock = listen(host, port, reuse_port)
     address = Server(host, sock.getsockname()[1])
     lifespan = Lifespan(app)
     try:

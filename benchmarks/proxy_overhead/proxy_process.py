@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         import uvloop
 
         from benchmarks.proxy_overhead.floor import FloorApp
-        from proxy.route import Role
+        from proxy.vocabulary import Role
 
         first = {node.role: node.url.rstrip("/") for node in reversed(config.nodes)}
         floor = FloorApp(first[Role.PREFILL], first[Role.DECODE], str(config.policy.kind))

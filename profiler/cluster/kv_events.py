@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from urllib.parse import urlsplit
 
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 EVENTS_PORT_OFFSET = 1000
 REPLAY_PORT_OFFSET = 2000

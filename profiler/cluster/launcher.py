@@ -1,5 +1,6 @@
-"""`ppd cluster up|status|down`: a local vLLM P/D cluster (and optionally the proxy) in the
-background, described by DIR/cluster.json for `ppd proxy --cluster` and for `down`.
+"""A local vLLM P/D cluster (and optionally the proxy) in the background, described by
+DIR/cluster.json for `ppd proxy --cluster` and for `ppd cluster down` (the command line is
+`profiler.cluster.cli`).
 
 Python API (tests, profiler, demo)::
 
@@ -10,10 +11,8 @@ Python API (tests, profiler, demo)::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shlex
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -25,7 +24,6 @@ import httpx
 from profiler.cluster import procs
 from profiler.cluster.plan import (
     CLUSTER_FILE,
-    DEFAULT_BASE_PORT,
     DEFAULT_PROXY_PORT,
     DEFAULT_STATE_DIR,
     KV_DIR,
@@ -49,12 +47,10 @@ from profiler.cluster.procs import ManagedProcess, StartupError
 from profiler.cluster.warmup import WarmupError, warm_up, warm_up_transfers
 from profiler.models.prepare import (
     ModelName,
-    default_model_dir,
-    is_ready,
     prepare_model,
     serving_dtype,
 )
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 PROXY_FILE = "proxy.json"
 PROXY_LOG = "proxy.log"
@@ -62,7 +58,8 @@ PROXY_LOG = "proxy.log"
 Progress = Callable[[str], None]
 
 
-def _quiet(_: str) -> None:
+def quiet(_: str) -> None:
+    """A `Progress` that says nothing."""
     pass
 
 
@@ -86,7 +83,7 @@ class Cluster:
     nodes: list[Node]
     model_path: Path | None = None
     proxy: ManagedProcess | None = None
-    progress: Progress = field(default=_quiet, repr=False)
+    progress: Progress = field(default=quiet, repr=False)
 
     @property
     def cluster_file(self) -> Path:
@@ -134,7 +131,7 @@ class Cluster:
             raise
         self.proxy = proxy
         doc = {"url": url, "pid": proxy.pid, "log": str(log), "policy": policy}
-        _write_json(self.state_dir / PROXY_FILE, doc)
+        write_json(self.state_dir / PROXY_FILE, doc)
         return url
 
     def stop_proxy(self) -> None:
@@ -200,7 +197,7 @@ def _refuse_busy_side_channels(config: ClusterConfig, nodes: Sequence[NodePlan])
                            f"{NIXL_SIDE_CHANNEL_OFFSET}); choose another --base-port")
 
 
-def start_cluster(config: ClusterConfig, progress: Progress = _quiet) -> Cluster:
+def start_cluster(config: ClusterConfig, progress: Progress = quiet) -> Cluster:
     """Start every node of `config`, wait until each answers /v1/models, write cluster.json.
 
     On failure (a node exits, the timeout passes, Ctrl-C) the nodes already started are
@@ -248,7 +245,7 @@ def start_cluster(config: ClusterConfig, progress: Progress = _quiet) -> Cluster
         model.name, config.layout, [(n.role, n.url, n.proc.pid, n.proc.log) for n in started],
         connector=config.connector,
     )
-    _write_json(cluster.cluster_file, doc)
+    write_json(cluster.cluster_file, doc)
     return cluster
 
 
@@ -320,141 +317,8 @@ def _refuse_running(state_dir: Path) -> None:
         )
 
 
-def _write_json(path: Path, doc: object) -> None:
+def write_json(path: Path, doc: object) -> None:
+    """Write doc as JSON atomically (a temporary file renamed over path)."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     tmp.replace(path)  # readers (the proxy) never see half a file
-
-
-# ----------------------------------------------------------------------------------------- cli
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from profiler.cli import HelpFormatter
-
-    examples = {
-        "up": "examples:\n  ppd cluster up --model tiny --layout 1P1D --with-proxy --policy pd\n"
-              "  ppd cluster up --emulate h100 --model llama-3.1-8b --layout 1P3D --with-proxy\n"
-              "  ppd cluster up --emulate h100 --model llama-3.1-8b --layout 1P3D --with-proxy "
-              "--policy ppd --proxy-args '--table tables/h100-llama-3.1-8b-1p3d.csv'",
-        "status": "example:\n  ppd cluster status",
-        "down": "example:\n  ppd cluster down",
-    }
-    parser = argparse.ArgumentParser(prog="ppd cluster", description=__doc__.split("\n\n")[0],
-                                     epilog="\n".join(examples.values()),
-                                     formatter_class=HelpFormatter)
-    sub = parser.add_subparsers(dest="action", required=True)
-    up = sub.add_parser("up", help="start the nodes (and the proxy) in the background",
-                        description="Start vLLM nodes (and optionally `ppd proxy`) in the "
-                        "background; `ppd cluster down` stops them.", epilog=examples["up"],
-                        formatter_class=HelpFormatter)
-    up.add_argument("--model", required=True,
-                    help="tiny, smollm2 or a model directory (with --emulate: llama-3.1-8b, tiny)")
-    up.add_argument("--layout", required=True, type=_layout_arg,
-                    help="nodes to start: NpMd (prefill + decode, e.g. 1P1D, 1P2D) or NR "
-                    "(replicas)")
-    up.add_argument("--device", type=Device, choices=list(Device), default=Device.CPU,
-                    help="where vLLM runs")
-    up.add_argument("--connector", type=Connector, choices=list(Connector),
-                    default=Connector.NIXL,
-                    help="KV transfer P->D: nixl (vLLM's NixlConnector over UCX, host buffers "
-                    "on cpu) or shared-storage (ExampleConnector: P writes files D reads back)")
-    up.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
-                    help="port of the first node; the next nodes count up from it")
-    up.add_argument("--host", default="127.0.0.1", help="address the nodes listen on")
-    up.add_argument("--max-model-len", type=int, default=None,
-                    help="vLLM --max-model-len (context limit in tokens; default 4096, with "
-                    "--emulate 32768)")
-    up.add_argument("--dtype", default=None,
-                    help="vLLM --dtype (default: what the model asks for, else vLLM's auto)")
-    up.add_argument("--kv-cache-gib", type=int, default=1, help="CPU KV cache per node (GiB)")
-    up.add_argument("--startup-timeout", type=float, default=300.0, metavar="S",
-                    help="seconds to wait for every node's /health")
-    up.add_argument("--vllm-args", default="", help="extra vLLM flags, one quoted string")
-    up.add_argument("--emulate", default=None, metavar="HW",
-                    help="emulated nodes timed by an engine model (h100, linear, ...) "
-                    "instead of vLLM; see docs/emulated-nodes.md")
-    up.add_argument("--link", default=None,
-                    help="with --emulate: P->D link preset (nvlink, rdma-400g, tcp-25g) or "
-                    "LATENCY_MS:GBPS")
-    up.add_argument("--with-proxy", action="store_true", help="start `ppd proxy` in front")
-    up.add_argument("--policy", default=None,
-                    help="proxy policy with --with-proxy (default: the proxy's, pd)")
-    up.add_argument("--proxy-port", type=int, default=DEFAULT_PROXY_PORT,
-                    help="port of the proxy (with --with-proxy)")
-    up.add_argument("--proxy-args", default="",
-                    help="more `ppd proxy` flags with --with-proxy, one shell-quoted string "
-                    "(e.g. \"--table tables/h100-llama-3.1-8b-1p3d.csv --w-tpot 3\")")
-    for name, help_ in (("status", "show each node's health"), ("down", "stop everything")):
-        cmd = sub.add_parser(name, help=help_, description=help_, epilog=examples[name],
-                             formatter_class=HelpFormatter)
-        cmd.add_argument("--state", type=Path, default=DEFAULT_STATE_DIR,
-                         help="the cluster's state directory (cluster.json, logs)")
-    up.add_argument("--state", type=Path, default=DEFAULT_STATE_DIR,
-                    help="state directory: cluster.json, pids and logs go here")
-    return parser
-
-
-def _layout_arg(text: str) -> Layout:
-    try:
-        return parse_layout(text)
-    except ClusterError as exc:  # argparse reports it as a usage error
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def main(argv: list[str]) -> int:
-    """`ppd cluster up|status|down`."""
-    args = build_parser().parse_args(argv)
-    if args.action == "down":
-        cluster = stop_cluster(args.state)
-        print(f"stopped {len(cluster.nodes)} node(s) from {cluster.state_dir}")
-        return 0
-    if args.action == "status":
-        health = cluster_status(args.state)
-        for h in health:
-            state = "healthy" if h.healthy else ("running" if h.running else "stopped")
-            print(f"{h.name:<12} {h.url:<28} pid {h.pid:<8} {state}")
-        return 0 if all(h.healthy for h in health) else 1
-    return _up(args)
-
-
-def _up(args: argparse.Namespace) -> int:
-    def progress(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
-    if (args.policy is not None or args.proxy_args) and not args.with_proxy:
-        raise ClusterError("--policy and --proxy-args need --with-proxy")
-    config = ClusterConfig(
-        model=args.model, layout=args.layout, state_dir=args.state, device=args.device,
-        connector=args.connector, host=args.host, base_port=args.base_port,
-        max_model_len=args.max_model_len or 4096, kv_cache_gib=args.kv_cache_gib,
-        dtype=args.dtype,
-        cores=default_cores() if args.device is Device.CPU else (),
-        startup_timeout_s=args.startup_timeout, vllm_args=tuple(shlex.split(args.vllm_args)),
-    )
-    if args.emulate is not None:
-        from profiler.emulate.cluster import start_emulated_cluster
-
-        cluster = start_emulated_cluster(config, args.emulate, args.link, progress,
-                                         max_model_len=args.max_model_len)
-    elif args.link is not None:
-        raise ClusterError("--link needs --emulate (vLLM's transfer is set by --connector)")
-    else:
-        if args.model in {m.value for m in ModelName} and not is_ready(
-            default_model_dir(ModelName(args.model))
-        ):
-            progress(f"preparing model {args.model} (once)")
-        cluster = start_cluster(config, progress)
-    if args.with_proxy:
-        try:
-            cluster.start_proxy(args.policy, args.proxy_port, args.host,
-                                extra_args=shlex.split(args.proxy_args))
-        except BaseException:
-            cluster.stop()
-            raise
-    for node in cluster.nodes:
-        print(f"{node.role.value:<8} {node.url}")
-    if cluster.proxy is not None:
-        print(f"proxy    {cluster.proxy.url}")
-    print(f"cluster file: {cluster.cluster_file}")
-    return 0

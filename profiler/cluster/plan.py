@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from profiler.cluster.kv_events import kv_event_keys, kv_events_args
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 DEFAULT_STATE_DIR = Path(".ppd-cluster")
 DEFAULT_BASE_PORT = 8100

@@ -24,10 +24,10 @@ from profiler.emulate.app import create_node_app
 from profiler.emulate.presets import Preset, resolve
 from profiler.emulate.service import NodeService, NodeSpec, Peers
 from profiler.emulate.vocab import Vocabulary, tokenizer_dir
-from profiler.sim import NodeRole
-from profiler.sim.host import host_of
-from proxy.route import Role
+from profiler.engine import NodeRole
+from profiler.engine.host import host_of
 from proxy.server import running
+from proxy.vocabulary import Role
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,10 @@ messages or a completions prompt (text, token ids, or a one-element list of eith
 max_tokens / max_completion_tokens (default: what is left of the context), stream and
 stream_options.include_usage, kv_transfer_params. Sampling fields are accepted and ignored
 (the text is synthetic). Replies end with finish_reason "length": the model has no EOS.
+
+`Envelope` is the one encoder of vLLM's answers in the repository: the emulated nodes, the
+test fakes (tests/fakes) and the proxy benchmark's backend all write their JSON answers and
+SSE events with it, so a change of the wire format is one edit here.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ import json
 import time
 from dataclasses import dataclass
 from typing import Any
+
+# Where vLLM's reasoning parsers put the thinking (newer vLLM also writes `reasoning`).
+REASONING_FIELD = "reasoning_content"
 
 
 class RequestError(Exception):
@@ -130,12 +137,15 @@ class Envelope:
                 "model": self.model}  # fmt: skip
 
     def complete(self, text: str, finish_reason: str, usage_block: dict[str, Any],
-                 kv_transfer_params: dict[str, Any] | None) -> dict[str, Any]:
-        """A non-streamed answer."""
+                 kv_transfer_params: dict[str, Any] | None, reasoning: str | None = None,
+                 reasoning_field: str = REASONING_FIELD) -> dict[str, Any]:
+        """A non-streamed answer (chat: with the reasoning, if any, in reasoning_field)."""
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason,
                                   "stop_reason": None}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
+            if reasoning is not None:
+                choice["message"][reasoning_field] = reasoning
         else:
             choice["text"] = text
         return {**self._base(False), "choices": [choice], "usage": usage_block,
@@ -152,6 +162,13 @@ class Envelope:
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None,
                       "finish_reason": finish_reason, "stop_reason": None}
+        return sse({**self._base(True), "choices": [choice]})
+
+    def reasoning_chunk(self, text: str, reasoning_field: str = REASONING_FIELD) -> bytes:
+        """One SSE event of a chat stream's reasoning (vLLM with a reasoning parser streams the
+        thinking first, in its own delta field)."""
+        choice = {"index": 0, "delta": {reasoning_field: text}, "logprobs": None,
+                  "finish_reason": None}
         return sse({**self._base(True), "choices": [choice]})
 
     def usage_chunk(self, usage_block: dict[str, Any]) -> bytes:

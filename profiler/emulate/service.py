@@ -20,13 +20,13 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from profiler.emulate.engine_interface import Job, JobRejected, NodeEngine
 from profiler.emulate.link import SharedLink
 from profiler.emulate.metrics import NodeMetrics
 from profiler.emulate.openai_format import DONE, Envelope, Parsed, RequestError, sse, usage
-from profiler.emulate.port import Job, JobRejected, NodeEngine
 from profiler.emulate.runtime import EmulatedNode, EngineFailed, Stream
 from profiler.emulate.vocab import Vocabulary
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +42,7 @@ class NodeSpec:
     link_bandwidth_bytes_s: float = 450e9
     link_latency_s: float = 0.0
     report_cached_tokens: bool = False  # vLLM's --enable-prompt-tokens-details
-    # The preset's modelled host side beyond step times (profiler.sim.host): the API
+    # The preset's modelled host side beyond step times (profiler.engine.host): the API
     # server's time per request (slept before the engine sees it, on top of this machine's
     # real HTTP and tokenizer) and D's per-transfer hand-off.
     frontend_request_s: float = 0.0

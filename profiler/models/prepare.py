@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from profiler.packaged import packaged_file
+from profiler.models.packaged import packaged_file
 
 READY_MARKER = ".ppd-model-ready"
 MARKER_VERSION = 2  # 2: the marker says which dtype vLLM should serve the model in

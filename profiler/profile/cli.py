@@ -224,7 +224,7 @@ def interrupt_message(out: Path, command: str) -> str:
 def _profile(args: argparse.Namespace, grid: ProfileGrid, tokenizer: TokenCounter | None,
              command: str) -> Any:
     if args.backend == "sim":
-        from profiler.simulate.profile import profile_from_args
+        from profiler.profile.on_simulator import profile_from_args
 
         return profile_from_args(args, grid, command)
     if args.cluster:

@@ -43,8 +43,8 @@ from profiler.replay.client import ReplayConfig, RequestRecord, replay
 from profiler.tables.io import KEY_COLUMNS, meta_path, normalize, read_table, write_table
 from profiler.traces.synthetic import two_turn_conversations
 from proxy.discretize import PAPER_CONTEXTS, TURN1_PROFILES, WORKLOAD_SHAPES, Cell, ContextClass
-from proxy.route import RouteKind
 from proxy.tokens import TOKEN_DEFINITION, EstimateTokenCounter, TokenCounter
+from proxy.vocabulary import RouteKind
 
 PROFILED_ROUTES: tuple[RouteKind, RouteKind] = (RouteKind.PD, RouteKind.LOCAL)
 TURNS_PER_CONVERSATION = 2

@@ -30,7 +30,7 @@ from profiler.replay.metrics import summarize
 from profiler.replay.output import SUMMARY_FILE, summary_table, write_run
 from profiler.traces.conversation import Conversation
 from profiler.traces.formats import TraceFormat
-from profiler.traces.load import TraceFilter
+from profiler.traces.loader import TraceFilter
 from profiler.traces.synthetic import synthetic_names
 from proxy.redact import redacted_command, redacted_url, rerun_note
 from proxy.tokens import token_counter

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import httpx
 
-from profiler.replay.wire import Api, History, error_message
+from profiler.replay.request_bodies import Api, History, error_message
 from profiler.traces.conversation import Conversation
 from proxy.completion import parse_data
 from proxy.redact import redacted_url

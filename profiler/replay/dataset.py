@@ -9,7 +9,7 @@ from pathlib import Path
 
 from profiler.traces.conversation import Conversation
 from profiler.traces.formats import TraceFormat
-from profiler.traces.load import TraceFilter, load_trace, sharegpt_package_file
+from profiler.traces.loader import TraceFilter, load_trace, sharegpt_package_file
 from profiler.traces.synthetic import named_workload, synthetic_names
 from proxy.tokens import TokenCounter
 

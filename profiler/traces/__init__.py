@@ -2,7 +2,7 @@
 
 from profiler.traces.conversation import Conversation, Turn
 from profiler.traces.formats import TraceFormat
-from profiler.traces.load import (
+from profiler.traces.loader import (
     LoadedTrace,
     TraceFilter,
     load_conversations,

@@ -26,9 +26,9 @@ from profiler.tables.io import read_table, write_table
 from profiler.traces.synthetic import multi_turn_conversations
 from proxy import ServerThread, config_from_args, create_app
 from proxy.discretize import TURN1_PROFILES, Cell, ContextClass
-from proxy.route import Role, RouteKind
 from proxy.table import DecisionTable
 from proxy.tokens import token_counter
+from proxy.vocabulary import Role, RouteKind
 from tests.e2e.support import Conversation, filler, proxy_for
 
 GRID = ProfileGrid(contexts=(ContextClass.SMALL,), workloads=("tiny", "huge_paste"), qps=(1.0,),

@@ -5,7 +5,8 @@ A raw ASGI app (no framework) that answers /v1/models, /v1/chat/completions and
 ignore_eos), the first after `ttft_s`, the next ones every `itl_s`, then a usage chunk and
 [DONE]; it sets the proxy's x-ppd-* headers and records every request body and header set.
 `serve()` runs it with hypercorn on 127.0.0.1 on an OS-chosen port; `serve_in_thread()` does
-the same on a background thread for synchronous callers (CLI tests).
+the same on a background thread for synchronous callers (CLI tests). Events are encoded by
+the emulator's encoder (`profiler.emulate.openai_format.Envelope`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from profiler.emulate.openai_format import DONE, Envelope, usage
 
 MODEL = "fake-model"
 
@@ -93,9 +96,9 @@ class FakeTimedServer:
         await send({"type": "http.response.start", "status": 200, "headers": response_headers})
         index = len(self.bodies)
         n_tokens = int(body.get("max_tokens", 16))
+        envelope = Envelope.new(f"timed-{index}", str(body.get("model", MODEL)), chat)
         if chat:  # vLLM opens a chat stream with an empty role-only delta
-            await _event(send, {"choices": [{"index": 0, "delta": {"role": "assistant",
-                                                                    "content": ""}}]})
+            await _event(send, envelope.chunk(None, role=True))
         ttft = self.ttft_for_turn(turn) if self.ttft_for_turn else self.ttft_s
         await asyncio.sleep(ttft)
         words = [f" r{index}w{i}" for i in range(n_tokens)]
@@ -104,21 +107,15 @@ class FakeTimedServer:
                 await asyncio.sleep(3600)  # cancelled when the client gives up
             if i:
                 await asyncio.sleep(self.itl_s)
-            choice = {"index": 0, "delta": {"content": word}} if chat else {"index": 0,
-                                                                            "text": word}
-            await _event(send, {"choices": [choice]})
+            await _event(send, envelope.chunk(word))
         self.replies.append("".join(words))
         if self.include_usage and body.get("stream_options", {}).get("include_usage"):
-            await _event(send, {"choices": [], "usage": {
-                "prompt_tokens": 7 * turn, "completion_tokens": n_tokens,
-                "total_tokens": 7 * turn + n_tokens}})
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n",
-                    "more_body": False})
+            await _event(send, envelope.usage_chunk(usage(7 * turn, n_tokens, None)))
+        await send({"type": "http.response.body", "body": DONE, "more_body": False})
 
 
-async def _event(send: Callable, payload: dict[str, Any]) -> None:
-    data = f"data: {json.dumps(payload)}\n\n".encode()
-    await send({"type": "http.response.body", "body": data, "more_body": True})
+async def _event(send: Callable, event: bytes) -> None:
+    await send({"type": "http.response.body", "body": event, "more_body": True})
 
 
 async def _json(send: Callable, status: int, payload: dict[str, Any]) -> None:

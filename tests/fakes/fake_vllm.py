@@ -5,14 +5,14 @@
 
 Answers /v1/chat/completions and /v1/completions (streamed as SSE, or one JSON), /v1/models
 and /health. A P-leg request (kv_transfer_params.do_remote_decode) gets kv_transfer_params
-back, like vLLM's NixlConnector producer.
+back, like vLLM's NixlConnector producer. Answers are encoded by the emulator's encoder
+(`profiler.emulate.openai_format.Envelope`); the fault hooks wrap it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -20,6 +20,7 @@ from typing import Any
 
 from quart import Quart, Response, request
 
+from profiler.emulate.openai_format import DONE, Envelope, usage
 from proxy.server import running
 
 
@@ -143,58 +144,39 @@ class FakeVLLM:
             words = words[:max_tokens]
         prompt_tokens = len(json.dumps(body.get("messages", body.get("prompt")))) // 4
         generated = len(words) + len((self.reasoning or "").split())  # vLLM counts both
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
-                 "total_tokens": prompt_tokens + generated}
-        text = " ".join(words)
+        usage_block = usage(prompt_tokens, generated, None)
+        envelope = Envelope.new(f"{self.name}-{len(self.requests)}", self.model, chat)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return Response(self._sse(chat, words, usage if include_usage else None),
+            return Response(self._sse(envelope, words, usage_block if include_usage else None),
                             content_type="text/event-stream")
-        choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if max_tokens ==
-                                  len(words) else "stop"}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": text}
-            if self.reasoning is not None:
-                choice["message"][self.reasoning_field] = self.reasoning
-        else:
-            choice["text"] = text
-        answer: dict[str, Any] = {
-            "id": f"cmpl-{self.name}-{len(self.requests)}", "created": int(time.time()),
-            "object": "chat.completion" if chat else "text_completion", "model": self.model,
-            "choices": [choice], "usage": usage,
-        }
-        if is_prefill:
-            answer["kv_transfer_params"] = self.kv_params
+        finish = "length" if max_tokens == len(words) else "stop"
+        answer = envelope.complete(" ".join(words), finish, usage_block,
+                                   self.kv_params if is_prefill else None, self.reasoning,
+                                   self.reasoning_field)
         return Response(json.dumps(answer), content_type="application/json")
 
-    async def _sse(self, chat: bool, words: list[str],
-                   usage: dict[str, Any] | None) -> AsyncIterator[bytes]:
+    async def _sse(self, envelope: Envelope, words: list[str],
+                   usage_block: dict[str, Any] | None) -> AsyncIterator[bytes]:
         self.streams_started += 1
-        base = {"id": f"cmpl-{self.name}", "created": int(time.time()), "model": self.model,
-                "object": "chat.completion.chunk" if chat else "text_completion"}
         try:
-            pieces: list[dict[str, Any]] = []
-            if chat:
-                pieces.append({"index": 0, "delta": {"role": "assistant", "content": ""},
-                               "finish_reason": None})
-                pieces.extend({"index": 0, "delta": {self.reasoning_field: thought + " "},
-                               "finish_reason": None}
+            events: list[bytes] = []
+            if envelope.chat:
+                events.append(envelope.chunk(None, role=True))
+                events.extend(envelope.reasoning_chunk(thought + " ", self.reasoning_field)
                               for thought in (self.reasoning or "").split())
-            for i, word in enumerate(words):
-                text = word if i == 0 else " " + word
-                pieces.append({"index": 0, "delta": {"content": text}, "finish_reason": None}
-                              if chat else {"index": 0, "text": text, "finish_reason": None})
-            pieces.append({"index": 0, "delta": {}, "finish_reason": "stop"} if chat
-                          else {"index": 0, "text": "", "finish_reason": "stop"})
-            for n, choice in enumerate(pieces):
+            events.extend(envelope.chunk(word if i == 0 else " " + word)
+                          for i, word in enumerate(words))
+            events.append(envelope.chunk(None, "stop"))
+            for n, event in enumerate(events):
                 if self.faults.die_after_chunks is not None and n >= self.faults.die_after_chunks:
                     raise ConnectionAbortedError(f"{self.name} dies mid-stream on cue")
-                yield f"data: {json.dumps({**base, 'choices': [choice]})}\n\n".encode()
+                yield event
                 if self.chunk_delay_s:
                     await asyncio.sleep(self.chunk_delay_s)
-            if usage is not None:
-                yield f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n".encode()
-            yield b"data: [DONE]\n\n"
+            if usage_block is not None:
+                yield envelope.usage_chunk(usage_block)
+            yield DONE
             if self.faults.linger_after_done_s:
                 await asyncio.sleep(self.faults.linger_after_done_s)
             self.streams_finished += 1

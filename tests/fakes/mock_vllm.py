@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from profiler.emulate.openai_format import DONE, Envelope, usage
+
 MODEL = "fake-model"
 
 
@@ -160,12 +162,11 @@ class MockNode:
         words = words[:limit] if limit else words
         if fault.kind == "endless":
             words = words + ["more"] * 1000
-        usage = {"prompt_tokens": 10, "completion_tokens": len(words), "total_tokens": 10 +
-                 len(words)}
+        envelope = Envelope.new(self.name, MODEL, chat)
         if body.get("stream"):
-            chunks = _sse(self.name, chat, words)
+            chunks = _sse(envelope, words)
         else:
-            whole = json.dumps(self._whole(request, body, chat, words, usage)).encode()
+            whole = json.dumps(self._whole(request, body, envelope, words)).encode()
             chunks = [whole[:len(whole) // 2], whole[len(whole) // 2:]]
         if fault.kind == "die_after":
             chunks = chunks[:fault.chunks]
@@ -173,21 +174,15 @@ class MockNode:
         return httpx.Response(200, headers={"content-type": content_type},
                               stream=_Body(self, request, chunks, fault.kind == "die_after"))
 
-    def _whole(self, request: httpx.Request, body: dict[str, Any], chat: bool,
-               words: list[str], usage: dict[str, int]) -> dict[str, Any]:
-        text = " ".join(words)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        answer: dict[str, Any] = {"id": f"cmpl-{self.name}", "model": MODEL,
-                                  "choices": [choice], "usage": usage}
+    def _whole(self, request: httpx.Request, body: dict[str, Any], envelope: Envelope,
+               words: list[str]) -> dict[str, Any]:
+        kv_params = None
         if (body.get("kv_transfer_params") or {}).get("do_remote_decode"):
             # Each prefill's params name its request, so a test can tell whose params D got.
-            answer["kv_transfer_params"] = self.kv_params and {
+            kv_params = self.kv_params and {
                 **self.kv_params, "remote_request_id": request.headers["x-request-id"]}
-        return answer
+        return envelope.complete(" ".join(words), "stop", usage(10, len(words), None),
+                                 kv_params)
 
 
 
@@ -223,17 +218,9 @@ class _Body(httpx.AsyncByteStream):
             self._node.cancelled += 1
 
 
-def _sse(name: str, chat: bool, words: list[str]) -> list[bytes]:
-    pieces: list[dict[str, Any]] = []
-    for i, word in enumerate(words):
-        text = word if i == 0 else " " + word
-        pieces.append({"index": 0, "delta": {"content": text}} if chat
-                      else {"index": 0, "text": text})
-    pieces.append({"index": 0, "delta": {}, "finish_reason": "stop"} if chat
-                  else {"index": 0, "text": "", "finish_reason": "stop"})
-    events = [f"data: {json.dumps({'id': f'cmpl-{name}', 'choices': [p]})}\n\n".encode()
-              for p in pieces]
-    return [*events, b"data: [DONE]\n\n"]
+def _sse(envelope: Envelope, words: list[str]) -> list[bytes]:
+    events = [envelope.chunk(word if i == 0 else " " + word) for i, word in enumerate(words)]
+    return [*events, envelope.chunk(None, "stop"), DONE]
 
 
 class MockCluster:

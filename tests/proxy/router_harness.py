@@ -13,15 +13,15 @@ import httpx
 from proxy.backends import BackendPool
 from proxy.breaker import Breaker
 from proxy.config import NodeSpec, Policy, PolicyConfig
-from proxy.load import RateMeter
+from proxy.load_meter import RateMeter
 from proxy.metrics import ProxyMetrics
 from proxy.policies import RoutingPolicy
 from proxy.relay import Relay
-from proxy.route import Role, RouteKind
 from proxy.router import Incoming, Reply, Router
-from proxy.session_store import MemoryStore
+from proxy.sessions.store import MemoryStore
 from proxy.tokens import token_counter
 from proxy.validate import Endpoint
+from proxy.vocabulary import Role, RouteKind
 from tests.fakes.mock_vllm import MockCluster
 from tests.proxy.helpers import FakeClock
 

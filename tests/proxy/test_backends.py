@@ -7,7 +7,7 @@ import httpx
 from proxy.backends import BackendPool
 from proxy.breaker import Breaker
 from proxy.health import TIMEOUTS_BEFORE_DOWN, HealthMonitor
-from proxy.route import Role
+from proxy.vocabulary import Role
 from tests.proxy.helpers import FakeClock
 
 

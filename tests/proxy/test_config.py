@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config import ConfigError, Policy, config_from_args
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 NODES = ["--prefill", "http://127.0.0.1:8100", "--decode", "http://127.0.0.1:8200"]
 

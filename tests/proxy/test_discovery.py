@@ -13,7 +13,7 @@ import zmq.asyncio
 from proxy.backends import BackendPool, Source
 from proxy.config import ProxyConfig
 from proxy.discovery import Discovery, HeartbeatError, heartbeat, parse_heartbeat, send_heartbeats
-from proxy.route import Role
+from proxy.vocabulary import Role
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import FakeClock, chat_body, serve_proxy
 

@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from tests.fakes.fake_vllm import FakeVLLM
+from tests.proxy.behaviour.test_errors import assert_openai_error
 from tests.proxy.helpers import chat_body, config_for, serve_proxy
-from tests.proxy.test_errors import assert_openai_error
 
 
 async def test_other_methods_get_an_openai_405_naming_post(cluster: dict[str, FakeVLLM]

@@ -7,7 +7,15 @@ import httpx
 import pytest
 
 from proxy import forward
-from proxy.errors import UpstreamError, UpstreamTimeout
+from proxy.errors import (
+    ProxyError,
+    UpstreamBroken,
+    UpstreamError,
+    UpstreamProtocol,
+    UpstreamRefused,
+    UpstreamStatus,
+    UpstreamTimeout,
+)
 from proxy.validate import Endpoint
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -26,22 +34,22 @@ def _failing(error: type[httpx.TransportError]) -> tuple[httpx.MockTransport, li
 
 # A reset or a read error may come after the server read the whole request and started the
 # completion; resending it would run it twice. A refused connection is the node being down.
-@pytest.mark.parametrize(("error", "kind"), [
-    (httpx.ReadError, "transport"),
-    (httpx.RemoteProtocolError, "transport"),
-    (httpx.WriteError, "transport"),
-    (httpx.ReadTimeout, "timeout"),
-    (httpx.ConnectError, "connect"),
+@pytest.mark.parametrize(("error", "failure"), [
+    (httpx.ReadError, UpstreamBroken),
+    (httpx.RemoteProtocolError, UpstreamBroken),
+    (httpx.WriteError, UpstreamBroken),
+    (httpx.ReadTimeout, UpstreamTimeout),
+    (httpx.ConnectError, UpstreamRefused),
 ])
 @pytest.mark.parametrize("leg", ["prefill", "open_stream", "fetch"])
 async def test_a_failed_request_is_not_resent(leg: str, error: type[httpx.TransportError],
-                                              kind: str) -> None:
+                                              failure: type[ProxyError]) -> None:
     transport, received = _failing(error)
     async with httpx.AsyncClient(transport=transport) as client:
         call = getattr(forward, leg)
         with pytest.raises((UpstreamError, UpstreamTimeout)) as raised:
             await call(client, "http://n", Endpoint.CHAT, BODY, "id-1")
-    assert raised.value.kind == kind
+    assert type(raised.value) is failure
     assert received == ["id-1"]
 
 
@@ -83,7 +91,7 @@ async def test_4xx_is_an_answer_and_5xx_an_error(leg: str) -> None:
     async with httpx.AsyncClient(transport=_answering(503, b"overloaded")) as client:
         with pytest.raises(UpstreamError, match="answered 503: overloaded") as raised:
             await call(client, "http://n", Endpoint.CHAT, BODY, "id-1")
-    assert raised.value.kind == "status"
+    assert type(raised.value) is UpstreamStatus and raised.value.kind == "status"
 
 
 async def test_prefill_returns_ps_params_or_none() -> None:
@@ -97,4 +105,4 @@ async def test_prefill_returns_ps_params_or_none() -> None:
     async with httpx.AsyncClient(transport=_answering(200, b"<html>")) as client:
         with pytest.raises(UpstreamError, match="non-JSON") as raised:
             await forward.prefill(client, "http://p", Endpoint.CHAT, BODY, "id-1")
-    assert raised.value.kind == "protocol"
+    assert type(raised.value) is UpstreamProtocol and raised.value.kind == "protocol"

@@ -7,7 +7,7 @@ import pytest
 from proxy.backends import BackendPool
 from proxy.errors import Overloaded
 from proxy.lease import Admission
-from proxy.route import Role
+from proxy.vocabulary import Role
 from tests.proxy.helpers import FakeClock
 
 

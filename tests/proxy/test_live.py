@@ -10,7 +10,7 @@ import pytest
 from proxy.config import ConfigError, NodeSpec, Policy, PolicyConfig, ProxyConfig
 from proxy.live import NodeState, StepCosts, TurnState, predict
 from proxy.policies import Reason, RoutingPolicy
-from proxy.route import Role, RouteKind, Workload
+from proxy.vocabulary import Role, RouteKind, Workload
 
 # Round numbers: a step is 6 ms + 0.02 ms per prompt token + 0.01 ms per decoding request.
 COSTS = StepCosts(base_ms=6.0, per_prefill_token_ms=0.02, per_decode_seq_ms=0.01,
@@ -121,7 +121,7 @@ def test_live_view_trusts_fresh_metrics_else_the_proxy_in_flight() -> None:
     from proxy.live_view import LiveView
     from proxy.node_load import LoadSignals, NodeMetrics
     from proxy.residency import Residency
-    from proxy.sessions import Session
+    from proxy.sessions.session import Session
 
     now = [10.0]
     pool = BackendPool(clock=lambda: now[0])

@@ -17,8 +17,8 @@ from proxy import ProxyConfig, create_app
 from proxy.config import NodeSpec, Policy, PolicyConfig
 from proxy.kv_events import BlockRemoved, BlockStored
 from proxy.kv_subscriber import KvEventSource
-from proxy.route import Role
 from proxy.server import running
+from proxy.vocabulary import Role
 from tests.fakes.fake_kv_publisher import FakeKvPublisher
 from tests.fakes.fake_vllm import FakeVLLM
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from proxy.load import RateMeter, RunningMean
+from proxy.load_meter import RateMeter, RunningMean
 from proxy.metrics import ProxyMetrics
-from proxy.policies import Decision, Reason
-from proxy.route import RouteKind
+from proxy.vocabulary import Decision, Reason, RouteKind
 from tests.proxy.helpers import FakeClock
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.cli import startup_line
 from proxy.config import ConfigError, NodeSpec, Policy, config_from_args
 from proxy.health import HealthMonitor
 from proxy.logs import ACCESS_LOGGER, AccessEntry, LogFormat, configure
-from proxy.route import Role
 from proxy.server import serve_app
+from proxy.startup_line import startup_line
+from proxy.vocabulary import Role
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import chat_body, config_for, reply_text, serve_proxy
 

@@ -10,9 +10,9 @@ import pytest
 
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import Cell, ContextClass
-from proxy.policies import Reason, RoutingPolicy, stable_fraction
-from proxy.route import RouteKind, Workload
+from proxy.policies import RoutingPolicy, stable_fraction
 from proxy.table import DecisionTable
+from proxy.vocabulary import Reason, RouteKind, Workload
 
 
 def work(turn: int = 2, n_in: int = 16, n_ctx: int = 300, n_out: int = 32,

@@ -13,10 +13,10 @@ import pytest
 
 from proxy.config import Policy
 from proxy.errors import NoBackend, Overloaded, UpstreamError
+from proxy.pd_protocol import P_KV_TRANSFER_PARAMS
 from proxy.relay import Relay
-from proxy.route import RouteKind
 from proxy.validate import Endpoint
-from proxy.wire import P_KV_TRANSFER_PARAMS
+from proxy.vocabulary import RouteKind
 from tests.fakes.mock_vllm import Fault
 from tests.proxy.router_harness import chat, read, router_over, text_of
 

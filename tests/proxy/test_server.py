@@ -84,9 +84,9 @@ async def test_a_taken_port_without_reuse_port_is_a_clear_error() -> None:
 def test_the_listening_socket_says_it_is_tcp_so_connections_get_nodelay() -> None:
     # asyncio sets TCP_NODELAY on accepted sockets only when proto is TCP; with proto 0 every
     # small write of a reply waited for the client's delayed ACK (40 ms per non-streamed reply).
-    from proxy.server import _listen
+    from proxy.server import listen
 
-    sock = _listen("127.0.0.1", 0)
+    sock = listen("127.0.0.1", 0)
     try:
         assert sock.proto == socket.IPPROTO_TCP
     finally:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from proxy.discretize import Cell, ContextClass
-from proxy.route import RouteKind
 from proxy.table import TABLE_COLUMNS, DecisionTable, TableError
+from proxy.vocabulary import RouteKind
 
 
 def row(context: str = "small", workload: str = "tiny", qps: float = 1.0, **values: Any

@@ -11,8 +11,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from proxy.redis_store import RedisStore, redacted
-from proxy.sessions import Lookup, Transcript
+from proxy.sessions.redis_store import RedisStore, redacted
+from proxy.sessions.session import Lookup, Transcript
 from tests.fakes.redis_server import RedisServer
 
 

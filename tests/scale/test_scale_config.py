@@ -9,8 +9,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from proxy.config import ConfigError, config_from_args
-from proxy.redis_store import RedisStore
-from proxy.session_store import MemoryStore, open_store
+from proxy.sessions.open_store import open_store
+from proxy.sessions.redis_store import RedisStore
+from proxy.sessions.store import MemoryStore
 from proxy.worker_metrics import WorkerMetrics
 
 NODES = ["--prefill", "http://p:1", "--decode", "http://d:1"]

@@ -14,7 +14,7 @@ from profiler.cluster.plan import (
     plan_nodes,
 )
 from proxy import kv_sources
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 
 def test_d_and_r_publish_events_p_does_not_and_cluster_json_names_them(

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from profiler.cluster import cli as cluster_cli
 from profiler.cluster import launcher as cluster_mod
 from profiler.cluster.launcher import Cluster, cluster_status, start_cluster, stop_cluster
 from profiler.cluster.plan import (
@@ -32,7 +33,7 @@ from profiler.cluster.plan import (
 )
 from profiler.cluster.procs import group_alive
 from profiler.models import prepare as models
-from proxy.route import Role
+from proxy.vocabulary import Role
 
 FAKE_NODE = Path(__file__).resolve().parents[2] / "fakes" / "fake_vllm_node.py"
 MODEL = ServedModel("tiny", Path("/m"))
@@ -295,7 +296,7 @@ def test_status_reports_a_dead_node(running: Cluster, tmp_path: Path,
     victim = running.nodes[1].proc
     os.killpg(victim.pid, 9)
     victim.process.wait()  # type: ignore[union-attr]
-    assert cluster_mod.main(["status", "--state", str(tmp_path / "state")]) == 1
+    assert cluster_cli.main(["status", "--state", str(tmp_path / "state")]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert "healthy" in lines[0] and "stopped" in lines[1] and "healthy" in lines[2]
 
@@ -389,17 +390,17 @@ def test_busy_nixl_side_channel_port_is_reported_before_anything_starts(
 
 def test_cli_bad_layout_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
-        cluster_mod.main(["up", "--model", "tiny", "--layout", "3X"])
+        cluster_cli.main(["up", "--model", "tiny", "--layout", "3X"])
     assert info.value.code == 2
     assert "bad layout '3X'" in capsys.readouterr().err
 
 
 def test_cli_down_without_cluster_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match="no cluster in .*cluster.json not found"):
-        cluster_mod.main(["down", "--state", str(tmp_path)])
+        cluster_cli.main(["down", "--state", str(tmp_path)])
 
 
 def test_cli_policy_needs_with_proxy(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match="--policy and --proxy-args need --with-proxy"):
-        cluster_mod.main(["up", "--model", "tiny", "--layout", "1P1D", "--policy", "pd",
+        cluster_cli.main(["up", "--model", "tiny", "--layout", "1P1D", "--policy", "pd",
                           "--state", str(tmp_path)])

@@ -28,12 +28,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from profiler.cluster.emulated import start_emulated_cluster
 from profiler.cluster.launcher import Cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
-from profiler.emulate.cluster import start_emulated_cluster
 from profiler.emulate.presets import Preset, resolve
-from profiler.sim.cost import BatchShape
-from proxy.route import Role
+from profiler.engine.batch import BatchShape
+from proxy.vocabulary import Role
 
 pytest.importorskip("aiconfigurator_core", reason="the h100 preset needs ppd[sim]")
 

@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from profiler.emulate.host import HostedNode, hosted
 from profiler.emulate.presets import resolve
 from profiler.emulate.vocab import Vocabulary
-from proxy.route import Role
-from proxy.wire import decode_body, prefill_body
+from proxy.pd_protocol import decode_body, prefill_body
+from proxy.vocabulary import Role
 
 MODEL = "llama-3.1-8b"
 HISTORY = "Rivers carry silt to the sea and build deltas over many years. " * 40

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from profiler.emulate.port import EngineStats, Job, Tick
+from profiler.emulate.engine_interface import EngineStats, Job, Tick
 from profiler.emulate.runtime import EmulatedNode, EngineFailed
 
 STEP_S = 0.004

@@ -13,9 +13,9 @@ from profiler.tables.io import read_table
 from proxy import ProxyConfig, create_app
 from proxy.config import NodeSpec
 from proxy.discretize import Cell, ContextClass
-from proxy.route import Role, RouteKind
 from proxy.server import running
 from proxy.table import DecisionTable
+from proxy.vocabulary import Role, RouteKind
 from tests.fakes.fake_vllm import FakeVLLM
 
 P_DELAY_S = 0.15

@@ -22,7 +22,7 @@ from profiler.profile.runner import (
 )
 from profiler.replay.client import ReplayResult, RequestRecord
 from proxy.discretize import Cell, ContextClass, Shape
-from proxy.route import RouteKind
+from proxy.vocabulary import RouteKind
 
 
 def _record(turn: int, *, ttft: float | None, tpot: float | None, success: bool = True,

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from profiler.replay.wire import Api, History
+from profiler.replay.request_bodies import Api, History
 from profiler.traces import two_turn_conversations
 from proxy.config import Policy
 from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES, ContextClass, workload_shape
-from proxy.route import Workload
 from proxy.tokens import HFTokenCounter
+from proxy.vocabulary import Workload
 from tests.bpe import train_bpe
 from tests.proxy.router_harness import router_over, text_of
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from profiler.replay import ReplayConfig, ReplayError, arrival_times, replay
-from profiler.replay.wire import ASSISTANT_PREFIX, USER_PREFIX
+from profiler.replay.request_bodies import ASSISTANT_PREFIX, USER_PREFIX
 from profiler.traces import Conversation, Turn, two_turn_conversations
 from proxy.discretize import Shape
 from tests.exports import assert_exports

@@ -10,8 +10,8 @@ from profiler.replay.metrics import summarize
 from profiler.traces import Conversation, Turn
 from proxy import ProxyConfig, create_app
 from proxy.config import NodeSpec, Policy, PolicyConfig
-from proxy.route import Role
 from proxy.server import running
+from proxy.vocabulary import Role
 from tests.fakes.fake_vllm import FakeVLLM
 
 

@@ -18,8 +18,8 @@ from profiler.tables.io import (
     write_table,
 )
 from proxy.discretize import Cell, ContextClass
-from proxy.route import RouteKind
 from proxy.table import TABLE_COLUMNS, DecisionTable
+from proxy.vocabulary import RouteKind
 
 
 def _row(context: str, workload: str, qps: float, pd_ttft: float, local_ttft: float) -> dict:

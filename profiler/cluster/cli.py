@@ -1,0 +1,152 @@
+"""`ppd cluster up|status|down`: a local vLLM P/D cluster (and optionally the proxy) in the
+background, described by DIR/cluster.json for `ppd proxy --cluster` and for `down`."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from profiler.cli import HelpFormatter
+from profiler.cluster.emulated import start_emulated_cluster
+from profiler.cluster.launcher import cluster_status, default_cores, start_cluster, stop_cluster
+from profiler.cluster.plan import (
+    DEFAULT_BASE_PORT,
+    DEFAULT_PROXY_PORT,
+    DEFAULT_STATE_DIR,
+    ClusterConfig,
+    ClusterError,
+    Connector,
+    Device,
+    Layout,
+    parse_layout,
+)
+from profiler.models.prepare import ModelName, default_model_dir, is_ready
+
+
+def build_parser() -> argparse.ArgumentParser:
+    examples = {
+        "up": "examples:\n  ppd cluster up --model tiny --layout 1P1D --with-proxy --policy pd\n"
+              "  ppd cluster up --emulate h100 --model llama-3.1-8b --layout 1P3D --with-proxy\n"
+              "  ppd cluster up --emulate h100 --model llama-3.1-8b --layout 1P3D --with-proxy "
+              "--policy ppd --proxy-args '--table tables/h100-llama-3.1-8b-1p3d.csv'",
+        "status": "example:\n  ppd cluster status",
+        "down": "example:\n  ppd cluster down",
+    }
+    parser = argparse.ArgumentParser(prog="ppd cluster", description=__doc__.split("\n\n")[0],
+                                     epilog="\n".join(examples.values()),
+                                     formatter_class=HelpFormatter)
+    sub = parser.add_subparsers(dest="action", required=True)
+    up = sub.add_parser("up", help="start the nodes (and the proxy) in the background",
+                        description="Start vLLM nodes (and optionally `ppd proxy`) in the "
+                        "background; `ppd cluster down` stops them.", epilog=examples["up"],
+                        formatter_class=HelpFormatter)
+    up.add_argument("--model", required=True,
+                    help="tiny, smollm2 or a model directory (with --emulate: llama-3.1-8b, tiny)")
+    up.add_argument("--layout", required=True, type=_layout_arg,
+                    help="nodes to start: NpMd (prefill + decode, e.g. 1P1D, 1P2D) or NR "
+                    "(replicas)")
+    up.add_argument("--device", type=Device, choices=list(Device), default=Device.CPU,
+                    help="where vLLM runs")
+    up.add_argument("--connector", type=Connector, choices=list(Connector),
+                    default=Connector.NIXL,
+                    help="KV transfer P->D: nixl (vLLM's NixlConnector over UCX, host buffers "
+                    "on cpu) or shared-storage (ExampleConnector: P writes files D reads back)")
+    up.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
+                    help="port of the first node; the next nodes count up from it")
+    up.add_argument("--host", default="127.0.0.1", help="address the nodes listen on")
+    up.add_argument("--max-model-len", type=int, default=None,
+                    help="vLLM --max-model-len (context limit in tokens; default 4096, with "
+                    "--emulate 32768)")
+    up.add_argument("--dtype", default=None,
+                    help="vLLM --dtype (default: what the model asks for, else vLLM's auto)")
+    up.add_argument("--kv-cache-gib", type=int, default=1, help="CPU KV cache per node (GiB)")
+    up.add_argument("--startup-timeout", type=float, default=300.0, metavar="S",
+                    help="seconds to wait for every node's /health")
+    up.add_argument("--vllm-args", default="", help="extra vLLM flags, one quoted string")
+    up.add_argument("--emulate", default=None, metavar="HW",
+                    help="emulated nodes timed by an engine model (h100, linear, ...) "
+                    "instead of vLLM; see docs/emulated-nodes.md")
+    up.add_argument("--link", default=None,
+                    help="with --emulate: P->D link preset (nvlink, rdma-400g, tcp-25g) or "
+                    "LATENCY_MS:GBPS")
+    up.add_argument("--with-proxy", action="store_true", help="start `ppd proxy` in front")
+    up.add_argument("--policy", default=None,
+                    help="proxy policy with --with-proxy (default: the proxy's, pd)")
+    up.add_argument("--proxy-port", type=int, default=DEFAULT_PROXY_PORT,
+                    help="port of the proxy (with --with-proxy)")
+    up.add_argument("--proxy-args", default="",
+                    help="more `ppd proxy` flags with --with-proxy, one shell-quoted string "
+                    "(e.g. \"--table tables/h100-llama-3.1-8b-1p3d.csv --w-tpot 3\")")
+    for name, help_ in (("status", "show each node's health"), ("down", "stop everything")):
+        cmd = sub.add_parser(name, help=help_, description=help_, epilog=examples[name],
+                             formatter_class=HelpFormatter)
+        cmd.add_argument("--state", type=Path, default=DEFAULT_STATE_DIR,
+                         help="the cluster's state directory (cluster.json, logs)")
+    up.add_argument("--state", type=Path, default=DEFAULT_STATE_DIR,
+                    help="state directory: cluster.json, pids and logs go here")
+    return parser
+
+
+def _layout_arg(text: str) -> Layout:
+    try:
+        return parse_layout(text)
+    except ClusterError as exc:  # argparse reports it as a usage error
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def main(argv: list[str]) -> int:
+    """`ppd cluster up|status|down`."""
+    args = build_parser().parse_args(argv)
+    if args.action == "down":
+        cluster = stop_cluster(args.state)
+        print(f"stopped {len(cluster.nodes)} node(s) from {cluster.state_dir}")
+        return 0
+    if args.action == "status":
+        health = cluster_status(args.state)
+        for h in health:
+            state = "healthy" if h.healthy else ("running" if h.running else "stopped")
+            print(f"{h.name:<12} {h.url:<28} pid {h.pid:<8} {state}")
+        return 0 if all(h.healthy for h in health) else 1
+    return _up(args)
+
+
+def _up(args: argparse.Namespace) -> int:
+    def progress(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    if (args.policy is not None or args.proxy_args) and not args.with_proxy:
+        raise ClusterError("--policy and --proxy-args need --with-proxy")
+    config = ClusterConfig(
+        model=args.model, layout=args.layout, state_dir=args.state, device=args.device,
+        connector=args.connector, host=args.host, base_port=args.base_port,
+        max_model_len=args.max_model_len or 4096, kv_cache_gib=args.kv_cache_gib,
+        dtype=args.dtype,
+        cores=default_cores() if args.device is Device.CPU else (),
+        startup_timeout_s=args.startup_timeout, vllm_args=tuple(shlex.split(args.vllm_args)),
+    )
+    if args.emulate is not None:
+        cluster = start_emulated_cluster(config, args.emulate, args.link, progress,
+                                         max_model_len=args.max_model_len)
+    elif args.link is not None:
+        raise ClusterError("--link needs --emulate (vLLM's transfer is set by --connector)")
+    else:
+        if args.model in {m.value for m in ModelName} and not is_ready(
+            default_model_dir(ModelName(args.model))
+        ):
+            progress(f"preparing model {args.model} (once)")
+        cluster = start_cluster(config, progress)
+    if args.with_proxy:
+        try:
+            cluster.start_proxy(args.policy, args.proxy_port, args.host,
+                                extra_args=shlex.split(args.proxy_args))
+        except BaseException:
+            cluster.stop()
+            raise
+    for node in cluster.nodes:
+        print(f"{node.role.value:<8} {node.url}")
+    if cluster.proxy is not None:
+        print(f"proxy    {cluster.proxy.url}")
+    print(f"cluster file: {cluster.cluster_file}")
+    return 0

@@ -1,0 +1,89 @@
+"""`ppd cluster up --emulate HW`: emulated nodes instead of vLLM, same cluster.json and proxy.
+
+All nodes of the layout run in one background process (profiler.emulate.host), one port each
+from --base-port, so a D pulls KV over its P's modelled link. cluster.json lists every node
+with that process's pid (`ppd cluster down` stops it once) and an "emulated" record (preset,
+link, tokenizer) that tables and reports made on the cluster copy into their metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from profiler.cluster import procs
+from profiler.cluster.launcher import (
+    PROXY_LOG,
+    Cluster,
+    Node,
+    Progress,
+    plan_free_nodes,
+    quiet,
+    write_json,
+)
+from profiler.cluster.plan import ClusterConfig, ClusterError, cluster_document
+from profiler.cluster.procs import ManagedProcess, StartupError
+from profiler.emulate.label import emulated_backend
+from profiler.emulate.presets import PresetError, resolve
+from profiler.emulate.vocab import tokenizer_dir
+
+HOST_LOG = "emulated-nodes.log"
+
+
+def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | None = None,
+                           progress: Progress = quiet, max_model_len: int | None = None
+                           ) -> Cluster:
+    """Start config.layout as emulated nodes of preset hardware:config.model; write cluster.json.
+
+    max_model_len None: the preset's default (config.max_model_len is vLLM-CPU's 4096)."""
+    try:
+        preset = resolve(hardware, config.model, link, max_model_len)
+    except PresetError as exc:
+        raise ClusterError(str(exc)) from None
+    state_dir = config.state_dir.resolve()
+    nodes = plan_free_nodes(config)
+    tokenizer = tokenizer_dir()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / PROXY_LOG).unlink(missing_ok=True)
+    log = state_dir / HOST_LOG
+    log.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "profiler.emulate.host", "--emulate", hardware,
+            "--model", config.model, "--host", config.host, "--tokenizer", str(tokenizer),
+            "--link", preset.link.name, "--max-model-len", str(preset.max_model_len)]
+    for spec in nodes:
+        argv += ["--node", f"{spec.role.value}:{spec.port}"]
+    first = procs.spawn("emulated-nodes", "", argv, os.environ, log, cwd=state_dir)
+    started = [Node(spec.role, ManagedProcess(spec.name, f"http://{config.host}:{spec.port}",
+                                              first.pid, log, first.process))
+               for spec in nodes]  # fmt: skip
+    progress(f"starting {len(nodes)} emulated node(s) ({preset.name}) in pid {first.pid} "
+             f"(log {log})")
+    try:
+        procs.wait_ready([n.proc for n in started], "/v1/models", config.startup_timeout_s,
+                         on_ready=lambda p, s: progress(f"{p.name} ready after {s:.0f} s"))
+    except StartupError as exc:
+        procs.stop([first])
+        raise ClusterError(str(exc)) from None
+    except BaseException:
+        procs.stop([first])
+        raise
+    cluster = Cluster(config.model, config.layout, state_dir, started, tokenizer,
+                      progress=progress)  # fmt: skip
+    doc = cluster_document(config.model, config.layout,
+                           [(n.role, n.url, n.proc.pid, n.proc.log) for n in started])
+    doc["emulated"] = {"preset": preset.name, "link": preset.link.name,
+                       "backend": emulated_backend(preset.name), "tokenizer": str(tokenizer)}
+    write_json(cluster.cluster_file, doc)
+    return cluster
+
+
+def emulation_record(cluster_file: Path) -> dict[str, str] | None:
+    """The "emulated" record of a cluster.json (None for a vLLM cluster or no file)."""
+    try:
+        doc = json.loads(Path(cluster_file).read_text())
+    except (OSError, ValueError):
+        return None
+    record = doc.get("emulated") if isinstance(doc, dict) else None
+    return record if isinstance(record, dict) else None

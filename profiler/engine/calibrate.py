@@ -1,0 +1,271 @@
+"""`ppd sim calibrate`: a kernels + host preset fitted to a real cluster's replay runs.
+
+Input: replay run directories (requests.csv / .parquet) that also hold each node's vLLM
+`/metrics` taken before and after the run, as `metrics-before-NODE.txt` and
+`metrics-after-NODE.txt` (NODE starting with `prefill`, `decode` or `replica`;
+`scripts/calibration_runs.sh` takes them). The fit works on server-side histograms and on
+medians, so bursty client-side streams (tokens arriving in clumps on a loaded machine) do not
+move it:
+
+1. **Prefill step** (P nodes, or replicas): per run, the mean of
+   `vllm:request_prefill_time_seconds` against the mean prompt tokens a request computed
+   there ((prompt - prefix-cache hits) / requests); a Huber line over runs gives the step's
+   constant and its per-token slope.
+2. **Decode step** (D nodes, or replicas): per run, the mean of
+   `vllm:inter_token_latency_seconds`, less the prompt tokens computed on that node per step
+   at the prefill slope, against the mean number of requests decoding there (from the rows'
+   [first token, end] intervals); a Huber line gives the per-step base (the host's
+   `step_base_ms`) and the per-decode slope.
+3. **Front end**: the median over local turn-2 rows of client TTFT - the modelled prefill of
+   the tokens the node does not cache - half a decode step (a request waits for the step in
+   flight), with the proxy and HTTP folded in.
+4. **P->D hand-off**: a Huber line, over P->D rows (turn 1, and turn 2 when forced P->D),
+   of client TTFT - two front ends - the modelled prefill on P - D's step alignment (three
+   decode steps, `D_ALIGNMENT_STEPS`, which the engine model produces itself), against
+   the tokens D pulls: a fixed part per transfer and a per-token part (vLLM-CPU's
+   shared-storage connector writes and reads files).
+
+On a CPU the host and the compute of a step cannot be told apart (the same cores do both),
+so the compute terms go into the `LinearCost` kernel and the step constant into the host.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from profiler.engine.cost import LinearCost
+from profiler.engine.fit import _mean_overlap, read_runs
+from profiler.engine.host import HostedCost, HostModel
+
+HISTOGRAMS = ("time_to_first_token_seconds", "request_queue_time_seconds",
+              "request_prefill_time_seconds", "inter_token_latency_seconds")
+COUNTERS = ("prompt_tokens_total", "prefix_cache_hits_total",
+            "external_prefix_cache_hits_total", "generation_tokens_total")
+MIN_RUNS = 2
+# What the engine model itself puts between a P->D request reaching a busy D and its first
+# token, in D's decode steps: half a step waiting for the step in flight, the step that
+# admits it (its pull starts at that step's end), half a step until D sees the KV, the step
+# that recomputes the last prompt token. The fitted hand-off is what is left beyond them.
+D_ALIGNMENT_STEPS = 3
+_SAMPLE = re.compile(r"^vllm:([a-z_]+)(?:\{([^}]*)\})?\s+(\S+)")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDelta:
+    """One node's vLLM counters over one run (after - before)."""
+
+    role: str  # prefill, decode or replica
+    values: dict[str, float]
+
+    def mean_ms(self, histogram: str) -> float | None:
+        count = self.values.get(f"{histogram}_count", 0.0)
+        return self.values.get(f"{histogram}_sum", 0.0) / count * 1000 if count > 0 else None
+
+    @property
+    def requests(self) -> float:
+        return self.values.get("time_to_first_token_seconds_count", 0.0)
+
+    @property
+    def computed_prompt_tokens(self) -> float:
+        """Prompt tokens this node computed (not hit in its cache, not received from a P)."""
+        v = self.values
+        return max(v.get("prompt_tokens_total", 0.0) - v.get("prefix_cache_hits_total", 0.0)
+                   - v.get("external_prefix_cache_hits_total", 0.0), 0.0)
+
+
+@dataclass(slots=True)
+class CalibrationRun:
+    path: Path
+    rows: pd.DataFrame
+    nodes: list[NodeDelta] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    cost: HostedCost
+    n_runs: int
+    prefill_points: int
+    decode_points: int
+    frontend_rows: int
+    handoff_rows: int
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """vLLM's /metrics text -> {name: value}, summed over label sets (one engine per node)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        name, _, value = match.groups()
+        if name.endswith("_bucket") or name.endswith("_created"):
+            continue
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def read_run(path: Path) -> CalibrationRun:
+    rows = read_runs([path])
+    directory = path if path.is_dir() else path.parent
+    run = CalibrationRun(directory, rows)
+    for after in sorted(directory.glob("metrics-after-*.txt")):
+        node = after.name.removeprefix("metrics-after-").removesuffix(".txt")
+        before = directory / f"metrics-before-{node}.txt"
+        end = parse_metrics(after.read_text())
+        start = parse_metrics(before.read_text()) if before.is_file() else {}
+        role = next((r for r in ("prefill", "decode", "replica") if node.startswith(r)), None)
+        if role is None:
+            raise ValueError(f"{after}: node name {node!r} must start with prefill, decode or "
+                             "replica")
+        run.nodes.append(NodeDelta(role, {k: v - start.get(k, 0.0) for k, v in end.items()}))
+    if not run.nodes:
+        raise ValueError(f"{directory}: no metrics-after-NODE.txt: take each node's /metrics "
+                         "before and after the run (see scripts/calibration_runs.sh)")
+    return run
+
+
+def huber_line(x: Sequence[float], y: Sequence[float], delta: float = 1.345,
+               iterations: int = 50) -> tuple[float, float]:
+    """Intercept and slope of a Huber regression (IRLS; the scale from the residuals' MAD):
+    least squares for most points, absolute error for outliers."""
+    xs, ys = np.asarray(x, float), np.asarray(y, float)
+    if len(xs) < 2 or np.ptp(xs) == 0:
+        return float(np.median(ys)), 0.0
+    weights = np.ones_like(xs)
+    slope = intercept = 0.0
+    for _ in range(iterations):
+        design = np.column_stack([np.ones_like(xs), xs]) * np.sqrt(weights)[:, None]
+        (intercept, slope), *_ = np.linalg.lstsq(design, ys * np.sqrt(weights), rcond=None)
+        residuals = ys - intercept - slope * xs
+        scale = 1.4826 * float(np.median(np.abs(residuals - np.median(residuals)))) or 1e-9
+        scaled = np.abs(residuals) / (delta * scale)
+        new = np.where(scaled <= 1, 1.0, 1.0 / np.maximum(scaled, 1e-12))
+        if np.allclose(new, weights):
+            break
+        weights = new
+    return float(intercept), float(slope)
+
+
+def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
+              engine: dict[str, int] | None = None) -> Calibration:
+    runs = [read_run(path) for path in paths]
+    if len(runs) < MIN_RUNS:
+        raise ValueError(f"give at least {MIN_RUNS} runs (different loads or workloads): "
+                         "one run cannot separate a step's constant from its slopes")
+    # 1. prefill step from the nodes that prefill whole prompts (P, or replicas)
+    px, py = [], []
+    for run in runs:
+        for node in run.nodes:
+            mean = node.mean_ms("request_prefill_time_seconds")
+            if node.role in ("prefill", "replica") and mean is not None and node.requests:
+                px.append(node.computed_prompt_tokens / node.requests)
+                py.append(mean)
+    if len(px) < MIN_RUNS:
+        raise ValueError("no prefill timings: the runs need a P (or replica) node's metrics")
+    prefill_base, per_token = huber_line(px, py)
+    per_token = max(per_token, 0.0)
+    # 2. decode step from the nodes that decode
+    dx, dy = [], []
+    for run in runs:
+        batch = _decode_batch(run.rows)
+        for node in run.nodes:
+            itl = node.mean_ms("inter_token_latency_seconds")
+            if node.role not in ("decode", "replica") or itl is None or batch is None:
+                continue
+            steps = node.values.get("inter_token_latency_seconds_count", 0.0) / batch
+            prompt_per_step = node.computed_prompt_tokens / steps if steps else 0.0
+            dx.append(batch)
+            dy.append(itl - per_token * prompt_per_step)
+    if len(dx) < MIN_RUNS:
+        raise ValueError("no decode timings: the runs need a D (or replica) node's metrics")
+    step_base, per_decode = huber_line(dx, dy)
+    step_base, per_decode = max(step_base, 0.0), max(per_decode, 0.0)
+    # the prefill step's constant beyond a decode step's base: per prompt in the step
+    per_prefill_request = max(prefill_base - step_base, 0.0)
+    kernel = LinearCost(name=f"{name}-kernel", source="ppd sim calibrate (CPU: host and "
+                        "compute share the cores; compute terms)", base_ms=0.0,
+                        per_prefill_token_ms=per_token, per_decode_seq_ms=per_decode)
+
+    def step_ms(prompt_tokens: float, decodes: float) -> float:
+        return (step_base + per_decode * decodes
+                + (per_prefill_request + per_token * prompt_tokens if prompt_tokens else 0.0))
+
+    # 3. front end: medians of per-row residuals of local turn-2 rows
+    frontend_res: list[float] = []
+    # (prompt tokens, TTFT left after the model): the shared-storage connector stores and
+    # loads a request's whole prompt, so the prompt is the size that matters
+    pd_rows: list[tuple[float, float]] = []
+    for run in runs:
+        rows = run.rows[run.rows["success"].astype(bool) & run.rows["ttft_s"].notna()]
+        batch = _decode_batch(run.rows) or 1.0
+        turns = {(r.conversation_id, int(r.turn)): r for r in rows.itertuples()}
+        for (conversation, turn), row in turns.items():
+            ttft_ms = float(row.ttft_s) * 1000
+            previous = turns.get((conversation, turn - 1))
+            if turn == 1 and row.route == "pd":
+                pd_rows.append((row.n_input_tokens, ttft_ms - step_ms(row.n_input_tokens, 0)
+                                - D_ALIGNMENT_STEPS * step_ms(0, batch)))
+            if turn < 2 or previous is None:
+                continue
+            # D holds turn 1's prompt and reply (the last output is not fed back), P only
+            # its prompt; both in full blocks.
+            held_d = previous.n_input_tokens + previous.n_output_tokens - 1
+            uncached_d = row.n_input_tokens - (held_d // block_size) * block_size
+            if row.route == "local":
+                frontend_res.append(ttft_ms - step_ms(max(uncached_d, 1), batch)
+                                    - step_ms(0, batch) / 2)
+            elif row.route == "pd":
+                held_p = (previous.n_input_tokens // block_size) * block_size
+                pd_rows.append((row.n_input_tokens, ttft_ms - step_ms(
+                    row.n_input_tokens - held_p, 0) - D_ALIGNMENT_STEPS * step_ms(0, batch)))
+    if not frontend_res:
+        raise ValueError("no local turn-2 rows: include a run with turn 2 forced local "
+                         "(`ppd replay --force-route local`) to fit the front end")
+    frontend = max(float(np.median(frontend_res)), 0.0)
+    # 4. P->D hand-off: what a P->D TTFT holds beyond two front ends and the two steps,
+    # as a line in the tokens D pulls
+    handoff = per_token_us = 0.0
+    if pd_rows:
+        pulled, left = zip(*pd_rows, strict=True)
+        handoff, per_token_ms = huber_line(pulled, [v - 2 * frontend for v in left])
+        if handoff < 0 or per_token_ms < 0:  # noise: keep the robust fixed part only
+            handoff, per_token_ms = float(np.median(left)) - 2 * frontend, 0.0
+        handoff, per_token_us = max(handoff, 0.0), per_token_ms * 1000
+    described = ", ".join(str(run.path) for run in runs)
+    host = HostModel(
+        frontend_request_ms=round(frontend, 3), step_base_ms=round(step_base, 4),
+        step_per_prefill_ms=round(per_prefill_request, 4), kv_handoff_ms=round(handoff, 3),
+        kv_per_token_us=round(per_token_us, 3),
+        sources={"frontend_request_ms": f"median of {len(frontend_res)} local turn-2 rows",
+                 "step_base_ms": f"Huber line over {len(dx)} runs' decode ITL",
+                 "step_per_prefill_ms": "prefill line's constant - the decode base",
+                 "kv_handoff_ms": f"Huber line over {len(pd_rows)} P->D rows",
+                 "kv_per_token_us": f"Huber line over {len(pd_rows)} P->D rows"})
+    cost = HostedCost(name=name, kernel=kernel, host=host,
+                      source=f"ppd sim calibrate on {described}",
+                      engine={"block_size": block_size, **(engine or {})})
+    return Calibration(cost, len(runs), len(px), len(dx), len(frontend_res), len(pd_rows))
+
+
+def _decode_batch(rows: pd.DataFrame) -> float | None:
+    """Mean number of requests decoding beside a decoding request (itself included), from the
+    rows' [first token, end] intervals, weighted by each request's decode time."""
+    ok = rows[rows["success"].astype(bool) & rows["ttft_s"].notna()
+              & (rows["n_output_tokens"] > 1)]
+    if ok.empty:
+        return None
+    firsts = (ok["start_s"] + ok["ttft_s"]).to_numpy(float)
+    ends = (ok["start_s"] + ok["e2e_s"]).to_numpy(float)
+    spans = ends - firsts
+    means = np.array([_mean_overlap(f, e, firsts, ends) for f, e in zip(firsts, ends,
+                                                                          strict=True)])
+    return float((means * spans).sum() / spans.sum()) if spans.sum() > 0 else None

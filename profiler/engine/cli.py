@@ -1,0 +1,180 @@
+"""`ppd sim`: the cluster simulator (run, grid, paper) and the engine model it runs on
+(presets, step, fit), in virtual time, without GPUs.
+
+    ppd sim run --layout 1P3D --dataset synthetic:mixed --conversation-rate 4 --policy pd
+    ppd sim grid --layouts 1P3D,4R --datasets paper --out runs/grid.parquet
+    ppd sim paper runs/grid.parquet --out runs/paper
+    ppd sim presets
+    ppd sim step --preset h100:llama-3.1-8b --decode 32 --context 2048 --prefill 256
+    ppd sim fit runs/replica-cpu --out tables/cost/cpu-tiny.json
+    ppd sim calibrate runs/cpu/*@1-local runs/cpu/*@1-pd --out cpu-tiny.json
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from profiler.engine.batch import BatchShape
+from profiler.engine.cost import LinearCost, load_cost
+from profiler.engine.host import HostedCost
+from profiler.engine.transfer import LINKS, MODEL_SHAPES
+
+SIMULATOR_ACTIONS = ("run", "grid", "paper", "live-costs")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ppd sim", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    # One line each in --help (under 54 characters: argparse wraps longer ones at 80 columns).
+    actions = parser.add_subparsers(dest="action", required=True, metavar="COMMAND",
+                                    title="commands (`ppd sim COMMAND --help` for its flags)")
+    # The cluster simulator's commands (profiler.simulator.cli runs them; listed for --help).
+    actions.add_parser("run", add_help=False,
+                       help="simulate one replay on a P/D cluster + the proxy")
+    actions.add_parser("grid", add_help=False,
+                       help="simulate layouts x workloads x loads x policies")
+    actions.add_parser("paper", add_help=False,
+                       help="the PPD paper's tables and plots from a grid")
+    actions.add_parser("live-costs", add_help=False,
+                       help="the step-cost file that --policy live reads")
+    actions.add_parser("presets", help="list cost presets, KV model shapes and links")
+
+    step = actions.add_parser("step", help="print the modelled time of one engine step")
+    step.add_argument("--preset", required=True,
+                      help="a cost preset (see `ppd sim presets`) or a JSON from `ppd sim fit`")
+    step.add_argument("--decode", type=int, default=0, help="requests decoding in the step")
+    step.add_argument("--context", type=int, default=0,
+                      help="context (tokens) of each decoding request")
+    step.add_argument("--prefill", type=int, default=0, help="prompt tokens in the step")
+    step.add_argument("--prefill-context", type=int, default=0,
+                      help="tokens already cached before the prompt chunk (append-prefill)")
+
+    fit = actions.add_parser("fit", help="fit a CPU cost preset to replay runs")
+    fit.add_argument("runs", nargs="+", type=Path,
+                     help="replay run directories (or their requests.csv / .parquet)")
+    fit.add_argument("--out", type=Path, required=True, help="preset JSON to write")
+    fit.add_argument("--name", default=None, help="preset name (default: the file's stem)")
+
+    calibrate = actions.add_parser(
+        "calibrate", help="fit a kernels + host preset to replay runs and vLLM /metrics")
+    calibrate.add_argument("runs", nargs="+", type=Path,
+                           help="replay run directories, each with metrics-before-NODE.txt "
+                                "and metrics-after-NODE.txt (NODE = prefill*, decode*, "
+                                "replica*; see scripts/calibration_runs.sh)")
+    calibrate.add_argument("--out", type=Path, required=True,
+                           help="preset JSON to write (--cost / --emulate take it)")
+    calibrate.add_argument("--name", default=None,
+                           help="preset name (default: the file's stem)")
+    calibrate.add_argument("--block-size", type=int, default=128,
+                           help="the nodes' KV block size (vLLM-CPU: 128)")
+    calibrate.add_argument("--max-model-len", type=int, default=4096,
+                           help="the nodes' --max-model-len: also the CPU step's token budget "
+                                "(chunked prefill is off on vLLM-CPU)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """The engine model's actions (presets, step, fit, calibrate); `ppd sim` itself is
+    dispatched by `profiler.simulator.cli.main`, which runs run, grid, paper and live-costs."""
+    args = build_parser().parse_args(argv)
+    if args.action in SIMULATOR_ACTIONS:
+        raise ValueError(f"`ppd sim {args.action}` runs through `ppd sim` (profiler.cli)")
+    if args.action == "presets":
+        print(render_presets())
+    elif args.action == "step":
+        print(render_step(args))
+    elif args.action == "calibrate":
+        print(run_calibrate(args))
+    else:
+        print(run_fit(args.runs, args.out, args.name or args.out.stem))
+    return 0
+
+
+def render_presets() -> str:
+    from profiler.engine import presets
+
+    lines = ["cost presets (aiconfigurator-core's measured vLLM kernels + vLLM's host side; "
+             "insert :tpN before :kernels for TP; :kernels = the kernels alone):"]
+    lines += [f"  {name}" for name in presets.preset_names()]
+    lines += ["  FILE.json  (a LinearCost from `ppd sim fit`, or kernels + host from "
+              "`ppd sim calibrate`)", "",
+              "KV model shapes (bytes per token):"]
+    lines += [f"  {s.name:<14} {s.kv_bytes_per_token:>8}  {s.source}"
+              for s in MODEL_SHAPES.values()]
+    lines += ["", "links:"]
+    lines += [f"  {link.name:<10} {link.bandwidth_bytes_per_s / 1e9:>6.1f} GB/s "
+              f"{link.latency_s * 1e6:>5.0f} us  {link.source}" for link in LINKS.values()]
+    return "\n".join(lines)
+
+
+def render_step(args: argparse.Namespace) -> str:
+    for name in ("decode", "context", "prefill", "prefill_context"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
+    if args.decode and not args.context:
+        raise ValueError("--decode needs --context (each decoding request's context)")
+    if not args.decode and not args.prefill:
+        raise ValueError("an empty step: give --decode and/or --prefill")
+    shape = BatchShape(num_prefill_requests=1 if args.prefill else 0,
+                       sum_prefill_tokens=args.prefill,
+                       sum_prefill_kv_tokens=args.prefill_context if args.prefill else 0,
+                       num_decode_requests=args.decode,
+                       sum_decode_kv_tokens=args.decode * args.context)
+    cost = load_cost(args.preset)
+    step_ms = cost.step_ms(shape)
+    split = ""
+    if isinstance(cost, HostedCost):
+        kernel_ms = cost.kernel.step_ms(cost.host.graph_shape(shape))
+        split = f" (kernels {kernel_ms:.2f} ms + host {step_ms - kernel_ms:.2f} ms)"
+    parts = []
+    if args.decode:
+        parts.append(f"{args.decode} decoding at {args.context} context")
+    if args.prefill:
+        cached = f" after {args.prefill_context} cached" if args.prefill_context else ""
+        parts.append(f"{args.prefill} prompt tokens{cached}")
+    return (f"{cost.name}: {' + '.join(parts)}: {step_ms:.2f} ms per step{split}\n"
+            f"source: {cost.source}")
+
+
+def run_fit(runs: list[Path], out: Path, name: str) -> str:
+    from profiler.engine.fit import fit, read_runs, write_preset
+
+    source = "ppd sim fit on " + ", ".join(str(run) for run in runs)
+    result = fit(read_runs(runs), name=name, source=source)
+    write_preset(result, out)
+    cost = result.cost
+    unqueued = "unqueued " if result.prefill_rows_unqueued else ""
+    return (f"wrote {out}\n"
+            f"  step = {cost.base_ms:.2f} ms + {cost.per_prefill_token_ms:.4f} ms/prompt token "
+            f"+ {cost.per_decode_seq_ms:.3f} ms/decoding request\n"
+            f"  prefill fit on {result.n_prefill_rows} {unqueued}turn-1 rows (TTFT intercept "
+            f"{result.ttft_intercept_ms:.1f} ms, not in the step cost); decode fit on "
+            f"{result.n_decode_rows} rows")
+
+
+def run_calibrate(args: argparse.Namespace) -> str:
+    import json
+
+    from profiler.engine.calibrate import calibrate
+    from profiler.engine.presets import to_dict
+
+    if args.block_size < 1 or args.max_model_len < 1:
+        raise ValueError("--block-size and --max-model-len must be at least 1")
+    result = calibrate(args.runs, name=args.name or args.out.stem, block_size=args.block_size,
+                       engine={"max_model_len": args.max_model_len,
+                               "max_num_batched_tokens": args.max_model_len})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(to_dict(result.cost), indent=2) + "\n")
+    cost, host = result.cost, result.cost.host
+    kernel = cost.kernel
+    assert isinstance(kernel, LinearCost)
+    return (f"wrote {args.out} from {result.n_runs} runs\n"
+            f"  step = {host.step_base_ms:.2f} ms + {kernel.per_decode_seq_ms:.3f} ms/decoding "
+            f"request + ({host.step_per_prefill_ms:.2f} ms + "
+            f"{kernel.per_prefill_token_ms:.4f} ms/token) per prompt\n"
+            f"  front end {host.frontend_request_ms:.1f} ms per node request "
+            f"({result.frontend_rows} rows); P->D hand-off {host.kv_handoff_ms:.1f} ms + "
+            f"{host.kv_per_token_us:.1f} us/token ({result.handoff_rows} rows)\n"
+            f"  fitted on {result.prefill_points} prefill and {result.decode_points} decode "
+            "node-runs")

@@ -1,0 +1,106 @@
+"""Cost presets by name or file: the registry `load_cost` reads.
+
+- `GPU:MODEL[:tpN]` (`h100:llama-3.1-8b`, ...): aiconfigurator's measured kernels plus vLLM's
+  host side (`host.py`), its terms fitted on public measurements (`public.py`);
+- `GPU:MODEL[:tpN]:kernels`: the kernels alone (what the presets were before the host side);
+- `FILE.json`: a `LinearCost` (`ppd sim fit`) or a kernels + host preset (`ppd sim calibrate`);
+- anything `register()`ed by name (a calibrated preset a caller wants to plug in).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from profiler.engine.cost import CostModel, LinearCost
+from profiler.engine.host import HostedCost, HostModel
+
+KERNELS_SUFFIX = "kernels"
+REFERENCE = "h100:llama-3.1-8b"  # the kernels the public host numbers are fitted against
+_REGISTRY: dict[str, Callable[[], CostModel]] = {}
+
+
+def register(name: str, factory: Callable[[], CostModel]) -> None:
+    """Make `load(name)` build a preset with factory (later registrations win)."""
+    _REGISTRY[name] = factory
+
+
+def preset_names() -> list[str]:
+    from profiler.engine import aic
+
+    gpu = aic.preset_names()
+    return [*gpu, *(f"{name}:{KERNELS_SUFFIX}" for name in gpu), *sorted(_REGISTRY)]
+
+
+def load(spec: str) -> CostModel:
+    if spec in _REGISTRY:
+        return _REGISTRY[spec]()
+    path = Path(spec)
+    if spec.endswith(".json") or path.is_file():
+        if not path.is_file():
+            raise ValueError(f"cost preset file not found: {spec}")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"cost preset {spec} is not JSON: {exc}") from None
+        return from_dict(data)
+    return _gpu_preset(spec)
+
+
+def from_dict(data: dict[str, Any]) -> CostModel:
+    kind = data.get("kind", "linear")
+    if kind == "linear":
+        return LinearCost.from_dict(data)
+    if kind == "hosted":
+        missing = {"name", "kernel", "host"} - set(data)
+        if missing:
+            raise ValueError(f"hosted cost preset: missing {sorted(missing)}")
+        return HostedCost(name=str(data["name"]), kernel=from_dict(data["kernel"]),
+                          host=HostModel.from_dict(data["host"]),
+                          source=str(data.get("source", "")),
+                          engine={k: int(v) for k, v in dict(data.get("engine", {})).items()})
+    raise ValueError(f"unknown cost preset kind {kind!r} (linear or hosted)")
+
+
+def to_dict(cost: HostedCost) -> dict[str, Any]:
+    kernel = cost.kernel
+    if not isinstance(kernel, LinearCost):
+        raise ValueError("only a hosted preset over a LinearCost can be written to a file")
+    return {"kind": "hosted", "name": cost.name, "source": cost.source,
+            "kernel": kernel.to_dict(), "host": cost.host.to_dict(), "engine": cost.engine}
+
+
+def _gpu_preset(spec: str) -> CostModel:
+    from profiler.engine import aic
+
+    parts = spec.split(":")
+    kernels_only = parts[-1] == KERNELS_SUFFIX
+    base = ":".join(parts[:-1]) if kernels_only else spec
+    kernel = aic.load_preset(base)  # raises the "unknown preset" error with the known names
+    if kernels_only:
+        kernel.name = spec
+        return kernel
+    return HostedCost(name=spec, kernel=kernel, host=_gpu_host(base, kernel),
+                      source=f"{kernel.source} + vLLM host side ({Path(__file__).parent.name}"
+                             "/public.py: PPD micro-benchmark, inference-sim, vLLM #50913)")
+
+
+_FITTED: dict[str, HostModel] = {}  # the fitted terms, once per process
+
+
+def _gpu_host(base: str, kernel: CostModel) -> HostModel:
+    """The host terms are CPU-side: fitted once against H100 + Llama-3.1-8B's kernels and
+    carried to every GPU and model (an assumption the docs state), with the model's own
+    layer count for NIXL's descriptors."""
+    from profiler.engine import aic, public
+    from profiler.engine.transfer import load_model_shape
+
+    if "h100" not in _FITTED:
+        reference = kernel if base == REFERENCE else aic.load_preset(REFERENCE)
+        _FITTED["h100"] = public.h100_host(reference)
+    host = _FITTED["h100"]
+    layers = load_model_shape(base.split(":")[1]).num_layers
+    return HostModel.from_dict({**host.to_dict(), "sources": host.sources,
+                                "descriptors_per_block": 2 * layers})

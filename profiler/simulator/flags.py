@@ -1,0 +1,31 @@
+"""The flags every simulator command shares (`ppd sim run`, `ppd sim grid`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from profiler.simulator.run import DEFAULT_COST, DEFAULT_LINK
+from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
+
+
+def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags every simulator command shares: the cost preset, model, link, engine seed."""
+    parser.add_argument("--cost", default=DEFAULT_COST,
+                        help="cost preset (`ppd sim presets`) or a JSON file from `ppd sim fit` "
+                        f"(default {DEFAULT_COST})")
+    parser.add_argument("--model", help="model whose KV size the transfers move (default: the "
+                        "model part of --cost, e.g. llama-3.1-8b)")
+    parser.add_argument("--link", default=DEFAULT_LINK,
+                        help=f"P->D link preset: nvlink, rdma-400g, tcp-25g (default "
+                        f"{DEFAULT_LINK})")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="per-request timeout in seconds; a slower turn fails (default 30, "
+                        "the paper's)")
+    parser.add_argument("--seed", type=int, default=0, help="arrivals, workload and engine seed")
+    parser.add_argument("--load-window", type=float, default=DEFAULT_LOAD_WINDOW_S,
+                        help="the proxy's --load-window: seconds its turns-per-second meter "
+                        "averages over (default 30, the proxy's)")
+    parser.add_argument("--client-connections", type=int, default=None, metavar="N",
+                        help="model the PPD paper's benchmark client: at most N requests in "
+                        "flight, a turn due while all are busy waits and its TTFT counts the "
+                        "wait (default: the ideal client, as ppd replay)")

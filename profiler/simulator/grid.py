@@ -1,0 +1,250 @@
+"""`ppd sim grid`: layouts x workloads x qps x policies, in parallel processes, one tidy table.
+
+Every cell is one simulated run (`profiler.simulator.run`); a row holds its coordinates and
+the replay summary's headline numbers. Cells run in worker processes (each loads the cost
+preset once), heaviest first so the last worker is not left with the longest cell. The
+output is a Parquet file (or CSV, by the suffix) with one row per cell.
+
+Policies are named as in reports: `pd` (x=0), `local` (x=1), `x=0.33` (fixed share), `replica`,
+`ppd`, `ppd-wtpot3` (ppd with --w-tpot 3), `threshold-256`. `replica` runs only on layouts
+with R nodes (e.g. 4R), the others only on P/D layouts; other combinations are skipped.
+`--datasets paper` is the paper's 18 synthetic workloads (2 turn-1 profiles x 9 shapes); the
+`huge` ones (`synthetic:huge-SHAPE`, turn 1 of 8192/1024) are not in it and are named one by one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from profiler.simulator.flags import add_cluster_flags
+from profiler.simulator.layout import Layout
+from profiler.simulator.run import RunSpec, policy_label, run_summary, simulate
+from proxy.config import Policy, PolicyConfig
+from proxy.discretize import PAPER_CONTEXTS, WORKLOAD_SHAPES
+
+PAPER_QPS = (0.5, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0)
+PAPER_LAYOUTS = ("4R", "1P3D", "2P2D", "3P1D")
+PAPER_POLICIES = ("replica", "pd", "x=0.33", "x=0.5", "x=0.67", "local")
+SUMMARY_COLUMNS = (
+    "n_requests", "n_success", "success_rate", "turn1_ttft_ms_mean", "turn1_ttft_ms_p99",
+    "turn2plus_ttft_ms_mean", "turn2plus_ttft_ms_p50", "turn2plus_ttft_ms_p99",
+    "tpot_ms_mean", "tpot_ms_p99", "turn2plus_tpot_ms_mean", "e2e_ms_mean", "output_tok_s",
+    "total_tok_s", "requests_s", "local_share", "kv_bytes_moved", "wall_time_s",
+)
+_PPD = re.compile(r"^ppd(?:-wtpot(?P<tpot>[\d.]+))?$")
+_LIVE = re.compile(r"^live(?P<table>-table)?(?:-wtpot(?P<tpot>[\d.]+))?$")
+
+
+def paper_datasets() -> list[str]:
+    """The paper's 18 workloads: `synthetic:small-tiny` ... `synthetic:large-huge_paste`."""
+    return [f"synthetic:{context}-{shape}" for context in PAPER_CONTEXTS
+            for shape in WORKLOAD_SHAPES]
+
+
+def parse_policy(label: str, table: Path | None = None) -> PolicyConfig:
+    """A policy label (see the module docstring) as the proxy's PolicyConfig."""
+    label = label.strip()
+    if label.startswith("x="):
+        try:
+            x = float(label[2:])
+        except ValueError:
+            raise ValueError(f"bad policy {label!r}: x=F wants a number in [0, 1]") from None
+        return PolicyConfig(kind=Policy.FIXED, x=x)
+    if label.startswith("threshold-") and label[10:].isdigit():
+        return PolicyConfig(kind=Policy.THRESHOLD, non_cached_tokens=int(label[10:]))
+    if (match := _PPD.match(label)) is not None:
+        if table is None:
+            raise ValueError(f"policy {label} needs a decision table (--table or --table-dir)")
+        return PolicyConfig(kind=Policy.PPD, table=table,
+                            w_tpot=float(match["tpot"]) if match["tpot"] else 1.0)
+    if (match := _LIVE.match(label)) is not None:
+        if match["table"] and table is None:
+            raise ValueError(f"policy {label} needs a decision table (--table or --table-dir)")
+        return PolicyConfig(kind=Policy.LIVE, table=table if match["table"] else None,
+                            w_tpot=float(match["tpot"]) if match["tpot"] else 1.0)
+    try:
+        return PolicyConfig(kind=Policy(label))
+    except ValueError:
+        raise ValueError(f"unknown policy {label!r}: use pd, local, replica, x=F, ppd, "
+                         "ppd-wtpotW or threshold-N") from None
+
+
+@dataclass(frozen=True, slots=True)
+class GridCell:
+    """One run of the grid and its row's coordinates."""
+
+    spec: RunSpec
+    policy: str
+
+    def row(self) -> dict[str, Any]:
+        return {"layout": self.spec.layout, "dataset": self.spec.dataset.removeprefix(
+            "synthetic:"), "qps": self.spec.qps, "policy": self.policy,
+            "seed": self.spec.seed, "cost": self.spec.cost}
+
+
+def grid_cells(layouts: Sequence[str], datasets: Sequence[str], qps: Sequence[float],
+               policies: Sequence[str], base: RunSpec,
+               table_for: Callable[[str], Path | None]) -> list[GridCell]:
+    """Every valid (layout, dataset, qps, policy) combination, as run specs."""
+    cells = []
+    for layout_name in layouts:
+        layout = Layout.parse(layout_name)
+        for label in policies:
+            is_replica = label == "replica"
+            if is_replica != (layout.replica > 0 and not layout.disaggregated):
+                continue
+            config = parse_policy(label, table_for(layout.name)
+                                  if label.startswith(("ppd", "live-table")) else None)
+            for dataset in datasets:
+                for point in qps:
+                    spec = replace(base, layout=layout.name, dataset=dataset, qps=point,
+                                   policy=config)
+                    cells.append(GridCell(spec, label))
+    return cells
+
+
+def run_cell(cell: GridCell) -> dict[str, Any]:
+    """One cell's row (what a worker process returns)."""
+    started = time.perf_counter()
+    result = simulate(cell.spec)
+    summary = run_summary(cell.spec, result)
+    row = cell.row()
+    row.update({key: summary.get(key) for key in SUMMARY_COLUMNS})
+    row["cpu_s"] = time.perf_counter() - started
+    return row
+
+
+def _weight(cell: GridCell) -> float:
+    # Load times output length, roughly what a cell costs to simulate.
+    return cell.spec.qps * (1 + ("long" in cell.spec.dataset) * 4)
+
+
+def run_grid(cells: Sequence[GridCell], processes: int,
+             progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+    """Every cell's row, in the cells' order, computed by `processes` workers (1: inline)."""
+    order = sorted(range(len(cells)), key=lambda i: -_weight(cells[i]))
+    rows: list[dict[str, Any] | None] = [None] * len(cells)
+    if processes <= 1:
+        for done, index in enumerate(order, start=1):
+            rows[index] = run_cell(cells[index])
+            if progress:
+                progress(done, len(cells))
+    else:
+        # fork: workers inherit the imported modules; the cost preset is loaded in each worker
+        # (never in the parent), so no native thread state is copied across fork.
+        context = multiprocessing.get_context("fork")
+        with context.Pool(processes) as pool:
+            ordered = [cells[i] for i in order]
+            for done, (index, row) in enumerate(
+                    zip(order, pool.imap(run_cell, ordered, chunksize=1), strict=True),
+                    start=1):
+                rows[index] = row
+                if progress:
+                    progress(done, len(cells))
+    return [row for row in rows if row is not None]
+
+
+def write_rows(rows: Iterable[dict[str, Any]], out: Path) -> Path:
+    import pandas as pd
+
+    frame = pd.DataFrame(list(rows))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".csv":
+        frame.to_csv(out, index=False)
+    else:
+        frame.to_parquet(out, index=False)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ppd sim grid",
+        description="Simulate layouts x workloads x qps x policies in parallel processes and "
+        "write one tidy table (a row per run).")
+    parser.add_argument("--layouts", default=",".join(PAPER_LAYOUTS),
+                        help=f"comma list (default {','.join(PAPER_LAYOUTS)})")
+    parser.add_argument("--datasets", default="paper",
+                        help="comma list of datasets, or `paper` (the 18 synthetic workloads)")
+    parser.add_argument("--conversation-rates", "--qps", dest="qps",
+                        default=",".join(f"{q:g}" for q in PAPER_QPS),
+                        help="comma list of conversation rates, new conversations per second "
+                        "(the paper's QPS; default: its ten points)")
+    parser.add_argument("--policies", default=",".join(PAPER_POLICIES),
+                        help=f"comma list (default {','.join(PAPER_POLICIES)}); also ppd, "
+                        "ppd-wtpot3, threshold-N")
+    parser.add_argument("--table", type=Path, help="decision table for ppd on every layout")
+    parser.add_argument("--table-dir", type=Path, default=Path("tables"),
+                        help="with ppd: use DIR/h100-llama-3.1-8b-LAYOUT.csv per layout "
+                        "(the shipped tables; default tables/)")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per run")
+    parser.add_argument("--max-turns", type=int, help="at most N turns per conversation")
+    parser.add_argument("--max-context-tokens", type=int,
+                        help="cut trace conversations to the turns whose context fits")
+    add_cluster_flags(parser)
+    parser.add_argument("--processes", type=int, default=os.cpu_count() or 1,
+                        help="worker processes (default: one per core)")
+    parser.add_argument("--out", type=Path, required=True, help="table to write (.parquet/.csv)")
+    parser.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def shipped_table(table_dir: Path, cost: str, layout: str) -> Path:
+    """Where the shipped decision table of a (cost preset, layout) lives."""
+    name = cost.replace(":", "-")
+    return table_dir / f"{name}-{layout.lower()}.csv"
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    datasets = paper_datasets() if args.datasets == "paper" else _split(args.datasets)
+    try:
+        qps = [float(q) for q in _split(args.qps)]
+    except ValueError:
+        raise ValueError(f"--qps takes numbers, got {args.qps!r}") from None
+    base = RunSpec(layout="1P1D", dataset=datasets[0], qps=1.0, cost=args.cost,
+                   model=args.model, link=args.link, duration_s=args.duration,
+                   timeout_s=args.timeout, seed=args.seed, max_turns=args.max_turns,
+                   load_window_s=args.load_window, max_context_tokens=args.max_context_tokens,
+                   client_connections=args.client_connections)
+
+    def table_for(layout: str) -> Path | None:
+        if args.table is not None:
+            return args.table  # type: ignore[no-any-return]
+        path = shipped_table(args.table_dir, args.cost, layout)
+        if not path.is_file():
+            raise ValueError(f"no decision table for layout {layout}: {path} (pass --table)")
+        return path
+
+    cells = grid_cells(_split(args.layouts), datasets, qps, _split(args.policies), base,
+                       table_for)
+    if not cells:
+        raise ValueError("the grid is empty: no policy fits the layouts (replica needs R "
+                         "nodes, the other policies P and D nodes)")
+    started = time.perf_counter()
+
+    def progress(done: int, total: int) -> None:
+        if not args.no_progress and (done == total or done % 50 == 0):
+            print(f"  {done}/{total} runs, {time.perf_counter() - started:.0f} s", flush=True)
+
+    rows = run_grid(cells, args.processes, progress)
+    write_rows(rows, args.out)
+    elapsed = time.perf_counter() - started
+    print(f"simulated {len(rows)} runs in {elapsed:.1f} s with {args.processes} processes "
+          f"-> {args.out}")
+    return 0
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+__all__ = ["GridCell", "grid_cells", "paper_datasets", "parse_policy", "policy_label",
+           "run_grid"]

@@ -1,0 +1,217 @@
+"""One simulated run: a spec in, the replay's records, summary and run directory out.
+
+A run directory has the replay's files (`requests.csv`, `requests.parquet`, `summary.json`,
+`ttft_cdf.png`), so `ppd report compare` reads simulated and real runs alike; summary.json
+says `"simulated": true` with the cost preset, link and layout in its config.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from datetime import UTC, datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from profiler.engine.config import EngineConfig
+from profiler.engine.cost import CostModel, load_cost
+from profiler.engine.transfer import load_link, load_model_shape
+from profiler.replay.metrics import summarize
+from profiler.replay.output import (
+    REQUESTS_CSV,
+    REQUESTS_PARQUET,
+    SUMMARY_FILE,
+    TTFT_CDF_PNG,
+    plot_ttft_cdf,
+    records_frame,
+)
+from profiler.simulator.layout import Layout
+from profiler.simulator.live_costs import step_costs_for
+from profiler.simulator.virtual_cluster import DEFAULT_TIMEOUT_S, SimResult, SimSetup, Simulator
+from profiler.simulator.workload import arrivals, conversations_needed, load_conversations
+from proxy.config import Policy, PolicyConfig
+from proxy.live import StepCosts
+from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
+from proxy.policies import RoutingPolicy
+from proxy.table import DecisionTable
+from proxy.vocabulary import Role, RouteKind
+
+DEFAULT_COST = "h100:llama-3.1-8b"
+DEFAULT_LINK = "nvlink"
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """Everything that defines one simulated run (all plain values: it crosses processes)."""
+
+    layout: str
+    dataset: str
+    qps: float  # conversations started per second (as `ppd replay --qps`)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    cost: str = DEFAULT_COST
+    model: str | None = None  # KV shape; default: the model part of the cost preset
+    link: str = DEFAULT_LINK
+    duration_s: float = 10.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    seed: int = 0
+    max_turns: int | None = None
+    max_context_tokens: int | None = None
+    forced_route: RouteKind | None = None  # turn 2+ forced, as the profiler's x-ppd-route
+    load_window_s: float = DEFAULT_LOAD_WINDOW_S  # the proxy's --load-window
+    client_connections: int | None = None  # the paper's capped client; None: ideal client
+
+    def __post_init__(self) -> None:
+        if min(self.qps, self.duration_s, self.timeout_s, self.load_window_s) <= 0:
+            raise ValueError("qps, duration, timeout and load window must be > 0")
+        if self.client_connections is not None and self.client_connections < 1:
+            raise ValueError("client connections must be at least 1 (or unset: no cap)")
+        layout = Layout.parse(self.layout)
+        replica = self.policy.kind is Policy.REPLICA
+        if replica and not layout.replica:
+            raise ValueError(f"policy replica needs R nodes; layout {self.layout} has none "
+                             "(use e.g. 4R)")
+        if not replica and not layout.disaggregated:
+            raise ValueError(f"policy {self.policy.kind} needs P and D nodes; layout "
+                             f"{self.layout} has none (use e.g. 1P3D, or --policy replica)")
+
+    @property
+    def model_name(self) -> str:
+        if self.model:
+            return self.model
+        parts = self.cost.split(":")
+        if len(parts) >= 2:
+            return parts[1]
+        raise ValueError(f"cost {self.cost!r} names no model: pass --model for the KV size")
+
+    def config(self) -> dict[str, Any]:
+        """The spec as JSON values (summary.json's `config`)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "policy"}
+        out["policy"] = {key: (str(value) if isinstance(value, (Path, Policy)) else value)
+                         for key, value in asdict(self.policy).items()}
+        out["forced_route"] = self.forced_route.value if self.forced_route else None
+        out["model"] = self.model_name
+        out["simulated"] = True
+        return out
+
+
+@lru_cache(maxsize=8)
+def cost_model(name: str) -> CostModel:
+    """A cost preset, loaded once per process (aiconfigurator takes seconds to load)."""
+    return load_cost(name)
+
+
+@lru_cache(maxsize=8)
+def engine_config(cost: str, seed: int) -> EngineConfig:
+    """vLLM's defaults, with the KV cache the preset's GPU holds when the preset knows it."""
+    model = cost_model(cost)
+    # A preset fitted on other hardware (vLLM-CPU) carries that engine's knobs.
+    config = EngineConfig(seed=seed, **getattr(model, "engine", {}))
+    blocks = model.kv_blocks(config.block_size, config.max_num_batched_tokens,
+                             config.max_num_seqs)
+    return config if blocks is None else replace(config, num_kv_blocks=blocks)
+
+
+@lru_cache(maxsize=32)
+def _table(path: str) -> DecisionTable:
+    return DecisionTable.load(path)
+
+
+def routing_policy(config: PolicyConfig, costs: StepCosts | None = None) -> RoutingPolicy:
+    """The proxy's policy object for a config (its table loaded once per process)."""
+    table = _table(str(config.table)) if config.table is not None else None
+    return RoutingPolicy(config, table, costs)
+
+
+def live_costs(spec: RunSpec) -> StepCosts | None:
+    """Policy live's step costs: its --live-costs file, else fitted to the run's preset."""
+    if spec.policy.kind is not Policy.LIVE:
+        return None
+    if spec.policy.live_costs is not None:
+        return StepCosts.load(spec.policy.live_costs)
+    return step_costs_for(spec.cost, spec.link, spec.model_name)
+
+
+def setup_for(spec: RunSpec) -> SimSetup:
+    forced = spec.forced_route
+
+    def force(turn: int) -> RouteKind | None:
+        return forced if turn >= 2 else None
+
+    return SimSetup(
+        layout=Layout.parse(spec.layout), cost=cost_model(spec.cost),
+        policy=routing_policy(spec.policy, live_costs(spec)), link=load_link(spec.link),
+        kv_bytes_per_token=load_model_shape(spec.model_name).kv_bytes_per_token,
+        engine=engine_config(spec.cost, spec.seed), timeout_s=spec.timeout_s,
+        load_window_s=spec.load_window_s, client_connections=spec.client_connections,
+        forced=force if forced is not None else None)
+
+
+def simulate(spec: RunSpec) -> SimResult:
+    """Run one spec to the end of its last turn."""
+    setup = setup_for(spec)
+    conversations = load_conversations(
+        spec.dataset, conversations_needed(spec.qps, spec.duration_s), seed=spec.seed,
+        max_turns=spec.max_turns, max_context_tokens=spec.max_context_tokens)
+    starts = arrivals(conversations, spec.qps, spec.duration_s, seed=spec.seed)
+    return Simulator(setup).run(starts)
+
+
+def run_summary(spec: RunSpec, result: SimResult) -> dict[str, Any]:
+    """The replay's summary of the records, plus what only a simulator can count."""
+    summary = summarize(result.records, result.wall_time_s)
+    summary["kv_bytes_moved"] = result.kv_bytes_moved
+    summary["simulated"] = True
+    return summary
+
+
+def write_sim_run(out_dir: Path, spec: RunSpec, result: SimResult, summary: dict[str, Any],
+                  *, label: str) -> list[Path]:
+    """The replay's run directory for a simulated run."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frame = records_frame(result.records)
+    csv_frame = frame.copy()
+    csv_frame["itl_s"] = ""
+    csv_frame.to_csv(out_dir / REQUESTS_CSV, index=False)
+    frame.to_parquet(out_dir / REQUESTS_PARQUET, index=False)
+    document = {
+        "label": label,
+        "target": f"sim://{spec.layout}",
+        "dataset": spec.dataset,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "simulated": True,
+        "cost": spec.cost,
+        "backend": f"simulated ({spec.cost}, {spec.link})",
+        "config": spec.config(),
+        "nodes": result.node_stats,
+        "summary": summary,
+    }
+    (out_dir / SUMMARY_FILE).write_text(json.dumps(document, indent=2, default=_json_default))
+    plot_ttft_cdf(result.records, out_dir / TTFT_CDF_PNG, title=f"{label} (simulated)")
+    return [out_dir / name for name in (REQUESTS_CSV, REQUESTS_PARQUET, SUMMARY_FILE,
+                                        TTFT_CDF_PNG)]
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, float):
+        return None  # NaN
+    if isinstance(value, (Path, Role, RouteKind, Policy)):
+        return str(value)
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def policy_label(config: PolicyConfig) -> str:
+    """A short name for a policy config: pd, local, x=0.33, ppd, ppd-wtpot3, replica, ..."""
+    kind = config.kind
+    if kind is Policy.FIXED:
+        return f"x={config.x:.2g}"
+    if kind is Policy.THRESHOLD:
+        return f"threshold-{config.non_cached_tokens}"
+    if kind in (Policy.PPD, Policy.LIVE):
+        prefix = "ppd" if kind is Policy.PPD else (
+            "live-table" if config.table is not None else "live")
+        weights = "" if (config.w_ttft, config.w_tpot) == (1.0, 1.0) else (
+            f"-wtpot{config.w_tpot:g}" if config.w_ttft == 1.0
+            else f"-w{config.w_ttft:g}:{config.w_tpot:g}")
+        return f"{prefix}{weights}"
+    return str(kind)

@@ -1,0 +1,142 @@
+"""The proxy's routing on a virtual clock: its own pool, ledger, policy and load meter.
+
+`SimProxy` does what `proxy.router.Router` does for one turn, minus HTTP: the session ledger
+(`proxy.sessions.session`) finds the conversation and whether this turn continues it, the load meter
+(`proxy.load_meter`) measures turns per second, the configured `proxy.policies.RoutingPolicy`
+decides the route (ppd reads its `proxy.table.DecisionTable` through `proxy.discretize`), and
+the backend pool (`proxy.backends`) picks nodes - the session's own first, else the least
+loaded - with in-flight slots held through `proxy.lease` exactly as the router holds them.
+Nothing here decides a route or picks a node by itself: `proxy.turn_plan.plan_turn`, which
+the router calls too, gives the decision and the nodes to try; this runs them on the clock.
+
+Transcripts are chat messages with placeholder text (`conv/turn/user`, `conv/turn/reply`):
+the ledger's continuation rule (a request must strictly extend what D holds) sees the same
+message structure as a real chat replay, so a turn after a failed one is a new branch here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy import turn_plan
+from proxy.backends import Backend, BackendPool
+from proxy.completion import assistant_message
+from proxy.lease import Admission, Lease
+from proxy.live import TurnState
+from proxy.load_meter import DEFAULT_LOAD_WINDOW_S, RateMeter
+from proxy.policies import RoutingPolicy
+from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, SessionLedger
+from proxy.sessions.session import Lookup, Session, Transcript
+from proxy.turn_plan import Pick
+from proxy.vocabulary import Decision, Role, RouteKind, Workload
+
+
+@dataclass(slots=True)
+class Plan:
+    """One turn's route and nodes, and what the ledger needs when the turn ends."""
+
+    route: RouteKind
+    decision: Decision
+    decode: Backend  # the node that answers (D, the local D, or R)
+    prefill: Backend | None  # P on a P->D turn
+    workload: Workload
+    lookup: Lookup
+    transcript: Transcript
+    lease: Lease
+
+    @property
+    def session_id(self) -> str:
+        return self.lookup.session.id
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens the proxy believes the answering node holds (0 unless a continuation)."""
+        return self.lookup.cached_tokens
+
+
+def chat_messages(conversation_id: str, turn: int) -> list[dict[str, Any]]:
+    """The messages a chat replay sends with turn `turn` (placeholder texts)."""
+    messages: list[dict[str, Any]] = []
+    for k in range(1, turn):
+        messages.append({"role": "user", "content": f"{conversation_id}/{k}/user"})
+        messages.append(assistant_message(reply_text(conversation_id, k)))
+    messages.append({"role": "user", "content": f"{conversation_id}/{turn}/user"})
+    return messages
+
+
+def reply_text(conversation_id: str, turn: int) -> str:
+    return f"{conversation_id}/{turn}/reply"
+
+
+class SimProxy:
+    """The proxy's routing state, driven by a simulator's clock."""
+
+    def __init__(self, nodes: Sequence[tuple[str, Role]], policy: RoutingPolicy,
+                 clock: Callable[[], float], *, load_window_s: float = DEFAULT_LOAD_WINDOW_S,
+                 forced: Callable[[int], RouteKind | None] | None = None) -> None:
+        self.pool = BackendPool(clock=clock)
+        for url, role in nodes:
+            self.pool.add(url, role)
+        self.policy = policy
+        self.ledger = SessionLedger(DEFAULT_SESSION_TTL_S, DEFAULT_MAX_SESSIONS, clock)
+        self.load = RateMeter(load_window_s, clock)
+        self.admission = Admission(self.pool)
+        self._forced = forced
+        self._observe: Callable[[Session], TurnState] | None = None
+
+    def observe_with(self, observe: Callable[[Session], TurnState]) -> None:
+        """Give policy live the cluster's state at each decision (the simulator's engines)."""
+        self._observe = observe
+
+    def begin(self, conversation_id: str, turn: int, n_new_tokens: int,
+              max_tokens: int) -> Plan:
+        """Route one turn: session, load, workload, decision, nodes (slots held)."""
+        transcript = Transcript.from_chat(chat_messages(conversation_id, turn))
+        lookup = self.ledger.resolve(transcript, conversation_id)
+        self.load.record()
+        workload = Workload(lookup.turn, n_new_tokens, lookup.cached_tokens, max_tokens,
+                            self.load.rate())
+        forced = self._forced(turn) if self._forced is not None else None
+        plan = turn_plan.plan_turn(self.policy, self.pool, lookup, workload, forced,
+                                   self._observe)
+        lease = self.admission.admit()
+        session = lookup.session
+        for attempt in plan.attempts:
+            nodes = [self._choose(pick) for pick in attempt.picks]
+            if None in nodes and attempt is not plan.attempts[-1]:
+                continue  # the session's D cannot take it now: the next attempt (P->D)
+            decode, *prefill = [self._hold(lease, node) for node in nodes]
+            session.decode = decode.url
+            if prefill:
+                session.prefill = prefill[0].url
+            return Plan(attempt.route, plan.decision, decode, prefill[0] if prefill else None,
+                        workload, lookup, transcript, lease)
+        raise AssertionError("a turn plan ends with an attempt that serves or raises")
+
+    def prefilled(self, plan: Plan) -> None:
+        """P's leg answered: its slot is free (the router settles it then)."""
+        if plan.prefill is not None:
+            plan.lease.settle(plan.prefill, ok=True)
+
+    def end(self, plan: Plan, ok: bool, prompt_tokens: int, completion_tokens: int) -> None:
+        """The turn is over: a complete answer is recorded as held by the session's D."""
+        if ok:
+            plan.lease.settle(plan.decode, ok=True)
+            held = plan.transcript.held_after(
+                reply_text(plan.session_id, plan.lookup.turn), prompt_tokens + completion_tokens)
+            self.ledger.record_turn(plan.lookup, held)
+        plan.lease.release()
+
+    def _choose(self, pick: Pick) -> Backend | None:
+        if pick.only_preferred:
+            return self.pool.take(pick.prefer, pick.role) if pick.prefer is not None else None
+        return self.pool.pick(pick.role, pick.prefer)
+
+    @staticmethod
+    def _hold(lease: Lease, node: Backend | None) -> Backend:
+        if node is None:
+            raise RuntimeError("the layout has no node for this route")
+        lease.hold(node)
+        return node

@@ -1,0 +1,424 @@
+"""A whole P/D cluster and the proxy in virtual time: events, not sleeps.
+
+Every node is an engine model (`profiler.engine.engine.Engine`) on the same cost preset; the
+proxy is `SimProxy` (the proxy's own routing code); KV moves over `profiler.engine.transfer`
+links, one per P node (its egress port, shared by the transfers it serves at once). Events,
+in virtual seconds, ordered by (time, sequence number) so equal times resolve the same way
+on every run:
+
+- a turn starts (a conversation arrives, or its previous turn just ended: the replay client
+  sends the next turn when the reply is complete, with no think time);
+- a node's step ends (its tokens exist from then on; the node starts its next step at once
+  when it has work, else it idles until a submit, a KV arrival or a KV release wakes it);
+- a link's next transfer completes;
+- a turn times out (the replay client's whole-request timeout; the turn fails, its requests
+  are aborted on every node, and its conversation ends as in a real replay).
+
+A P->D turn follows vLLM's protocol: P prefills with max_tokens=1 and keeps the KV; then D
+is asked, allocates the blocks it does not already cache and pulls the rest over the link;
+when the transfer ends D decodes and P frees its blocks. Records are the replay client's
+`RequestRecord`s, so the replay's summaries, files and reports apply unchanged. Inter-token
+gaps are not recorded (itl_s is empty): TTFT and TPOT come from the first and last token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from profiler.engine.config import EngineConfig, NodeRole
+from profiler.engine.cost import CostModel
+from profiler.engine.engine import Engine, StepResult
+from profiler.engine.host import host_of
+from profiler.engine.requests import Request, RequestRejected
+from profiler.engine.transfer import Link, SharedLink
+from profiler.replay.client import RequestRecord
+from profiler.simulator.cluster_state import observer
+from profiler.simulator.layout import Layout, SimNode
+from profiler.simulator.sim_proxy import Plan, SimProxy
+from profiler.simulator.workload import Arrival, SimConversation
+from proxy.config import Policy
+from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
+from proxy.policies import RoutingPolicy
+from proxy.vocabulary import Role, RouteKind
+
+_ENGINE_ROLE = {Role.PREFILL: NodeRole.PREFILL, Role.DECODE: NodeRole.DECODE,
+                Role.REPLICA: NodeRole.REPLICA}
+# User-message token ids start here: far above any vocabulary, so they never equal a sampled
+# output token, and every (conversation, turn) gets its own range (no cross-conversation hits).
+_USER_TOKEN_BASE = 1 << 40
+DEFAULT_TIMEOUT_S = 30.0
+
+# Event kinds, in the order ties at one instant are handled.
+_STEP_END, _TRANSFER, _TURN, _TIMEOUT, _SUBMIT, _SEND_WAITING = range(6)
+
+
+@dataclass(frozen=True, slots=True)
+class SimSetup:
+    """Everything a run needs besides its workload."""
+
+    layout: Layout
+    cost: CostModel
+    policy: RoutingPolicy
+    link: Link
+    kv_bytes_per_token: int
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    load_window_s: float = DEFAULT_LOAD_WINDOW_S
+    forced: Callable[[int], RouteKind | None] | None = None
+    # The paper's benchmark client (scripts/benchmark/comprehensive_benchmark.py in its
+    # repository): at most this many requests in flight; a turn due while every connection
+    # is busy waits for one, and its TTFT clock runs from when it was due. None: the ideal
+    # client (every turn is sent when it is due), as `ppd replay`.
+    client_connections: int | None = None
+
+
+@dataclass(slots=True)
+class SimResult:
+    """What a run produced: the records, its virtual length, and cluster-side counters."""
+
+    records: list[RequestRecord]
+    wall_time_s: float  # virtual seconds from the first arrival window's start to the last end
+    n_conversations: int
+    kv_bytes_moved: float
+    node_stats: dict[str, Any]
+
+
+@dataclass(slots=True)
+class _Node:
+    spec: SimNode
+    engine: Engine
+    busy: bool = False  # a step is running (its end event is queued)
+    link: SharedLink | None = None  # P: the egress port its transfers share
+    link_event: float | None = None  # the queued completion time of link (None: none queued)
+
+
+@dataclass(slots=True)
+class _Turn:
+    """One turn in flight."""
+
+    conversation: SimConversation
+    index: int  # 0-based turn index in the conversation
+    request_id: str
+    start: float
+    prompt: list[int]
+    plan: Plan
+    done: bool = False
+    prefill_id: str | None = None
+
+
+class Simulator:
+    """One run: a layout, a policy and arrivals, simulated to the last turn's end."""
+
+    def __init__(self, setup: SimSetup) -> None:
+        self.setup = setup
+        # vLLM's host side beyond the step times (front end per request, KV hand-off)
+        self.host = host_of(setup.cost)
+        self.now = 0.0
+        self._events: list[tuple[float, int, int, Any]] = []
+        self._sequence = itertools.count()
+        self._nodes: dict[str, _Node] = {}
+        for spec in setup.layout.nodes():
+            config = _node_config(setup.engine, spec)
+            node = _Node(spec, Engine(config, setup.cost))
+            if spec.role is Role.PREFILL:
+                node.link = SharedLink(setup.link)
+            self._nodes[spec.url] = node
+        self.proxy = SimProxy([(url, n.spec.role) for url, n in self._nodes.items()],
+                              setup.policy, lambda: self.now,
+                              load_window_s=setup.load_window_s, forced=setup.forced)
+        if setup.policy.kind is Policy.LIVE:
+            self.proxy.observe_with(observer({url: n.engine for url, n in self._nodes.items()},
+                                             self.proxy.pool, lambda cid: self._history.get(cid)))
+        self._turns: dict[str, _Turn] = {}  # request id (D's / R's) -> turn
+        self._by_prefill: dict[str, _Turn] = {}  # P's request id -> turn
+        self._history: dict[str, list[int]] = {}  # conversation id -> its context's token ids
+        self._records: list[RequestRecord] = []
+        # per node, vLLM's request histograms as sums and counts (what its /metrics shows)
+        self._metrics: dict[str, dict[str, float]] = {url: {} for url in self._nodes}
+        self._next_user_token = _USER_TOKEN_BASE
+        self._last_event = 0.0
+        self._in_flight = 0  # turns holding one of the client's connections
+        self._waiting: list[tuple[float, SimConversation, int]] = []  # due, not yet sent
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self, arrivals: Sequence[Arrival]) -> SimResult:
+        for arrival in arrivals:
+            self._push(arrival.at, _TURN, (arrival.conversation, 0))
+        while self._events:
+            at, _, kind, payload = heapq.heappop(self._events)
+            self.now = at
+            if kind == _STEP_END:
+                self._step_end(*payload)
+            elif kind == _TRANSFER:
+                self._transfer_due(payload)
+            elif kind == _TURN:
+                self._start_turn(*payload)
+            elif kind == _SUBMIT:
+                self._submit(*payload)
+            elif kind == _SEND_WAITING:
+                conversation, index, due = payload
+                self._start_turn(conversation, index, due)
+            else:
+                self._timeout(payload)
+        moved = sum(n.link.bytes_moved for n in self._nodes.values() if n.link is not None)
+        records = sorted(self._records, key=lambda r: (r.start_s, r.conversation_id, r.turn))
+        return SimResult(records, self._last_event, len(arrivals), moved,
+                         {url: {**_stats(n.engine), **self._metrics[url]}
+                          for url, n in self._nodes.items()})
+
+    def _push(self, at: float, kind: int, payload: Any) -> None:
+        heapq.heappush(self._events, (at, next(self._sequence), kind, payload))
+
+    # -- turns ---------------------------------------------------------------------------------
+
+    def _start_turn(self, conversation: SimConversation, index: int,
+                    due: float | None = None) -> None:
+        cap = self.setup.client_connections
+        if cap is not None and self._in_flight >= cap:
+            self._waiting.append((self.now, conversation, index))
+            return
+        self._in_flight += 1
+        turn_spec = conversation.turns[index]
+        history = self._history.setdefault(conversation.id, [])
+        n_new = turn_spec.n_user + (conversation.n_system if index == 0 else 0)
+        first_id = self._next_user_token
+        self._next_user_token += n_new
+        prompt = history + list(range(first_id, first_id + n_new))
+        plan = self.proxy.begin(conversation.id, index + 1, n_new, turn_spec.max_tokens)
+        request_id = f"{conversation.id}/{index + 1}"
+        start = self.now if due is None else due  # the capped client's clock starts when due
+        turn = _Turn(conversation, index, request_id, start, prompt, plan)
+        self._turns[request_id] = turn
+        self._push(self.now + self.setup.timeout_s, _TIMEOUT, request_id)
+        if plan.route is RouteKind.PD:
+            assert plan.prefill is not None
+            turn.prefill_id = f"{request_id}/p"
+            self._by_prefill[turn.prefill_id] = turn
+            self._submit_via_frontend(turn, plan.prefill.url,
+                                      Request(turn.prefill_id, max_tokens=1,
+                                              prompt_token_ids=prompt, send_kv=True))
+        else:
+            self._submit_via_frontend(turn, plan.decode.url,
+                         Request(request_id, max_tokens=turn_spec.max_tokens,
+                                 prompt_token_ids=prompt))
+
+    def _submit_via_frontend(self, turn: _Turn, url: str, request: Request) -> None:
+        """The node's API server takes frontend_request_ms before its engine sees the
+        request (HTTP, template, tokenize; the first output's way back is counted here)."""
+        delay = self.host.frontend_request_ms / 1000
+        if delay > 0:
+            self._push(self.now + delay, _SUBMIT, (turn, url, request))
+        else:
+            self._submit(turn, url, request)
+
+    def _submit(self, turn: _Turn, url: str, request: Request) -> None:
+        if turn.done:
+            return  # timed out while its request was in the front end
+        node = self._nodes[url]
+        try:
+            node.engine.submit(request, self.now)
+        except RequestRejected as exc:  # vLLM answers 400 before scheduling
+            self._fail(turn, str(exc), status=400)
+            return
+        self._wake(node)
+
+    def _prefill_done(self, turn: _Turn) -> None:
+        """P answered: the proxy frees P's slot and asks D, which will pull the KV."""
+        plan = turn.plan
+        self.proxy.prefilled(plan)
+        assert plan.prefill is not None
+        self._submit_via_frontend(
+            turn, plan.decode.url,
+            Request(turn.request_id, max_tokens=turn.conversation.turns[turn.index].max_tokens,
+                    prompt_token_ids=turn.prompt, kv_from=plan.prefill.url))
+
+    def _finished(self, node: _Node, request_id: str) -> None:
+        turn = self._turns.pop(request_id, None)
+        if turn is None or turn.done:
+            # The turn timed out while this request's last step ran (the engine settles a
+            # step when it starts): _timeout already aborted and forgot it here.
+            with contextlib.suppress(KeyError):
+                node.engine.forget(request_id)
+            return
+        seq = node.engine.forget(request_id)
+        turn.done = True
+        outputs = seq.output_token_ids
+        first = seq.first_token_time if seq.first_token_time is not None else self.now
+        end = self.now + self.host.frontend_finish_ms / 1000
+        self._record(turn, success=True, ttft=first - turn.start, end=end,
+                     n_output=len(outputs), error=None, status=200)
+        self.proxy.end(turn.plan, True, len(turn.prompt), len(outputs))
+        history = self._history[turn.conversation.id]
+        history[len(history):] = turn.prompt[len(history):]
+        history.extend(outputs)
+        if turn.index + 1 < len(turn.conversation.turns):
+            self._push(end, _TURN, (turn.conversation, turn.index + 1))
+        else:
+            del self._history[turn.conversation.id]
+
+    def _fail(self, turn: _Turn, error: str, status: int | None) -> None:
+        if turn.done:
+            return
+        turn.done = True
+        self._turns.pop(turn.request_id, None)
+        self._record(turn, success=False, ttft=None, end=self.now, n_output=0, error=error,
+                     status=status)
+        self.proxy.end(turn.plan, False, 0, 0)
+        self._history.pop(turn.conversation.id, None)  # a failed turn ends its conversation
+
+    def _timeout(self, request_id: str) -> None:
+        turn = self._turns.get(request_id)
+        if turn is None or turn.done:
+            return
+        plan = turn.plan
+        if turn.prefill_id is not None and plan.prefill is not None:
+            self._abort(plan.prefill.url, turn.prefill_id)
+            self._by_prefill.pop(turn.prefill_id, None)
+        self._abort(plan.decode.url, request_id)
+        self._fail(turn, f"timeout after {self.setup.timeout_s:g} s", status=200)
+
+    def _abort(self, url: str, request_id: str) -> None:
+        node = self._nodes[url]
+        try:
+            node.engine.abort(request_id, self.now, "timeout")
+            node.engine.forget(request_id)
+        except (KeyError, ValueError):
+            return  # never submitted there (P had not answered yet), or already gone
+        self._wake(node)
+
+    def _record(self, turn: _Turn, *, success: bool, ttft: float | None, end: float,
+                n_output: int, error: str | None, status: int | None) -> None:
+        e2e = end - turn.start
+        tpot = (e2e - ttft) / (n_output - 1) if success and ttft is not None and n_output > 1 \
+            else None
+        plan = turn.plan
+        self._records.append(RequestRecord(
+            conversation_id=turn.conversation.id, turn=turn.index + 1, route=plan.route.value,
+            decode=plan.decode.url, prefill=plan.prefill.url if plan.prefill else None,
+            start_s=turn.start, ttft_s=ttft, tpot_s=tpot, e2e_s=e2e, itl_s=(),
+            n_input_tokens=len(turn.prompt), n_output_tokens=n_output, success=success,
+            error=error, status=status, max_tokens=turn.conversation.turns[turn.index].max_tokens,
+            proxy_turn=plan.lookup.turn))
+        self._last_event = max(self._last_event, end)
+        self._release_connection(end)
+
+    def _release_connection(self, at: float) -> None:
+        """The turn's connection is free: the longest-waiting due turn takes it."""
+        self._in_flight -= 1
+        if self._waiting:
+            due, conversation, index = self._waiting.pop(0)
+            self._push(at, _SEND_WAITING, (conversation, index, due))
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    def _wake(self, node: _Node) -> None:
+        """Start node's next step now if it is idle and has work."""
+        if node.busy:
+            return
+        start = node.engine.next_step_time()
+        if start is None:
+            return
+        result = node.engine.step(max(start, self.now))
+        node.busy = True
+        self._push(result.end, _STEP_END, (node, result))
+
+    def _step_end(self, node: _Node, result: StepResult) -> None:
+        node.busy = False
+        for request_id, tokens in result.kv_pulls:
+            turn = self._turns.get(request_id)
+            if turn is None or turn.plan.prefill is None:
+                continue
+            self._start_transfer(turn, tokens)
+        for request_id in result.finished:
+            prefill_turn = self._by_prefill.pop(request_id, None)
+            self._count_request(node, request_id)
+            if prefill_turn is not None:
+                if not prefill_turn.done:
+                    self._prefill_done(prefill_turn)
+                continue
+            self._finished(node, request_id)
+        self._wake(node)
+
+    def _count_request(self, node: _Node, request_id: str) -> None:
+        """Add a finished request to its node's vLLM-style histograms (sums and counts):
+        TTFT from the API server's arrival (front end included), queue and prefill time
+        from the engine's scheduling, inter-token latency over its decode."""
+        try:
+            seq = node.engine.sequence(request_id)
+        except KeyError:
+            return
+        if seq.first_token_time is None or seq.scheduled_time is None \
+                or seq.finish_time is None:
+            return
+        frontend = self.host.frontend_request_ms / 1000
+        n_out = len(seq.output_token_ids)
+        metrics = self._metrics[node.spec.url]
+        for name, value in (
+                ("time_to_first_token_seconds_sum", seq.first_token_time - seq.arrival + frontend),
+                ("request_queue_time_seconds_sum", seq.scheduled_time - seq.arrival),
+                ("request_prefill_time_seconds_sum", seq.first_token_time - seq.scheduled_time),
+                ("inter_token_latency_seconds_sum", seq.finish_time - seq.first_token_time),
+                ("inter_token_latency_seconds_count", n_out - 1),
+                ("requests", 1), ("prompt_tokens", seq.num_prompt),
+                ("generation_tokens", n_out)):
+            metrics[name] = metrics.get(name, 0.0) + value
+
+    # -- KV transfers --------------------------------------------------------------------------
+
+    def _start_transfer(self, turn: _Turn, tokens: int) -> None:
+        assert turn.plan.prefill is not None
+        source = self._nodes[turn.plan.prefill.url]
+        assert source.link is not None
+        setup_s = self.host.handoff_s(tokens, self.setup.engine.block_size)
+        source.link.start(turn.request_id, tokens * self.setup.kv_bytes_per_token, self.now,
+                          setup_s=setup_s)
+        self._schedule_link(source)
+
+    def _schedule_link(self, source: _Node) -> None:
+        assert source.link is not None
+        due = source.link.next_completion()
+        if due is not None and due != source.link_event:
+            source.link_event = due
+            self._push(due, _TRANSFER, source)
+
+    def _transfer_due(self, source: _Node) -> None:
+        assert source.link is not None
+        if source.link_event != self.now:
+            return  # superseded: a transfer started since moved the completion
+        source.link_event = None
+        for request_id in source.link.advance(self.now):
+            turn = self._turns.get(request_id)
+            if turn is None or turn.done:
+                continue
+            decode = self._nodes[turn.plan.decode.url]
+            decode.engine.kv_arrived(request_id)
+            assert turn.prefill_id is not None
+            source.engine.release_kv(turn.prefill_id)
+            source.engine.forget(turn.prefill_id)
+            self._wake(decode)
+            self._wake(source)
+        self._schedule_link(source)
+
+
+def _node_config(base: EngineConfig, spec: SimNode) -> EngineConfig:
+    return replace(base, role=_ENGINE_ROLE[spec.role], seed=hash_seed(base.seed, spec.name))
+
+
+def hash_seed(seed: int, name: str) -> int:
+    """A per-node seed that is stable across runs (unlike hash() of a str)."""
+    return seed * 1_000_003 + sum((i + 1) * ord(ch) for i, ch in enumerate(name))
+
+
+def _stats(engine: Engine) -> dict[str, Any]:
+    stats = engine.stats()
+    return {"prefix_cache_queries": stats.prefix_cache_queries,
+            "prefix_cache_hits": stats.prefix_cache_hits,
+            "external_prefix_cache_hits": stats.external_prefix_cache_hits,
+            "num_preemptions": stats.num_preemptions,
+            "num_evictions": stats.num_evictions}

@@ -1,0 +1,91 @@
+"""One turn's decision, in one pure function: the route and the nodes that serve it.
+
+`plan_turn` is everything the proxy decides about a turn before a byte goes upstream: the
+forced route (the x-ppd-route header, or the profiler's forcing), whether the turn can run on
+the session's own D (`can_local`), the policy's verdict, and which nodes serve it, in the order
+they are tried. It reads the pool and does no I/O and no bookkeeping, so `proxy.router.Router`
+(async HTTP) and the simulator's `SimProxy` (virtual time) call the same code and differ only
+in how they run the legs. Both call it as `turn_plan.plan_turn`, so a test that patches it
+sees both change.
+
+Node order (docs/architecture.md, "Request flow"): a replica turn goes to the session's
+replica first, else the least-loaded one; a local turn goes to the session's D only, and when
+that D cannot take it now the turn falls back to P->D; a P->D turn picks its D first (the
+session's, else the least loaded), then its P (the session's, else the least loaded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from proxy.backends import BackendPool
+from proxy.config import Policy
+from proxy.live import TurnState
+from proxy.policies import RoutingPolicy
+from proxy.sessions.session import Lookup, Session
+from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """One node to choose: of `role`, `prefer` first (the session's node), else the least
+    loaded usable one; with `only_preferred`, `prefer` or nothing (the local route)."""
+
+    role: Role
+    prefer: str | None
+    only_preferred: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One way to serve the turn: its route and its picks, the answering node first."""
+
+    route: RouteKind
+    picks: tuple[Pick, ...]
+
+    @property
+    def answering(self) -> Pick:
+        """The node whose reply the client gets (D, the session's D, or R)."""
+        return self.picks[0]
+
+    @property
+    def prefill(self) -> Pick | None:
+        """P's pick on a P->D attempt."""
+        return self.picks[1] if len(self.picks) > 1 else None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnPlan:
+    """The policy's verdict and the attempts that serve it, in order (the last is the
+    fallback when an earlier one finds no node)."""
+
+    decision: Decision
+    attempts: tuple[Attempt, ...]
+
+
+def plan_turn(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload: Workload,
+              forced: RouteKind | None = None,
+              observe: Callable[[Session], TurnState] | None = None) -> TurnPlan:
+    """The decision of one turn and the nodes that serve it, in the order they are tried
+    (`observe`: the cluster now, which policy live reads - `proxy.live_view.LiveView.state` in
+    the proxy, the engines' state in the simulator; read only for a turn that could run locally)."""
+    session = lookup.session
+    can_local = lookup.continuation and pool.is_usable(session.decode, Role.DECODE)
+    if forced is None or policy.kind is Policy.REPLICA:
+        state = observe(session) if observe is not None and can_local else None
+        decision = policy.decide(workload, session.id, can_local, state)
+    elif forced is RouteKind.LOCAL and not can_local:
+        # Nothing to append to (turn 1, or the session's D is gone): P->D is the only way.
+        decision = Decision(RouteKind.PD, Reason.NO_HOME)
+    else:
+        decision = Decision(forced, Reason.FORCED)
+    pd = Attempt(RouteKind.PD, (Pick(Role.DECODE, session.decode),
+                                Pick(Role.PREFILL, session.prefill)))
+    if decision.kind is RouteKind.REPLICA:
+        return TurnPlan(decision, (Attempt(RouteKind.REPLICA,
+                                           (Pick(Role.REPLICA, session.decode),)),))
+    if decision.kind is RouteKind.LOCAL and session.decode is not None:
+        local = Attempt(RouteKind.LOCAL, (Pick(Role.DECODE, session.decode, True),))
+        return TurnPlan(decision, (local, pd))
+    return TurnPlan(decision, (pd,))

@@ -1,0 +1,70 @@
+"""The vocabulary every layer shares: node roles, route kinds, a turn's workload, a decision."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from proxy.discretize import Cell
+
+
+class Role(enum.StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    REPLICA = "replica"
+
+
+class RouteKind(enum.StrEnum):
+    """How one turn is served.
+
+    PD: prefill on P, KV shipped to D, decode on D (x=0).
+    LOCAL: append-prefill on the session's D, which already holds the history (x=1).
+    REPLICA: one node does prefill and decode, no disaggregation.
+    """
+
+    PD = "pd"
+    LOCAL = "local"
+    REPLICA = "replica"
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """What a policy knows about one turn.
+
+    turn: 1-based turn index within the session (1 = a new conversation or branch).
+    n_in: new input tokens beyond what D already holds.
+    n_ctx: tokens D already holds for this conversation (0 on turn 1).
+    n_out: expected output tokens (max_tokens, else a running estimate).
+    qps: current load, conversation turns per second over a sliding window.
+    """
+
+    turn: int
+    n_in: int
+    n_ctx: int
+    n_out: int
+    qps: float
+
+
+class Reason(enum.StrEnum):
+    """Why a route was chosen (a metrics label)."""
+
+    TURN1 = "turn1"
+    NO_HOME = "no_home"
+    POLICY = "policy"
+    DRAW = "draw"
+    THRESHOLD = "threshold"
+    TABLE = "table"
+    MISSING_CELL = "missing_cell"
+    FORCED = "forced"
+    REPLICA = "replica"
+    LIVE = "live"
+    EVICTED = "evicted"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A policy's verdict for one turn, with the reason and (ppd) the table cell used."""
+
+    kind: RouteKind
+    reason: Reason
+    cell: Cell | None = None

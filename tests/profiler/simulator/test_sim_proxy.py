@@ -1,0 +1,68 @@
+"""SimProxy: the proxy's ledger, policy and pool on a virtual clock."""
+
+from __future__ import annotations
+
+from profiler.simulator.sim_proxy import SimProxy
+from proxy.config import Policy, PolicyConfig
+from proxy.policies import RoutingPolicy
+from proxy.vocabulary import Reason, Role, RouteKind
+
+NODES = [("http://p0", Role.PREFILL), ("http://d0", Role.DECODE), ("http://d1", Role.DECODE)]
+
+
+def _proxy(kind: Policy, **kwargs: object) -> tuple[SimProxy, list[float]]:
+    now = [0.0]
+    proxy = SimProxy(NODES, RoutingPolicy(PolicyConfig(kind=kind, **kwargs)),  # type: ignore[arg-type]
+                     lambda: now[0])
+    return proxy, now
+
+
+def test_turn_one_goes_p_to_d_and_turn_two_stays_on_its_d() -> None:
+    proxy, _ = _proxy(Policy.LOCAL)
+    first = proxy.begin("c1", 1, 100, 10)
+    assert first.route is RouteKind.PD and first.prefill is not None
+    assert first.decision.reason is Reason.TURN1
+    proxy.prefilled(first)
+    proxy.end(first, True, 100, 10)
+    second = proxy.begin("c1", 2, 20, 10)
+    assert second.route is RouteKind.LOCAL and second.decode.url == first.decode.url
+    assert second.workload.n_ctx == 110 and second.workload.n_in == 20
+    assert second.lookup.turn == 2
+
+
+def test_a_failed_turn_is_not_held_so_the_next_is_a_new_branch() -> None:
+    proxy, _ = _proxy(Policy.LOCAL)
+    first = proxy.begin("c1", 1, 100, 10)
+    proxy.end(first, False, 0, 0)
+    again = proxy.begin("c1", 2, 20, 10)
+    assert again.lookup.turn == 1 and again.route is RouteKind.PD
+
+
+def test_new_sessions_spread_over_the_least_loaded_decode_nodes() -> None:
+    proxy, _ = _proxy(Policy.PD)
+    a = proxy.begin("a", 1, 10, 10)
+    b = proxy.begin("b", 1, 10, 10)
+    assert {a.decode.url, b.decode.url} == {"http://d0", "http://d1"}
+    assert sum(node.in_flight for node in proxy.pool.nodes(Role.DECODE)) == 2
+    proxy.end(a, True, 10, 10)
+    proxy.end(b, True, 10, 10)
+    assert all(node.in_flight == 0 for node in proxy.pool.nodes())
+
+
+def test_the_load_meter_runs_on_the_virtual_clock() -> None:
+    proxy, now = _proxy(Policy.PD, )
+    for i in range(6):
+        now[0] = float(i)
+        plan = proxy.begin(f"c{i}", 1, 10, 10)
+    assert plan.workload.qps == 6 / 30.0  # six turns in the proxy's 30 s window
+
+
+def test_forced_routes_follow_the_routers_rule() -> None:
+    now = [0.0]
+    proxy = SimProxy(NODES, RoutingPolicy(PolicyConfig(kind=Policy.PD)), lambda: now[0],
+                     forced=lambda turn: RouteKind.LOCAL)
+    first = proxy.begin("c", 1, 10, 10)
+    assert first.route is RouteKind.PD and first.decision.reason is Reason.NO_HOME
+    proxy.end(first, True, 10, 10)
+    second = proxy.begin("c", 2, 10, 10)
+    assert second.route is RouteKind.LOCAL and second.decision.reason is Reason.FORCED
