@@ -6,10 +6,11 @@ the optional extra `ppd[sim]`, imported only when an `h100:...`-style preset is 
 
 from profiler.engine.batch import BatchShape
 from profiler.engine.config import EngineConfig, NodeRole, SchedulePolicy
-from profiler.engine.cost import CostModel, LinearCost, load_cost
+from profiler.engine.cost import CostModel, LinearCost
 from profiler.engine.drive import Outcome, SimResult, simulate
 from profiler.engine.engine import Engine, EngineStats, StepResult
 from profiler.engine.prefix_cache import PrefixCache, block_hashes
+from profiler.engine.presets import load_cost
 from profiler.engine.requests import Phase, Request, RequestRejected, Sequence
 from profiler.engine.transfer import Link, ModelShape, SharedLink, load_link, load_model_shape
 

@@ -16,8 +16,9 @@ import argparse
 from pathlib import Path
 
 from profiler.engine.batch import BatchShape
-from profiler.engine.cost import LinearCost, load_cost
+from profiler.engine.cost import LinearCost
 from profiler.engine.host import HostedCost
+from profiler.engine.presets import load_cost
 from profiler.engine.transfer import LINKS, MODEL_SHAPES
 
 SIMULATOR_ACTIONS = ("run", "grid", "paper", "live-costs")

@@ -85,10 +85,3 @@ class LinearCost:
             raise ValueError(f"unknown LinearCost keys: {sorted(unknown)}")
         return cls(**{k: v for k, v in data.items() if k in known})  # type: ignore[arg-type]
 
-
-def load_cost(spec: str) -> CostModel:
-    """A cost model by preset name (`h100:llama-3.1-8b`, see `ppd sim presets`) or from a
-    JSON file written by `ppd sim fit` / `ppd sim calibrate`."""
-    from profiler.engine import presets
-
-    return presets.load(spec)

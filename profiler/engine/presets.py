@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +105,15 @@ def _gpu_host(base: str, kernel: CostModel) -> HostModel:
     layers = load_model_shape(base.split(":")[1]).num_layers
     return HostModel.from_dict({**host.to_dict(), "sources": host.sources,
                                 "descriptors_per_block": 2 * layers})
+
+
+def load_cost(spec: str) -> CostModel:
+    """A cost model by preset name (`h100:llama-3.1-8b`, see `ppd sim presets`) or from a
+    JSON file written by `ppd sim fit` / `ppd sim calibrate`."""
+    return load(spec)
+
+
+@lru_cache(maxsize=8)
+def cached_cost(spec: str) -> CostModel:
+    """`load_cost`, once per process per spec (aiconfigurator takes seconds to load)."""
+    return load(spec)

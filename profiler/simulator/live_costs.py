@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from profiler.engine.cost import BatchShape, CostModel, LinearCost
+from profiler.engine.presets import cached_cost
 from profiler.engine.transfer import Link, load_link, load_model_shape
 from proxy.live import StepCosts
 
@@ -66,9 +67,7 @@ def fit_step_costs(cost: CostModel, link: Link, kv_bytes_per_token: int) -> Step
 @lru_cache(maxsize=8)
 def step_costs_for(cost: str, link: str, model: str) -> StepCosts:
     """The fitted StepCosts of a (cost preset, link, model), once per process."""
-    from profiler.simulator.run import cost_model
-
-    return fit_step_costs(cost_model(cost), load_link(link),
+    return fit_step_costs(cached_cost(cost), load_link(link),
                           load_model_shape(model).kv_bytes_per_token)
 
 
@@ -104,8 +103,6 @@ def main(argv: list[str]) -> int:
         parser.error(str(exc))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(asdict(costs), indent=2) + "\n")
-    from profiler.simulator.run import cost_model
-
-    print(f"wrote {args.out}: median error {fit_error(costs, cost_model(args.cost)):.1%} "
+    print(f"wrote {args.out}: median error {fit_error(costs, cached_cost(args.cost)):.1%} "
           "on held-out mixed steps")
     return 0

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from profiler.engine.config import EngineConfig
-from profiler.engine.cost import CostModel, load_cost
+from profiler.engine.cost import CostModel
+from profiler.engine.presets import cached_cost
 from profiler.engine.transfer import load_link, load_model_shape
 from profiler.replay.metrics import summarize
 from profiler.replay.output import (
@@ -98,7 +99,7 @@ class RunSpec:
 @lru_cache(maxsize=8)
 def cost_model(name: str) -> CostModel:
     """A cost preset, loaded once per process (aiconfigurator takes seconds to load)."""
-    return load_cost(name)
+    return cached_cost(name)
 
 
 @lru_cache(maxsize=8)
