@@ -3,12 +3,15 @@ simulator both call (patching it changes both)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from profiler.simulator.sim_proxy import SimProxy
 from proxy import turn_plan
 from proxy.backends import BackendPool
 from proxy.config import Policy, PolicyConfig
+from proxy.live import TurnState
 from proxy.policies import RoutingPolicy
 from proxy.sessions.session import Lookup, Session
 from proxy.turn_plan import Attempt, Pick, TurnPlan, plan_turn
@@ -65,7 +68,8 @@ def always_pd(monkeypatch: pytest.MonkeyPatch) -> None:
     """plan_turn replaced by one that sends every turn P->D (reason: forced)."""
 
     def plan(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload: Workload,
-             forced: RouteKind | None = None) -> TurnPlan:
+             forced: RouteKind | None = None,
+             observe: Callable[[Session], TurnState] | None = None) -> TurnPlan:
         session = lookup.session
         return TurnPlan(Decision(RouteKind.PD, Reason.FORCED), (Attempt(RouteKind.PD, (
             Pick(Role.DECODE, session.decode), Pick(Role.PREFILL, session.prefill))),))
