@@ -48,13 +48,14 @@ log = logging.getLogger("ppd.proxy")
 #   net.core.somaxconn); hypercorn's 100 dropped requests on bursts of 500 new clients.
 # - A graceful shutdown lets open streams finish for `grace` seconds: `ppd proxy` passes
 #   --shutdown-grace (30 s by default); in-process servers (tests, demo) wait SHUTDOWN_GRACE_S.
-# - A request's headers must arrive within HEADER_TIMEOUT_S of its first byte (of the
-#   connection, for a new one) and its body within BODY_TIMEOUT_S of its headers, or the
-#   connection gets a 408 and is closed: without a deadline a client sending a byte a second
-#   held its connection forever (issue 23; 200 such connections were all held). These are
-#   totals, not idle timers (nginx's client_header/body_timeout reset on every read, which a
-#   byte a second defeats). An API client sends its headers in one packet and a body of at
-#   most --max-body-bytes (16 MiB: ~1.3 s at 100 Mbit/s), so both leave a wide margin.
+# - A request's headers must arrive within HEADER_TIMEOUT_S of its first byte and its body
+#   within BODY_TIMEOUT_S of its headers, or the connection gets a 408 and is closed; a new
+#   connection that sends nothing closes quietly after KEEP_ALIVE_S, as an idle one. Without a
+#   deadline a client sending a byte a second held its connection forever (issue 23; 200
+#   such connections were all held). These are totals, not idle timers (nginx's
+#   client_header/body_timeout reset on every read, which a byte a second defeats). An API
+#   client sends its headers in one packet and a body of at most --max-body-bytes (16 MiB:
+#   ~1.3 s at 100 Mbit/s), so both leave a wide margin.
 #   Uvicorn has neither (only the idle keep-alive timer); `_uvicorn`'s protocol adds them.
 KEEP_ALIVE_S = 20.0
 HEADER_TIMEOUT_S = 10.0
@@ -105,12 +106,14 @@ def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float
     import uvicorn
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    header_timeout, body_timeout = HEADER_TIMEOUT_S, BODY_TIMEOUT_S
+    header_timeout, body_timeout, idle_timeout = HEADER_TIMEOUT_S, BODY_TIMEOUT_S, KEEP_ALIVE_S
 
     class Protocol(HttpToolsProtocol):
-        # One deadline at a time: the headers' (from the connection or the request's first
-        # byte), then the body's (from the headers); cleared once the request is read whole.
+        # One deadline at a time: a new connection's first byte, then the headers' (from the
+        # request's first byte), then the body's (from the headers); cleared once the request
+        # is read whole (uvicorn's keep-alive timer takes over between requests).
         _deadline: asyncio.TimerHandle | None = None
+        _begun = False  # a byte of the current request has arrived
 
         def send_400_response(self, msg: str) -> None:
             # A request the HTTP parser refuses (bad bytes in a header, a broken request
@@ -138,6 +141,11 @@ def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float
             self._deadline = None
             if self.transport.is_closing():
                 return
+            if not self._begun:
+                # Not a byte of a request: close quietly, like an idle keep-alive connection
+                # (a 408 here could be read as the answer to a request sent just now).
+                self.transport.close()
+                return
             cycle = self.cycle
             if cycle is not None and not cycle.response_complete:
                 if cycle.response_started:  # cannot happen before the body is read; be safe
@@ -153,7 +161,8 @@ def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._arm(header_timeout, "headers")
+            # Until its first byte, a new connection is as idle as a kept-alive one.
+            self._arm(idle_timeout, "first byte")
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._clear_deadline()
@@ -161,8 +170,8 @@ def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            if self._deadline is None:  # a new connection's deadline already runs
-                self._arm(header_timeout, "headers")
+            self._begun = True
+            self._arm(header_timeout, "headers")
 
         def on_headers_complete(self) -> None:
             super().on_headers_complete()
@@ -170,6 +179,7 @@ def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float
 
         def on_message_complete(self) -> None:
             self._clear_deadline()
+            self._begun = False
             super().on_message_complete()
 
     class Server(uvicorn.Server):

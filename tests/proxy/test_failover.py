@@ -198,11 +198,11 @@ async def test_a_refused_d_is_down_at_once_and_the_turn_served_by_another(
     assert len(cluster["p1"].completions) == 2  # P redone for the new D
 
 
-async def test_a_hanging_p_costs_its_request_the_budget_and_a_strike(
+async def test_a_hanging_p_costs_its_request_the_budget_but_no_strike(
         cluster: dict[str, FakeVLLM]) -> None:
-    # --request-timeout bounds the whole request: a P that never answers uses it all (504, a
-    # strike on P); the next request goes to the other P (least picked), and the strikes take
-    # the hanging one out (its circuit) as for any node that keeps timing out.
+    # --request-timeout bounds the whole request: a P that never answers uses it all (504).
+    # The budget ran out, not provably the node (under load a healthy node is slow too), so
+    # no strike; the next request goes to the other P (least picked).
     cluster["p1"].faults.hang = True
     config = replace(config_for(cluster, Policy.PD), request_timeout=0.3)
     async with serve_proxy(config) as proxy:
@@ -213,7 +213,7 @@ async def test_a_hanging_p_costs_its_request_the_budget_and_a_strike(
     assert first.status_code == 504 and "--request-timeout" in first.json()["error"]["message"]
     assert second.status_code == 200
     assert second.headers["x-ppd-prefill"] == cluster["p2"].url
-    assert nodes[cluster["p1"].url]["healthy"] and nodes[cluster["p1"].url]["failures"] == 1
+    assert nodes[cluster["p1"].url]["healthy"] and nodes[cluster["p1"].url]["failures"] == 0
     assert stats["upstream_errors"] == {"prefill:timeout": 1}
 
 

@@ -142,14 +142,14 @@ async def test_a_client_sending_one_header_byte_at_a_time_is_dropped(
 
 async def test_a_client_that_connects_and_sends_nothing_is_dropped(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("proxy.server.HEADER_TIMEOUT_S", 0.5, raising=False)
+    monkeypatch.setattr("proxy.server.KEEP_ALIVE_S", 1.0)  # as long as an idle connection
     async with running(App()) as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         try:
-            answer = await asyncio.wait_for(reader.read(), 5.0)
+            answer = await asyncio.wait_for(reader.read(), 5.0)  # times out if never closed
         finally:
             writer.close()
-    assert answer.startswith(b"HTTP/1.1 408")
+    assert answer == b""  # closed quietly: a 408 could be taken for a just-sent request's
 
 
 async def test_a_client_sending_its_body_one_byte_at_a_time_is_dropped(
