@@ -29,6 +29,7 @@ from proxy.pd_protocol import decode_body, prefill_body
 # A prompt of ~512 tokens: well past the GEMM size at which oneDNN switches to AMX.
 WARMUP_PROMPT = "warm " * 512
 WARMUP_TIMEOUT_S = 120.0
+TRANSFER_ATTEMPTS = 3
 
 
 class WarmupError(Exception):
@@ -44,19 +45,33 @@ def warm_up(nodes: Sequence[ManagedProcess], model: str) -> None:
 
 
 def warm_up_transfers(prefills: Sequence[ManagedProcess], decodes: Sequence[ManagedProcess],
-                      model: str) -> None:
-    """One P->D turn (a short prompt of its own, so D has nothing cached) per (P, D) pair."""
+                      model: str, attempts: int = TRANSFER_ATTEMPTS) -> None:
+    """One P->D turn (a short prompt of its own, so D has nothing cached) per (P, D) pair,
+    tried up to `attempts` times: vLLM gives P 5 s (hard-coded) to answer D's handshake, which
+    a loaded machine can miss (seen here: D's leg failed with 500, "handshake_failed"); the
+    next turn handshakes again."""
     with httpx.Client(timeout=WARMUP_TIMEOUT_S) as client:
         for p in prefills:
             for d in decodes:
-                body = {"model": model, "max_tokens": 1,
-                        "prompt": f"ppd warm-up {p.name} to {d.name}: " + "warm " * 64}
-                data = _post(client, p, prefill_body(body), f"warm-up P leg for {d.name}")
-                params = data.get("kv_transfer_params") if isinstance(data, dict) else None
-                if not isinstance(params, dict):
-                    raise WarmupError(f"{p.name} returned no kv_transfer_params for its warm-up "
-                                      "P leg: is it a NIXL kv_producer?")
-                _post(client, d, decode_body(body, params), f"warm-up D leg from {p.name}")
+                for attempt in range(1, attempts + 1):
+                    try:
+                        _transfer_turn(client, p, d, model, attempt)
+                        break
+                    except WarmupError:
+                        if attempt == attempts:
+                            raise
+
+
+def _transfer_turn(client: httpx.Client, p: ManagedProcess, d: ManagedProcess, model: str,
+                   attempt: int) -> None:
+    body = {"model": model, "max_tokens": 1,
+            "prompt": f"ppd warm-up {attempt} {p.name} to {d.name}: " + "warm " * 64}
+    data = _post(client, p, prefill_body(body), f"warm-up P leg for {d.name}")
+    params = data.get("kv_transfer_params") if isinstance(data, dict) else None
+    if not isinstance(params, dict):
+        raise WarmupError(f"{p.name} returned no kv_transfer_params for its warm-up P leg: "
+                          "is it a NIXL kv_producer?")
+    _post(client, d, decode_body(body, params), f"warm-up D leg from {p.name}")
 
 
 def _post(client: httpx.Client, node: ManagedProcess, body: dict[str, object], what: str

@@ -6,7 +6,8 @@ wrapper that stands in for the Python interpreter. FAKE_NODE_FAIL_ROLE=kv_consum
 node whose --kv-transfer-config has that kv_role exit after a second; FAKE_NODE_HANG=1 makes
 every node start without ever listening. POST /v1/completions (the launcher's warm-ups) answers
 200 and is recorded in PORT.posts, or answers FAKE_NODE_POST_STATUS when that is set; a P leg
-(kv_transfer_params.do_remote_decode) gets kv_transfer_params back.
+(kv_transfer_params.do_remote_decode) gets kv_transfer_params back; FAKE_NODE_FAIL_FIRST_PULL=1
+makes a D answer its first D leg with 500.
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ def main() -> int:
             status = int(os.environ.get("FAKE_NODE_POST_STATUS", "200"))
             reply: dict[str, object] = {"choices": [{"text": "x"}]}
             asked = (json.loads(request or b"{}").get("kv_transfer_params") or {})
+            if asked.get("do_remote_prefill") and os.environ.get("FAKE_NODE_FAIL_FIRST_PULL"):
+                failed_once = Path(record_dir or "/tmp", f"{args.port}.pull-failed")
+                if not failed_once.exists():  # vLLM's 500 when the NIXL handshake times out
+                    failed_once.touch()
+                    status = 500
             if asked.get("do_remote_decode"):  # a P leg: say where the KV is, as NIXL does
                 reply["kv_transfer_params"] = {"do_remote_prefill": True,
                                                "remote_engine_id": f"fake-{args.port}"}

@@ -361,6 +361,20 @@ def test_failed_warm_up_stops_the_cluster_with_the_nodes_answer(
     assert len(records) == 2 and not any(group_alive(r["pid"]) for r in records)
 
 
+def test_a_failed_warm_up_pull_is_tried_again(
+    model_dir: Path, fake_python: str, tmp_path: Path, record_dir: Path,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_NODE_FAIL_FIRST_PULL", "1")
+    config = _config(model_dir, fake_python, tmp_path / "state", "1P1D")
+    with start_cluster(config) as cluster:
+        d_port = cluster.url(Role.DECODE).rsplit(":", 1)[1]
+        d_legs = [json.loads(line) for line in
+                  (record_dir / f"{d_port}.posts").read_text().splitlines()
+                  if "kv_transfer_params" in json.loads(line)]
+        assert len(d_legs) == 2  # the failed pull, then the one that worked
+
+
 def test_shared_storage_cluster_gets_no_warm_up(
     model_dir: Path, fake_python: str, tmp_path: Path, record_dir: Path
 ) -> None:
