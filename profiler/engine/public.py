@@ -127,5 +127,7 @@ def h100_host(kernel: CostModel, num_layers: int = 32) -> HostModel:
                               "seen at a step end) is modelled by the engine itself"),
             "kv_descriptor_us": (f"{NIXL_RFC}: {NIXL_POST_MS_PER_TRANSFER} ms post per "
                                  f"{NIXL_DESCRIPTORS_PER_TRANSFER} descriptors"),
-            "descriptors_per_block": "NixlConnector: one descriptor per (layer, K/V, block)",
+            "descriptors_per_block": ("assumed: one NIXL descriptor per (layer, K/V, block); "
+                                      "#50913 moved ~94 KB per descriptor, about one "
+                                      "K or V block of a layer"),
         })

@@ -1,0 +1,33 @@
+"""Emulated nodes carry their preset's modelled front end and hand-off (profiler.sim.host)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from profiler.emulate.host import node_specs
+from profiler.emulate.presets import resolve
+from profiler.sim import load_cost
+from proxy.route import Role
+
+
+def test_gpu_preset_nodes_sleep_the_modelled_front_end_and_handoff() -> None:
+    preset = resolve("h100", "llama-3.1-8b")
+    host = preset.cost.host  # type: ignore[attr-defined]
+    prefill, decode = node_specs(preset, "llama-3.1-8b", [(Role.PREFILL, 0), (Role.DECODE, 0)])
+    assert decode.frontend_request_s == pytest.approx(host.frontend_request_ms / 1000)
+    assert decode.frontend_request_s > 0.01  # tens of ms: vLLM's API server, as fitted
+    # NIXL: 64 descriptors per 16-token block at ~3.75 us each, per token
+    assert decode.handoff_per_token_s == pytest.approx(
+        host.kv_descriptor_us * host.descriptors_per_block / 16 / 1e6)
+    assert prefill.handoff_fixed_s == decode.handoff_fixed_s == 0.0
+
+
+def test_kernels_only_and_linear_nodes_add_nothing() -> None:
+    kernels = replace(resolve("h100", "llama-3.1-8b"),
+                      cost=load_cost("h100:llama-3.1-8b:kernels"))
+    for preset in (kernels, resolve("linear", "llama-3.1-8b")):
+        (spec,) = node_specs(preset, "llama-3.1-8b", [(Role.DECODE, 0)])
+        assert spec.frontend_request_s == 0.0
+        assert spec.handoff_fixed_s == spec.handoff_per_token_s == 0.0
