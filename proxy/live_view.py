@@ -5,6 +5,8 @@ keep (`proxy.residency` fed by `proxy.kv_subscriber`, `proxy.node_load` scraping
 and the pool's own in-flight counts; it does no I/O, so the router calls it on the request
 path. A reading older than `max_age` seconds is not trusted: the node's batch is then the
 proxy's own in-flight count on it (exact for the proxy's traffic, blind to anything else).
+The router also reports the streams it relays (`streaming`/`done`) with their expected
+output, so the policy knows how much a delay to each node's batch costs in TPOT.
 
 For residency to know a session, vLLM must tag the blocks it stores with the session:
 vLLM >= 0.32 copies a request's `session_id` body field into its `BlockStored` events, so
@@ -44,6 +46,24 @@ class LiveView:
         self.residency = residency
         self.signals = signals
         self.max_age = max_age
+        # Per node, the proxy's own streams decoding there: 1 / (n_out - 1) each, and the sum.
+        self._streams: dict[str, dict[object, float]] = {}
+        self._sums: dict[str, float] = {}
+
+    def streaming(self, url: str, n_out: int) -> tuple[str, object]:
+        """A reply started streaming from url: it is in that node's batch until `done`."""
+        key = object()
+        weight = 1.0 / max(n_out - 1, 1)
+        self._streams.setdefault(url, {})[key] = weight
+        self._sums[url] = self._sums.get(url, 0.0) + weight
+        return url, key
+
+    def done(self, token: tuple[str, object]) -> None:
+        """The stream `streaming` returned token for has ended (whatever way)."""
+        url, key = token
+        weight = self._streams.get(url, {}).pop(key, None)
+        if weight is not None:
+            self._sums[url] = self._sums[url] - weight if self._streams[url] else 0.0
 
     def state(self, session: Session) -> TurnState:
         prefill = session.prefill if self.pool.is_usable(session.prefill, Role.PREFILL) else None
@@ -57,13 +77,18 @@ class LiveView:
         if url is None:
             return NodeState()
         held, block_size = self.residency.held(url, session_id)
+        own = len(self._streams.get(url, ()))
         reading = self.signals.get(url)
         age = self.signals.age(url)
         if reading is not None and age is not None and age <= self.max_age:
-            return NodeState(reading.running, reading.waiting, held, block_size)
-        backend = self.pool.get(url)
-        in_flight = float(backend.in_flight) if backend is not None else 0.0
-        return NodeState(in_flight, 0.0, held, block_size)
+            running, waiting = reading.running, reading.waiting
+        else:
+            backend = self.pool.get(url)
+            running, waiting = (float(backend.in_flight) if backend is not None else 0.0), 0.0
+        # The batch's sum of 1/(n_out - 1): the proxy's own streams, scaled up to the batch
+        # /metrics reports when other clients share the node; unknown without own streams.
+        sensitivity = (self._sums[url] * max(1.0, running / own)) if own else None
+        return NodeState(running, waiting, held, block_size, sensitivity)
 
 
 class LiveRuntime:

@@ -348,6 +348,7 @@ class Router:
             return Reply(result.status, headers, result.body, result.content_type)
         assert served.decode is not None  # a stream always comes from the node that answers
         node, relay_lease = served.decode, lease.hand_over()
+        in_batch = self.view.streaming(node.url, turn.workload.n_out) if self.view else None
 
         def on_failure(exc: ProxyError) -> None:
             if isinstance(exc, BudgetExhausted):  # the request's budget ran out, not the node
@@ -364,6 +365,8 @@ class Router:
                 self._finished(turn, served.route)
 
         def on_close() -> None:
+            if in_batch is not None and self.view is not None:
+                self.view.done(in_batch)
             complete = turn.access.duration_ms is not None  # set by _finished
             turn.access.finish(result.status, self.clock() - turn.started,
                                None if complete else "stream closed before the end (client gone?)")

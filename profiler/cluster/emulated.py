@@ -72,7 +72,8 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
     cluster = Cluster(config.model, config.layout, state_dir, started, tokenizer,
                       progress=progress)  # fmt: skip
     doc = cluster_document(config.model, config.layout,
-                           [(n.role, n.url, n.proc.pid, n.proc.log) for n in started])
+                           [(n.role, n.url, n.proc.pid, n.proc.log) for n in started],
+                           kv_events=False)  # emulated nodes publish no KV events (yet)
     doc["emulated"] = {"preset": preset.name, "link": preset.link.name,
                        "backend": emulated_backend(preset.name), "tokenizer": str(tokenizer)}
     write_json(cluster.cluster_file, doc)

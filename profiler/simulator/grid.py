@@ -6,8 +6,10 @@ preset once), heaviest first so the last worker is not left with the longest cel
 output is a Parquet file (or CSV, by the suffix) with one row per cell.
 
 Policies are named as in reports: `pd` (x=0), `local` (x=1), `x=0.33` (fixed share), `replica`,
-`ppd`, `ppd-wtpot3` (ppd with --w-tpot 3), `threshold-256`. `replica` runs only on layouts
-with R nodes (e.g. 4R), the others only on P/D layouts; other combinations are skipped.
+`ppd`, `ppd-wtpot3` (ppd with --w-tpot 3), `threshold-256`, `live`, `live-wtpot3`,
+`live-table` (live with the layout's table as its prior; docs/live-routing.md). `replica`
+runs only on layouts with R nodes (e.g. 4R), the others only on P/D layouts; other
+combinations are skipped.
 `--datasets paper` is the paper's 18 synthetic workloads (2 turn-1 profiles x 9 shapes); the
 `huge` ones (`synthetic:huge-SHAPE`, turn 1 of 8192/1024) are not in it and are named one by one.
 """

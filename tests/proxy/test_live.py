@@ -137,6 +137,16 @@ def test_live_view_trusts_fresh_metrics_else_the_proxy_in_flight() -> None:
     assert (state.decode.running, state.decode.waiting) == (40, 2)
     assert (state.decode.held_tokens, state.decode.block_size) == (64, 32)
     assert state.prefill.held_tokens is None  # P publishes nothing
+    assert state.decode.tpot_sensitivity is None  # no stream of the proxy's own there
+    first = view.streaming("http://d", 11)
+    view.streaming("http://d", 21)
+    # Two own streams, 40 running by /metrics: their 1/10 + 1/20, scaled to the batch.
+    assert view.state(session).decode.tpot_sensitivity == pytest.approx(0.15 * 20)
+    view.done(first)
+    view.done(first)  # twice is harmless
+    assert view.state(session).decode.tpot_sensitivity == pytest.approx(0.05 * 40)
     now[0] = 20.0  # the reading is 11 s old: the proxy's own count stands in
     decode.in_flight = 3
-    assert (view.state(session).decode.running, view.state(session).decode.waiting) == (3, 0)
+    stale = view.state(session).decode
+    assert (stale.running, stale.waiting) == (3, 0)
+    assert stale.tpot_sensitivity == pytest.approx(0.05 * 3)
