@@ -1,15 +1,15 @@
-"""Emulated nodes carry their preset's modelled front end and hand-off (profiler.sim.host)."""
+"""Emulated nodes carry their preset's modelled front end and hand-off (profiler.engine.host)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
+from profiler.engine import load_cost
+from proxy.vocabulary import Role
 
 from profiler.emulate.host import node_specs
 from profiler.emulate.presets import resolve
-from profiler.sim import load_cost
-from proxy.route import Role
 
 
 def test_gpu_preset_nodes_sleep_the_modelled_front_end_and_handoff() -> None:
