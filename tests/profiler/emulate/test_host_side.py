@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from profiler.engine import load_cost
-from proxy.vocabulary import Role
 
 from profiler.emulate.host import node_specs
 from profiler.emulate.presets import resolve
+from profiler.engine import load_cost
+from proxy.vocabulary import Role
 
 
 def test_gpu_preset_nodes_sleep_the_modelled_front_end_and_handoff() -> None:
