@@ -15,7 +15,6 @@ from proxy.config import ConfigError, NodeSpec, Policy, config_from_args
 from proxy.health import HealthMonitor
 from proxy.logs import ACCESS_LOGGER, AccessEntry, LogFormat, configure
 from proxy.server import serve_app
-from proxy.startup_line import startup_line
 from proxy.vocabulary import Role
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import chat_body, config_for, reply_text, serve_proxy
@@ -143,18 +142,6 @@ async def test_node_state_changes_are_logged_with_their_reason(
     assert any(dead in m and "unhealthy" in m and "connection refused" in m for m in messages)
     assert any(fake.url in m and "unhealthy: /health answered 503" in m for m in messages)
     assert any(fake.url in m and "is now healthy" in m for m in messages)
-
-
-def test_startup_line_names_policy_table_weights_and_nodes(tmp_path: Path) -> None:
-    from tests.proxy.test_app import write_table
-
-    table = write_table(tmp_path / "t.csv", local_wins=True)
-    config = config_from_args(["--prefill", "http://p:1", "--decode", "http://d:2",
-                               "--policy", "ppd", "--table", str(table), "--w-tpot", "2"])
-    line = startup_line(config, "http://127.0.0.1:8000")
-    assert "listening on http://127.0.0.1:8000" in line
-    assert f"table {table}" in line and "w_ttft=1" in line and "w_tpot=2" in line
-    assert "prefill=http://p:1" in line and "decode=http://d:2" in line
 
 
 def test_a_busy_port_fails_before_anything_is_announced() -> None:
