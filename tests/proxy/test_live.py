@@ -9,8 +9,8 @@ import pytest
 
 from proxy.config import ConfigError, NodeSpec, Policy, PolicyConfig, ProxyConfig
 from proxy.live import NodeState, StepCosts, TurnState, predict
-from proxy.policies import Reason, RoutingPolicy
-from proxy.vocabulary import Role, RouteKind, Workload
+from proxy.policies import RoutingPolicy
+from proxy.vocabulary import Reason, Role, RouteKind, Workload
 
 # Round numbers: a step is 6 ms + 0.02 ms per prompt token + 0.01 ms per decoding request.
 COSTS = StepCosts(base_ms=6.0, per_prefill_token_ms=0.02, per_decode_seq_ms=0.01,

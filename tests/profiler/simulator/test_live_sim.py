@@ -19,7 +19,8 @@ from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
 from proxy.config import Policy, PolicyConfig
 from proxy.live import StepCosts
-from proxy.policies import Decision, RoutingPolicy
+from proxy.policies import RoutingPolicy
+from proxy.vocabulary import Decision
 
 NVLINK = load_link("nvlink")
 LLAMA_KV = load_model_shape("llama-3.1-8b").kv_bytes_per_token
