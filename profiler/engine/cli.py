@@ -24,9 +24,22 @@ from profiler.engine.transfer import LINKS, MODEL_SHAPES
 SIMULATOR_ACTIONS = ("run", "grid", "paper", "live-costs")
 
 
+class _CommandsFormatter(argparse.RawDescriptionHelpFormatter):
+    """Python 3.11's argparse measures command names at the section's indent, not at the
+    deeper one it prints them at, so `live-costs` and `calibrate` wrapped onto a line of their
+    own; this widens the help column to fit them."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction):
+            longest = max((len(choice.dest) for choice in action._choices_actions), default=0)
+            self._action_max_length = max(
+                self._action_max_length, longest + self._current_indent + self._indent_increment)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ppd sim", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=_CommandsFormatter)
     # One line each in --help (under 54 characters: argparse wraps longer ones at 80 columns).
     actions = parser.add_subparsers(dest="action", required=True, metavar="COMMAND",
                                     title="commands (`ppd sim COMMAND --help` for its flags)")
@@ -58,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--name", default=None, help="preset name (default: the file's stem)")
 
     calibrate = actions.add_parser(
-        "calibrate", help="fit a kernels + host preset to replay runs and vLLM /metrics")
+        "calibrate", help="fit a kernels + host preset to runs and /metrics")
     calibrate.add_argument("runs", nargs="+", type=Path,
                            help="replay run directories, each with metrics-before-NODE.txt "
                                 "and metrics-after-NODE.txt (NODE = prefill*, decode*, "

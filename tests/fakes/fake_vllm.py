@@ -140,23 +140,28 @@ class FakeVLLM:
         is_prefill = bool((body.get("kv_transfer_params") or {}).get("do_remote_decode"))
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         words = self.reply.split(" ")
+        thoughts = (self.reasoning or "").split()
         if max_tokens:
-            words = words[:max_tokens]
+            # Like vLLM: max_tokens bounds everything generated, the thinking included.
+            thoughts = thoughts[:max_tokens]
+            words = words[:max(0, max_tokens - len(thoughts))]
         prompt_tokens = len(json.dumps(body.get("messages", body.get("prompt")))) // 4
-        generated = len(words) + len((self.reasoning or "").split())  # vLLM counts both
+        generated = len(words) + len(thoughts)  # vLLM counts both
         usage_block = usage(prompt_tokens, generated, None)
         envelope = Envelope.new(f"{self.name}-{len(self.requests)}", self.model, chat)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return Response(self._sse(envelope, words, usage_block if include_usage else None),
+            return Response(self._sse(envelope, thoughts, words,
+                                      usage_block if include_usage else None),
                             content_type="text/event-stream")
-        finish = "length" if max_tokens == len(words) else "stop"
+        finish = "length" if max_tokens == len(words) + len(thoughts) else "stop"
         answer = envelope.complete(" ".join(words), finish, usage_block,
-                                   self.kv_params if is_prefill else None, self.reasoning,
+                                   self.kv_params if is_prefill else None,
+                                   " ".join(thoughts) if self.reasoning is not None else None,
                                    self.reasoning_field)
         return Response(json.dumps(answer), content_type="application/json")
 
-    async def _sse(self, envelope: Envelope, words: list[str],
+    async def _sse(self, envelope: Envelope, thoughts: list[str], words: list[str],
                    usage_block: dict[str, Any] | None) -> AsyncIterator[bytes]:
         self.streams_started += 1
         try:
@@ -164,7 +169,7 @@ class FakeVLLM:
             if envelope.chat:
                 events.append(envelope.chunk(None, role=True))
                 events.extend(envelope.reasoning_chunk(thought + " ", self.reasoning_field)
-                              for thought in (self.reasoning or "").split())
+                              for thought in thoughts)
             events.extend(envelope.chunk(word if i == 0 else " " + word)
                           for i, word in enumerate(words))
             events.append(envelope.chunk(None, "stop"))

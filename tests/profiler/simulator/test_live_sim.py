@@ -8,9 +8,9 @@ import pytest
 
 import proxy.policies
 from profiler.engine import LinearCost
-from profiler.engine import cli as sim_cli
 from profiler.engine.config import EngineConfig
 from profiler.engine.transfer import load_link, load_model_shape
+from profiler.simulator import cli as sim_cli
 from profiler.simulator.grid import parse_policy
 from profiler.simulator.layout import Layout
 from profiler.simulator.live_costs import fit_step_costs
