@@ -156,14 +156,41 @@ def _split(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def table_files(out: Path) -> tuple[Path, ...]:
+    """The files of the table NAME.csv: the CSV, its Parquet twin and its meta."""
+    return (out, out.with_suffix(".parquet"), meta_path(out))
+
+
+def previous(path: Path) -> Path:
+    """Where --force keeps a file of the table it replaces until the new run has finished."""
+    return path.with_name(path.name + ".previous")
+
+
+def set_aside(out: Path) -> None:
+    """--force: the table it replaces is renamed, not deleted, so an interrupted run loses
+    nothing; a finished run deletes it (`drop_previous`)."""
+    for path in table_files(out):
+        if path.exists():
+            path.rename(previous(path))
+
+
+def drop_previous(out: Path) -> None:
+    for path in table_files(out):
+        previous(path).unlink(missing_ok=True)
+
+
 def check_out_table(out: Path, grid: ProfileGrid, force: bool) -> int:
     """A finished table (every grid cell measured) is replaced only with --force; a partial one
-    is resumed (said on stderr). Returns how many rows the run starts from (0: a new table)."""
+    is resumed (said on stderr). Returns how many rows the run starts from (0: a new table).
+    A table set aside by an interrupted --force run (`set_aside`) is never overwritten."""
+    kept = [previous(path) for path in table_files(out) if previous(path).exists()]
+    if kept:
+        raise ValueError(f"{kept[0]} holds the table an interrupted --force run was replacing: "
+                         f"rename it back to {out} to keep it, or delete it to measure again")
     if not out.exists():
         return 0
     if force:
-        for path in (out, out.with_suffix(".parquet"), meta_path(out)):
-            path.unlink(missing_ok=True)
+        set_aside(out)
         return 0
     from profiler.profile.runner import cell_key, measured_keys
 
@@ -196,7 +223,12 @@ def main(argv: list[str]) -> int:
             frame = _profile(args, grid, tokenizer, command)
     except KeyboardInterrupt:
         print(interrupt_message(args.out, command), file=sys.stderr)
+        if previous(args.out).exists():
+            print(f"ppd profile: the table this --force run was replacing is kept as "
+                  f"{previous(args.out)} (rename it back to {args.out} to keep it)",
+                  file=sys.stderr)
         return INTERRUPTED_EXIT
+    drop_previous(args.out)
     new = len(frame) - resumed
     already = f"; {resumed} cells were already in the table (resumed)" if resumed else ""
     print(f"profiled {new} cells in {time.monotonic() - started:.0f} s{already} -> {args.out}")

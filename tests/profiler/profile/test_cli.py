@@ -61,6 +61,33 @@ def test_profile_records_the_command_and_refuses_to_redo_a_finished_table(
     assert ppd(_argv(fake_url, out, "--request-rate", "16", "--force")) == 0
 
 
+def test_an_interrupted_force_run_keeps_the_table_it_was_replacing(
+        fake_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "t.csv"
+    assert ppd(_argv(fake_url, out, "--request-rate", "16")) == 0
+    finished = out.read_text()
+
+    def interrupted(*_: Any) -> Any:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(profile_cli, "_profile", interrupted)
+        assert ppd(_argv(fake_url, out, "--request-rate", "16", "--force")) == 130
+    err = capsys.readouterr().err
+    kept = tmp_path / "t.csv.previous"
+    assert kept.read_text() == finished and f"kept as {kept}" in err
+    # Another --force run never overwrites what the first one set aside: it asks.
+    assert ppd(_argv(fake_url, out, "--request-rate", "16", "--force")) == 1
+    assert "rename it back" in capsys.readouterr().err and kept.read_text() == finished
+    kept.rename(out)
+    for name in ("t.parquet.previous", "t.meta.json.previous"):
+        (tmp_path / name).rename(tmp_path / name.removesuffix(".previous"))
+    # A --force run that finishes leaves no .previous behind.
+    assert ppd(_argv(fake_url, out, "--request-rate", "16", "--force")) == 0
+    assert not list(tmp_path.glob("*.previous"))
+
+
 def test_a_partial_table_is_resumed_with_a_note(
         fake_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "t.csv"
