@@ -20,15 +20,24 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 PEERS = ("vllm-router", "vllm-router-d")
 
 
+def executable() -> str | None:
+    """The `vllm-router` command the `bench` extra installs: beside this Python first (a venv
+    used without activating it, as `make` does), else on PATH."""
+    beside = Path(sys.executable).parent / "vllm-router"
+    return str(beside) if beside.is_file() else shutil.which("vllm-router")
+
+
 def installed() -> bool:
-    """Whether the `vllm-router` command is on PATH (the `bench` extra installs it)."""
-    return shutil.which("vllm-router") is not None
+    """Whether `vllm-router` is installed."""
+    return executable() is not None
 
 
 def command(peer: str, port: int, metrics_port: int, prefill: str, decode: str) -> list[str]:
@@ -36,14 +45,14 @@ def command(peer: str, port: int, metrics_port: int, prefill: str, decode: str) 
     common = ["--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
               "--prometheus-port", str(metrics_port), "--worker-startup-check-interval", "1",
               ]
-    executable = shutil.which("vllm-router")
-    if executable is None:
+    router = executable()
+    if router is None:
         raise RuntimeError("vllm-router is not installed: pip install -e '.[bench]'")
     if peer == "vllm-router":
-        return [executable, "--vllm-pd-disaggregation", "--prefill", prefill, "--decode",
+        return [router, "--vllm-pd-disaggregation", "--prefill", prefill, "--decode",
                 decode, *common]
     if peer == "vllm-router-d":
-        return [executable, "--worker-urls", decode, *common]
+        return [router, "--worker-urls", decode, *common]
     raise ValueError(f"unknown peer {peer!r}; one of {PEERS}")
 
 
