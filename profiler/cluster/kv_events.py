@@ -1,7 +1,8 @@
 """KV cache events on the cluster's D and R nodes, for `ppd proxy --policy live`.
 
 Each D/R node publishes vLLM's KV cache events (`--kv-events-config`): a ZMQ PUB socket on
-its HTTP port + 1000 and a replay ROUTER on + 2000, so the endpoints follow from the node's
+its HTTP port + 2000 and a replay ROUTER on + 3000 (+ 1000 is the node's NIXL side channel,
+`profiler.cluster.plan`), so the endpoints follow from the node's
 URL alone and cluster.json can name them (`kv_events`, `kv_events_replay`; read by
 `proxy.kv_sources`). vLLM binds its PUB socket only for an endpoint with a wildcard
 (`tcp://*:PORT`; anything else it connects to), so the PUB listens on every interface; the
@@ -16,8 +17,8 @@ from urllib.parse import urlsplit
 
 from proxy.vocabulary import Role
 
-EVENTS_PORT_OFFSET = 1000
-REPLAY_PORT_OFFSET = 2000
+EVENTS_PORT_OFFSET = 2000
+REPLAY_PORT_OFFSET = 3000
 TOPIC = "kv"
 _PUBLISHERS = (Role.DECODE, Role.REPLICA)
 

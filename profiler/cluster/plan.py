@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from profiler.cluster.kv_events import kv_event_keys, kv_events_args
+from profiler.cluster.kv_events import REPLAY_PORT_OFFSET, kv_event_keys, kv_events_args
 from proxy.vocabulary import Role
 
 DEFAULT_STATE_DIR = Path(".ppd-cluster")
@@ -28,6 +28,8 @@ CLUSTER_FILE = "cluster.json"
 KV_DIR = "kv"
 # NIXL's side channel needs one port per node on a shared host; keep them away from HTTP ports.
 NIXL_SIDE_CHANNEL_OFFSET = 1000
+# The highest port a node listens on above its HTTP port (the KV events' replay socket).
+HIGHEST_PORT_OFFSET = max(NIXL_SIDE_CHANNEL_OFFSET, REPLAY_PORT_OFFSET)
 # UCX transports for NIXL on one host without RDMA or GPUs: TCP between the servers, shared
 # memory and loopback within one (the set that starts on the CPU with the PyPI nixl wheels).
 CPU_UCX_TLS = "tcp,self,sm"
@@ -129,7 +131,7 @@ class ClusterConfig:
     python: str = field(default=sys.executable)
 
     def __post_init__(self) -> None:
-        if not 1 <= self.base_port <= 65535 - self.layout.size - NIXL_SIDE_CHANNEL_OFFSET:
+        if not 1 <= self.base_port <= 65535 - self.layout.size - HIGHEST_PORT_OFFSET:
             raise ClusterError(f"base port {self.base_port} leaves no room for the nodes")
         if self.max_model_len < 16:
             raise ClusterError("max model length must be at least 16 tokens")

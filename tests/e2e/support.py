@@ -15,6 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from profiler.cluster.kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET
 from profiler.cluster.launcher import Cluster, default_cores, start_cluster
 from profiler.cluster.plan import NIXL_SIDE_CHANNEL_OFFSET, ClusterConfig, Connector, parse_layout
 from profiler.cluster.procs import port_free
@@ -42,16 +43,17 @@ _WORDS = (
 
 
 def free_base_port(nodes: int) -> int:
-    """A base port whose node ports and NIXL side-channel ports are all free right now (the
+    """A base port whose node ports, NIXL side-channel and KV event ports are all free now (the
     machine is shared: fixed ports collide with other runs). Drawn below the kernel's
     ephemeral range: there, any outgoing connection may take a port between this check and
     vLLM's bind (seen: a D's NIXL handshake listener failing with "Address already in use")."""
     low = _ephemeral_low()
     rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(10000, low - NIXL_SIDE_CHANNEL_OFFSET - nodes)
+        base = rng.randrange(10000, low - REPLAY_PORT_OFFSET - nodes)
         ports = [base + i for i in range(nodes)]
-        ports += [base + NIXL_SIDE_CHANNEL_OFFSET + i for i in range(nodes)]
+        ports += [base + offset + i for i in range(nodes)
+                  for offset in (NIXL_SIDE_CHANNEL_OFFSET, EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET)]
         if all(port_free("127.0.0.1", port) for port in ports):
             return base
     raise RuntimeError("no free block of ports for a cluster")

@@ -9,6 +9,7 @@ from profiler.cluster.plan import (
     ClusterConfig,
     ServedModel,
     cluster_document,
+    nixl_side_channel_port,
     node_command,
     parse_layout,
     plan_nodes,
@@ -26,7 +27,7 @@ def test_d_and_r_publish_events_p_does_not_and_cluster_json_names_them(
     argv = node_command(config, model, decode)
     events = json.loads(argv[argv.index("--kv-events-config") + 1])
     assert events == {"enable_kv_cache_events": True, "publisher": "zmq",
-                      "endpoint": "tcp://*:10001", "replay_endpoint": "tcp://127.0.0.1:11001",
+                      "endpoint": "tcp://*:11001", "replay_endpoint": "tcp://127.0.0.1:12001",
                       "topic": "kv"}
     doc = cluster_document("tiny", config.layout, [
         (Role.PREFILL, "http://127.0.0.1:9000", 1, tmp_path / "p.log"),
@@ -36,4 +37,21 @@ def test_d_and_r_publish_events_p_does_not_and_cluster_json_names_them(
     # The proxy reads them back (`ppd proxy --cluster`): the PUB and replay of the D only.
     (source,) = kv_sources.from_cluster_file(path)
     assert (source.url, source.endpoint, source.replay) == (
-        "http://127.0.0.1:9001", "tcp://127.0.0.1:10001", "tcp://127.0.0.1:11001")
+        "http://127.0.0.1:9001", "tcp://127.0.0.1:11001", "tcp://127.0.0.1:12001")
+
+
+def test_no_two_listeners_of_a_cluster_share_a_port(tmp_path: Path) -> None:
+    # Each node listens on its HTTP port, its NIXL side channel and (D, R) its KV event PUB and
+    # replay sockets; a clash makes vLLM's handshake listener die while the node keeps serving.
+    config = ClusterConfig("tiny", parse_layout("2P3D"), tmp_path, base_port=9000)
+    model = ServedModel("tiny", tmp_path / "model")
+    ports: list[int] = []
+    for node in plan_nodes(config):
+        argv = node_command(config, model, node)
+        ports.append(int(argv[argv.index("--port") + 1]))
+        ports.append(nixl_side_channel_port(config, node))
+        if "--kv-events-config" in argv:
+            events = json.loads(argv[argv.index("--kv-events-config") + 1])
+            ports += [int(events["endpoint"].rsplit(":", 1)[1]),
+                      int(events["replay_endpoint"].rsplit(":", 1)[1])]
+    assert len(ports) == len(set(ports)), sorted(ports)
