@@ -38,6 +38,7 @@ from proxy.errors import (
     UpstreamError,
     UpstreamProtocol,
     UpstreamRefused,
+    UpstreamRunaway,
     UpstreamStatus,
     UpstreamTimeout,
 )
@@ -183,7 +184,22 @@ async def complete(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
         if not isinstance(data, dict):
             raise UpstreamProtocol(f"backend {base_url + endpoint.value} answered non-JSON "
                                    f"(status {answer.status})")
+        _check_length(data, body, base_url + endpoint.value)
     return answer
+
+
+def _check_length(data: dict[str, Any], body: dict[str, Any], url: str) -> None:
+    """A whole answer that generated more than the request's max_tokens (times n choices, as
+    vLLM's usage sums them) is the node's fault, as a stream past it is (`proxy.relay`)."""
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    usage = data.get("usage")
+    generated = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    n = body.get("n")
+    choices = n if isinstance(n, int) and n > 0 else 1
+    if (isinstance(limit, int) and isinstance(generated, int)
+            and generated > limit * choices):
+        raise UpstreamRunaway(f"backend {url} generated {generated} tokens past the request's "
+                              f"max_tokens ({limit}); reply dropped")
 
 
 async def prefill(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,

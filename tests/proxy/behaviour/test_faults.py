@@ -342,6 +342,17 @@ async def test_a_stream_past_its_max_tokens_is_cut_and_charged_to_d() -> None:
     assert not (await h.router.sessions.snapshot())  # a cut reply is not recorded
 
 
+async def test_a_whole_answer_past_its_max_tokens_is_a_502_charged_to_d() -> None:
+    async with router_over("p1", "d1") as h:
+        h.cluster["d1"].script(Fault.endless())
+        with pytest.raises(UpstreamError, match="max_tokens"):
+            await h.ask(chat("x", max_tokens=4))
+        d1 = h.pool.get("http://d1")
+        assert_clean(h)
+    assert d1 is not None and d1.circuit.failures == 1
+    assert not (await h.router.sessions.snapshot())
+
+
 # ---- A request-caused failure is not a node fault (issue 23, item 2) ----
 
 async def test_requests_that_make_every_d_answer_500_lock_nobody_out() -> None:
