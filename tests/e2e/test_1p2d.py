@@ -109,6 +109,8 @@ def test_d_dead_before_its_pull_turn_redone_on_the_other_d_and_p_frees_the_block
     # P prefilled twice: for the dead D (whose pull never came), then for the survivor.
     assert dp[REQUESTS] == 2 and dp[PROMPT_TOKENS] == 2 * second.prompt_tokens
     assert ds[REQUESTS] == 1 and ds[EXTERNAL_HITS] == second.prompt_tokens
-    # P freed the dead D's blocks when their lease ran out - that one request, nothing else
-    # (the survivor's pull freed its own) - and holds no KV at all now: nothing leaked.
-    assert expired == 1
+    # P freed the dead D's blocks when their lease ran out, and holds no KV at all now: nothing
+    # leaked. The survivor's pull normally frees its own blocks first; on a slow machine it can
+    # come after its own 6 s lease too (seen once: turn 2 answered 13.7 s after it was sent),
+    # so that lease may expire as well - never more than these two.
+    assert 1 <= expired <= 2
