@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from profiler.cluster import procs
+from profiler.cluster import cpu_placement, procs
 from profiler.cluster.plan import (
     CLUSTER_FILE,
     DEFAULT_PROXY_PORT,
@@ -228,11 +228,15 @@ def start_cluster(config: ClusterConfig, progress: Progress = quiet) -> Cluster:
             [n.proc for n in started], "/v1/models", config.startup_timeout_s,
             on_ready=lambda p, s: progress(f"{p.name} ready after {s:.0f} s"),
         )
+        pinned = [(n.proc, spec.core) for n, spec in zip(started, nodes, strict=True)
+                  if spec.core is not None]
+        _place(pinned, progress)
         if config.connector is Connector.NIXL:
             if config.device is Device.CPU:
                 warm_up([n.proc for n in started if n.role is not Role.REPLICA], model.name)
             warm_up_transfers([n.proc for n in started if n.role is Role.PREFILL],
                               [n.proc for n in started if n.role is Role.DECODE], model.name)
+            _place(pinned, quiet)  # threads the first transfers started
     except (StartupError, WarmupError) as exc:
         procs.stop([n.proc for n in started])
         raise ClusterError(str(exc)) from None
@@ -247,6 +251,15 @@ def start_cluster(config: ClusterConfig, progress: Progress = quiet) -> Cluster:
     )
     write_json(cluster.cluster_file, doc)
     return cluster
+
+
+def _place(nodes: Sequence[tuple[ManagedProcess, int]], progress: Progress) -> None:
+    """Each CPU node back on its own core, NIXL's poll loops idled (`cpu_placement`)."""
+    placements = cpu_placement.place_nodes([(proc.pid, core) for proc, core in nodes])
+    for (proc, _), placed in zip(nodes, placements, strict=True):
+        if placed.idled:
+            progress(f"{proc.name}: {placed.threads} threads on core {placed.core}, "
+                     f"{len(placed.idled)} poll loop(s) under SCHED_IDLE")
 
 
 def load_cluster(state_dir: Path) -> Cluster:
