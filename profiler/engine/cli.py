@@ -83,8 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--block-size", type=int, default=128,
                            help="the nodes' KV block size (vLLM-CPU: 128)")
     calibrate.add_argument("--max-model-len", type=int, default=4096,
-                           help="the nodes' --max-model-len: also the CPU step's token budget "
-                                "(chunked prefill is off on vLLM-CPU)")
+                           help="the nodes' --max-model-len")
+    calibrate.add_argument("--connector", choices=("nixl", "shared-storage"), default="nixl",
+                           help="the cluster's KV connector: NIXL pulls only the blocks D lacks "
+                                "and leaves chunked prefill on (a step's token budget: vLLM-CPU's "
+                                "server default, 2048); shared-storage moves whole prompts with "
+                                "chunked prefill off (budget: --max-model-len)")
     return parser
 
 
@@ -167,6 +171,9 @@ def run_fit(runs: list[Path], out: Path, name: str) -> str:
             f"{result.n_decode_rows} rows")
 
 
+VLLM_CPU_SERVER_TOKEN_BUDGET = 2048
+
+
 def run_calibrate(args: argparse.Namespace) -> str:
     import json
 
@@ -175,9 +182,15 @@ def run_calibrate(args: argparse.Namespace) -> str:
 
     if args.block_size < 1 or args.max_model_len < 1:
         raise ValueError("--block-size and --max-model-len must be at least 1")
+    whole_prompt = args.connector == "shared-storage"
+    # vLLM-CPU's API-server default token budget per step (vllm/engine/arg_utils.py, CPU
+    # branch of the default max_num_batched_tokens, 0.32), when chunked prefill is on.
+    budget = args.max_model_len if whole_prompt else min(VLLM_CPU_SERVER_TOKEN_BUDGET,
+                                                         args.max_model_len)
     result = calibrate(args.runs, name=args.name or args.out.stem, block_size=args.block_size,
                        engine={"max_model_len": args.max_model_len,
-                               "max_num_batched_tokens": args.max_model_len})
+                               "max_num_batched_tokens": budget},
+                       whole_prompt_transfer=whole_prompt)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(to_dict(result.cost), indent=2) + "\n")
     cost, host = result.cost, result.cost.host
