@@ -67,13 +67,15 @@ def _ephemeral_low() -> int:
 
 
 def start_e2e_cluster(layout: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory,
-                      connector: Connector = Connector.NIXL) -> Cluster:
+                      connector: Connector = Connector.NIXL, *, max_model_len: int = 4096,
+                      vllm_args: tuple[str, ...] = ()) -> Cluster:
     """A cluster of the tiny model on free ports, one core per node, the short KV lease."""
     parsed = parse_layout(layout)
     config = ClusterConfig(
         model=str(tiny_model), layout=parsed, connector=connector, kv_lease_s=KV_LEASE_S,
         state_dir=tmp_path_factory.mktemp(f"cluster-{layout}-{connector.value}"),
         base_port=free_base_port(parsed.size), cores=default_cores(), startup_timeout_s=420.0,
+        max_model_len=max_model_len, vllm_args=vllm_args,
     )
     return start_cluster(config)
 
