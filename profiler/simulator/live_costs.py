@@ -9,7 +9,9 @@ shapes a turn decision asks about - prefill chunks of 16..8192 tokens after 0..1
 tokens, decode batches of 1..256 requests at 256..16k tokens of context, and both mixed - and
 fits the linear form by least squares on relative error (a 10 ms decode step matters as much
 as a 200 ms prefill). The transfer terms come from the link preset and the model's KV bytes
-per token. A `ppd sim fit` preset (already linear: a CPU cluster) is read as is.
+per token. A `ppd sim fit` preset (already linear: a CPU cluster) is read as is. A
+kernels + host preset (`ppd sim calibrate`, or the default GPU presets) adds its P->D hand-off
+and the extra front end of a P->D turn to the transfer terms.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from profiler.engine.cost import BatchShape, CostModel, LinearCost
+from profiler.engine.host import HostedCost
 from profiler.engine.presets import cached_cost
 from profiler.engine.transfer import Link, load_link, load_model_shape
 from proxy.live import StepCosts
@@ -60,6 +63,13 @@ def fit_step_costs(cost: CostModel, link: Link, kv_bytes_per_token: int) -> Step
     weights = 1.0 / y
     coef, *_ = np.linalg.lstsq(x * weights[:, None], y * weights, rcond=None)
     base, per_token, per_seq, per_kv, attention = (max(0.0, float(c)) for c in coef)
+    if isinstance(cost, HostedCost):
+        # What a P->D turn pays beyond the steps and the link: D's connector hand-off, and
+        # one more front end than a local turn (the request passes two API servers).
+        host = cost.host
+        transfer_base += host.kv_handoff_ms + host.frontend_request_ms
+        transfer_per_ktoken += host.kv_per_token_us
+        source += f"; hand-off and the second front end: {cost.name}'s host terms"
     return StepCosts(base, per_token, per_seq, per_kv, attention, transfer_base,
                      transfer_per_ktoken, source)
 

@@ -84,3 +84,16 @@ def test_live_costs_command_writes_a_file_the_proxy_reads(hand_preset: str,
     assert costs.step_ms(100, 0, 3, 0) == pytest.approx(10 + 10 + 3)
     with pytest.raises(SystemExit):  # a preset file names no model: the KV size is needed
         sim_cli.main(["live-costs", "--cost", hand_preset, "--out", str(out)])
+
+
+def test_a_hosted_preset_adds_its_hand_off_and_second_front_end_to_the_transfer(
+        hand_cost: LinearCost) -> None:
+    from profiler.engine.host import HostedCost, HostModel
+
+    host = HostModel(frontend_request_ms=30.0, kv_handoff_ms=12.0, kv_per_token_us=50.0)
+    hosted = HostedCost("hosted", hand_cost, host)
+    bare = fit_step_costs(hand_cost, NVLINK, LLAMA_KV)
+    costs = fit_step_costs(hosted, NVLINK, LLAMA_KV)
+    assert costs.transfer_ms(0) == pytest.approx(bare.transfer_ms(0) + 30.0 + 12.0)
+    assert costs.transfer_ms(2000) - costs.transfer_ms(0) == pytest.approx(
+        bare.transfer_ms(2000) - bare.transfer_ms(0) + 2000 * 50.0 / 1000)
