@@ -81,11 +81,11 @@ def test_read_table_rejects_a_file_that_is_not_a_table(tmp_path: Path) -> None:
 def test_the_shipped_table_loads_in_the_proxy() -> None:
     shipped = Path(__file__).resolve().parents[3] / "tables" / "tiny-cpu-1p1d.csv"
     table = DecisionTable.load(shipped)
-    assert len(table) == 20 and table.qps_points == (1.0, 2.0)
+    assert len(table) == 40 and table.qps_points == (1.0, 2.0, 4.0, 8.0)
     assert table.meta["model"] == "tiny" and table.meta["layout"] == "1P1D"
     frame = read_table(shipped)
     assert (frame["pd_success"] == 1.0).all() and (frame["local_success"] == 1.0).all()
-    assert len(DecisionTable.load(shipped.with_suffix(".parquet"))) == 20
+    assert len(DecisionTable.load(shipped.with_suffix(".parquet"))) == 40
 
 
 def test_a_route_without_latency_is_written_unmeasured_and_still_loads(tmp_path: Path) -> None:
