@@ -14,14 +14,19 @@ nixl-cu12 1.5.1:
    one core, idle or not.
 
 So after the nodes start, every thread of a node's process tree is pinned to the node's core,
-and the threads that burn a core while the node has no request are put under SCHED_IDLE: they
-still run whenever their core has nothing else to do (on an idle core, all the time), and yield
-to the model when it computes. Threads created later inherit the corrected affinity.
+and the threads that burn a core while the node has no request get the lowest priority, nice
+19: they still run whenever their core has nothing else to do (on an idle core, all the time),
+and get ~1.5% of it (CFS weight 15 against 1024) while the model computes. Threads created
+later inherit the corrected affinity.
 
 Measured (1P1D, tiny model, synthetic:large-mid_bal at 1 conversation/s, both routes forced):
 as launched, P->D turn-2 TTFT mean 23.2 s and turn-1 9.7 s; pinned only, 152 ms and 96 ms with
-TPOT 10.2 ms (the poller takes half of D's core); pinned and poller idled, 133 ms / 148 ms with
-TPOT 4.6 ms (local route: 54 ms turn-2 TTFT, 4.9 ms TPOT).
+TPOT 10.2 ms (the poller takes half of D's core); pinned and the poller under SCHED_IDLE, 133 ms /
+148 ms with TPOT 4.6 ms (local route: 54 ms turn-2 TTFT, 4.9 ms TPOT). SCHED_IDLE was the first
+choice and is not kept: any other work on the machine, even at nice 19, then starves the poller
+outright, and a pull waits for the core to go idle (P->D turn-2 TTFT p99 983 and 1,058 ms under
+SCHED_IDLE against 203 and 482 ms at nice 19, alternating runs of `synthetic:small-short_gen`
+at 0.5 conversations/s beside a nice-19 simulator; TPOT 4.5-4.9 ms either way).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import psutil
 # core with another), every other thread of an idle node 0.00.
 POLLER_CORE_SHARE = 0.2
 SAMPLE_WINDOW_S = 1.0
+POLLER_NICE = 19
 
 ThreadId = tuple[int, int]  # (process id, thread id)
 
@@ -50,7 +56,7 @@ class Placement:
     pid: int
     core: int
     threads: int
-    idled: tuple[int, ...]  # thread ids put under SCHED_IDLE
+    idled: tuple[int, ...]  # poll-loop thread ids set to nice 19
 
 
 def tree_threads(pid: int) -> list[ThreadId]:
@@ -118,9 +124,10 @@ def _pin(tid: int, core: int) -> None:
 
 
 def _idle(tid: int) -> bool:
-    """SCHED_IDLE for one thread; False if it ended meanwhile."""
+    """Nice 19 for one thread (Linux applies PRIO_PROCESS to a thread id alone); False if it
+    ended meanwhile."""
     try:
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, tid, POLLER_NICE)
     except ProcessLookupError:
         return False
     return True

@@ -254,12 +254,12 @@ def start_cluster(config: ClusterConfig, progress: Progress = quiet) -> Cluster:
 
 
 def _place(nodes: Sequence[tuple[ManagedProcess, int]], progress: Progress) -> None:
-    """Each CPU node back on its own core, NIXL's poll loops idled (`cpu_placement`)."""
+    """Each CPU node back on its own core, NIXL's poll loops at nice 19 (`cpu_placement`)."""
     placements = cpu_placement.place_nodes([(proc.pid, core) for proc, core in nodes])
     for (proc, _), placed in zip(nodes, placements, strict=True):
         if placed.idled:
             progress(f"{proc.name}: {placed.threads} threads on core {placed.core}, "
-                     f"{len(placed.idled)} poll loop(s) under SCHED_IDLE")
+                     f"{len(placed.idled)} poll loop(s) at nice {cpu_placement.POLLER_NICE}")
 
 
 def load_cluster(state_dir: Path) -> Cluster:

@@ -60,9 +60,10 @@ def test_every_thread_of_the_tree_lands_on_the_core_and_only_the_poller_is_idled
     assert len(placed.idled) == 1
     [spinner] = placed.idled
     assert spinner in {tid for pid, tid in threads if pid == child_pid}
-    assert os.sched_getscheduler(spinner) == os.SCHED_IDLE
+    assert os.getpriority(os.PRIO_PROCESS, spinner) == cpu_placement.POLLER_NICE
     others = [tid for _, tid in threads if tid != spinner]
-    assert all(os.sched_getscheduler(tid) == os.SCHED_OTHER for tid in others)
+    inherited = os.getpriority(os.PRIO_PROCESS, 0)  # this test's own nice value
+    assert all(os.getpriority(os.PRIO_PROCESS, tid) == inherited for tid in others)
 
 
 def test_a_quiet_tree_is_pinned_and_nothing_is_idled() -> None:
