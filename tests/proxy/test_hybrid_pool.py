@@ -6,11 +6,11 @@ import pytest
 
 from proxy.backends import BackendPool
 from proxy.config import Policy, PolicyConfig
-from proxy.live import StepCosts
+from proxy.live import NodeState, StepCosts, TurnState
 from proxy.policies import RoutingPolicy
 from proxy.sessions.session import Lookup, Session
-from proxy.turn_plan import plan_turn
-from proxy.vocabulary import Reason, Role, RouteKind, Workload
+from proxy.turn_plan import Attempt, Pick, TurnPlan, plan_turn
+from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
 
 COSTS = StepCosts(base_ms=6.0, per_prefill_token_ms=0.02, per_decode_seq_ms=0.01)
 TURN1 = Workload(1, 500, 0, 100, 1.0)
@@ -53,6 +53,69 @@ def test_policy_replica_sends_everything_to_the_replicas() -> None:
         assert {p.role for a in plan.attempts for p in a.picks} == {Role.REPLICA}
 
 
-def test_live_today_places_turn_one_on_p_to_d_only() -> None:
-    plan = plan_turn(policy(PolicyConfig(kind=Policy.LIVE)), hybrid_pool(), lookup(1), TURN1)
-    assert (plan.decision.kind, plan.decision.reason) == (RouteKind.PD, Reason.TURN1)
+IDLE = NodeState(0.0, 0.0, None, 16, 0.0)
+# A replica decoding 64 requests with ~100 tokens to go each: a 500-token prefill in its batch
+# delays them all.
+BUSY = NodeState(64.0, 0.0, None, 16, 64 / 99)
+
+
+def live_plan(pool: BackendPool, look: Lookup, work: Workload, replica: NodeState,
+              seen: list[Session] | None = None) -> TurnPlan:
+    def observe(session: Session) -> TurnState:
+        if seen is not None:
+            seen.append(session)
+        return TurnState(IDLE, IDLE, replica if pool.candidate(Role.REPLICA) else None)
+
+    return plan_turn(policy(PolicyConfig(kind=Policy.LIVE)), pool, look, work, None, observe)
+
+
+def test_live_places_turn_one_on_an_idle_replica_and_p_to_d_beside_a_busy_one() -> None:
+    idle = live_plan(hybrid_pool(), lookup(1), TURN1, IDLE)
+    assert idle.decision == Decision(RouteKind.REPLICA, Reason.REPLICA_LIVE)
+    assert idle.attempts == (Attempt(RouteKind.REPLICA, (Pick(Role.REPLICA, None),)),)
+    busy = live_plan(hybrid_pool(), lookup(1), TURN1, BUSY)
+    assert busy.decision == Decision(RouteKind.PD, Reason.TURN1)
+
+
+def test_a_replica_conversation_stays_on_its_replica_then_falls_back_to_p_to_d() -> None:
+    seen: list[Session] = []
+    plan = live_plan(hybrid_pool(), lookup(2, "http://r0"), TURN2, IDLE, seen)
+    assert plan.decision == Decision(RouteKind.REPLICA, Reason.REPLICA_HOME)
+    assert seen == []  # nothing to predict: the replica holds the history
+    assert plan.attempts == (
+        Attempt(RouteKind.REPLICA, (Pick(Role.REPLICA, "http://r0", only_preferred=True),)),
+        Attempt(RouteKind.PD, (Pick(Role.DECODE, "http://r0"), Pick(Role.PREFILL, None))))
+
+
+def test_a_replica_conversation_whose_replica_is_gone_is_placed_again() -> None:
+    pool = hybrid_pool()
+    pool.mark("http://r0", healthy=False)
+    alone = live_plan(pool, lookup(2, "http://r0"), TURN2, IDLE)
+    assert alone.decision == Decision(RouteKind.PD, Reason.NO_HOME)  # no replica left
+    pool.add("http://r1", Role.REPLICA)
+    other = live_plan(pool, lookup(2, "http://r0"), TURN2, IDLE)
+    assert other.decision == Decision(RouteKind.REPLICA, Reason.REPLICA_LIVE)
+    assert other.attempts == (Attempt(RouteKind.REPLICA, (Pick(Role.REPLICA, "http://r0"),)),)
+    assert pool.pick(Role.REPLICA, "http://r0").url == "http://r1"  # type: ignore[union-attr]
+
+
+def test_live_reads_the_cluster_for_turn_one_only_when_there_is_a_replica() -> None:
+    seen: list[Session] = []
+    pool = BackendPool(clock=lambda: 0.0)
+    pool.add("http://p0", Role.PREFILL)
+    pool.add("http://d0", Role.DECODE)
+    plan = live_plan(pool, lookup(1), TURN1, IDLE, seen)
+    assert plan.decision == Decision(RouteKind.PD, Reason.TURN1) and seen == []
+    live_plan(hybrid_pool(), lookup(1), TURN1, IDLE, seen)
+    assert len(seen) == 1
+
+
+def test_a_d_conversation_stays_on_its_d_under_live() -> None:
+    plan = live_plan(hybrid_pool(), lookup(2, "http://d0", "http://p0"), TURN2, IDLE)
+    assert plan.decision.kind is RouteKind.LOCAL
+
+
+def test_policies_other_than_live_send_a_replica_conversation_p_to_d() -> None:
+    plan = plan_turn(policy(PolicyConfig(kind=Policy.LOCAL)), hybrid_pool(),
+                     lookup(2, "http://r0"), TURN2)
+    assert plan.decision == Decision(RouteKind.PD, Reason.NO_HOME)
