@@ -7,10 +7,14 @@ import pytest
 from proxy.backends import BackendPool
 from proxy.config import Policy, PolicyConfig
 from proxy.live import NodeState, StepCosts, TurnState
+from proxy.live_view import LiveView
+from proxy.node_load import LoadSignals
 from proxy.policies import RoutingPolicy
+from proxy.residency import Residency
 from proxy.sessions.session import Lookup, Session
 from proxy.turn_plan import Attempt, Pick, TurnPlan, plan_turn
 from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
+from tests.proxy.router_harness import chat, router_over, text_of
 
 COSTS = StepCosts(base_ms=6.0, per_prefill_token_ms=0.02, per_decode_seq_ms=0.01)
 TURN1 = Workload(1, 500, 0, 100, 1.0)
@@ -119,3 +123,21 @@ def test_policies_other_than_live_send_a_replica_conversation_p_to_d() -> None:
     plan = plan_turn(policy(PolicyConfig(kind=Policy.LOCAL)), hybrid_pool(),
                      lookup(2, "http://r0"), TURN2)
     assert plan.decision == Decision(RouteKind.PD, Reason.NO_HOME)
+
+
+async def test_the_router_keeps_a_replica_conversation_on_its_replica() -> None:
+    async with router_over("p0", "d0", "r0") as h:
+        h.router.policy = policy(PolicyConfig(kind=Policy.LIVE))
+        h.router.view = LiveView(h.pool, Residency(), LoadSignals(h.clock), 3.0)
+        # Every node idle: the replica answers turn 1 sooner and delays nobody.
+        first, body = await h.ask(chat("Hello " * 50))
+        second, body2 = await h.ask(chat("Hello " * 50, text_of(body), "And then?"))
+        h.pool.mark(h.cluster["r0"].url, healthy=False)  # the replica is gone
+        third, _ = await h.ask(chat("Hello " * 50, text_of(body), "And then?", text_of(body2),
+                                    "More?"))
+    routes = [(r.headers["x-ppd-route"], r.headers["x-ppd-decode"])
+              for r in (first, second, third)]
+    assert routes == [("replica", h.cluster["r0"].url), ("replica", h.cluster["r0"].url),
+                      ("pd", h.cluster["d0"].url)]
+    assert h.router.metrics.stats()["reasons"] == {"replica_live": 1, "replica_home": 1,
+                                                   "no_home": 1}
