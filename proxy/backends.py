@@ -114,14 +114,20 @@ class BackendPool:
     def pick(self, role: Role, prefer: str | None = None,
              exclude: frozenset[str] = frozenset()) -> Backend | None:
         """The preferred node if usable, else the least-loaded usable one (None: none left)."""
-        if prefer is not None and prefer not in exclude and (node := self.take(prefer, role)):
-            return node
+        node = self.candidate(role, prefer, exclude)
+        return None if node is None else self._picked(node)
+
+    def candidate(self, role: Role, prefer: str | None = None,
+                  exclude: frozenset[str] = frozenset()) -> Backend | None:
+        """The node `pick` would choose now, without picking it (what policy live reads)."""
+        if prefer is not None and prefer not in exclude and self.is_usable(prefer, role):
+            return self._nodes[prefer]
         now = self._clock()
         candidates = [n for n in self.healthy(role)
                       if n.url not in exclude and self.breaker.admits(n.circuit, now)]
         if not candidates:
             return None
-        return self._picked(min(candidates, key=lambda n: (n.in_flight, n.picks)))
+        return min(candidates, key=lambda n: (n.in_flight, n.picks))
 
     def take(self, url: str, role: Role) -> Backend | None:
         """The node at url if it is usable for role now (then counted as picked), else None."""

@@ -16,6 +16,13 @@ For the turn it predicts, with a linear step-cost model (`StepCosts`):
 Then the decision table's own score, as one turn moves it (`LiveScorer`): local iff > 0.
 A turn that goes P->D because D no longer holds its whole history has reason `evicted`.
 
+In a hybrid pool (R nodes beside P and D) a conversation without a home - turn 1, or its
+node is gone - is placed (`predict_placement`): a replica prefills the whole prompt (less
+what it caches) in one step beside its own running batch, exactly as local does on D but for
+the whole prompt, so its TTFT and the delay it adds to the replica's batch are local's
+formulas on the replica; P->D is as above. The same score decides; a conversation placed on
+a replica stays there (its prefix cache holds the history).
+
 The costs are a cost file (`--live-costs`: a `ppd sim fit` preset, or `ppd sim live-costs`
 fitted to a GPU preset): a model of the node's step, not of a cell, so it predicts states a
 table never measured (a half-evicted D, a batch twice the profiled one) and needs no served
@@ -100,10 +107,13 @@ class NodeState:
 
 @dataclass(frozen=True, slots=True)
 class TurnState:
-    """The session's D and the P a P->D turn would use."""
+    """The session's D (else the D a P->D turn would use), the P a P->D turn would use and,
+    in a hybrid pool, the replica a conversation placed on a replica would use (None: no
+    usable replica, so there is nothing to place on)."""
 
     decode: NodeState
     prefill: NodeState
+    replica: NodeState | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,23 +139,65 @@ def predict(workload: Workload, state: TurnState, costs: StepCosts) -> Predictio
         # Only full blocks are cached, and the last sampled token has no KV yet: the partial
         # last block is recomputed on either route.
         missing = 0
+    local = _beside_batch(state.decode, missing + n_in, held, n_ctx, costs)
+    return Prediction(local.ttft_ms, _pd_ttft_ms(workload, state, n_ctx, costs),
+                      local.decode_step_ms,
+                      state.decode.running * local.delay_ms, missing, local.delay_ms,
+                      state.decode.tpot_sensitivity)
+
+
+def predict_placement(workload: Workload, state: TurnState, costs: StepCosts) -> Prediction:
+    """A conversation without a home in a hybrid pool: on a replica (the Prediction's local
+    side: the whole prompt but what the replica caches, prefilled beside its running batch)
+    or P->D (as `predict`). `decode_step_ms` stays D's: P->D's TPOT is the reference."""
+    assert state.replica is not None, "placement needs a replica to place on"
+    replica = state.replica
+    prompt = workload.n_ctx + workload.n_in
+    cached = min(replica.held_tokens or 0, prompt)
+    on_replica = _beside_batch(replica, prompt - cached, cached, prompt, costs)
+    decode_step = _decode_step_ms(state.decode, prompt, costs)
+    return Prediction(on_replica.ttft_ms, _pd_ttft_ms(workload, state, prompt, costs),
+                      decode_step, replica.running * on_replica.delay_ms,
+                      max(workload.n_ctx - cached, 0),
+                      on_replica.delay_ms, replica.tpot_sensitivity)
+
+
+@dataclass(frozen=True, slots=True)
+class _BesideBatch:
+    ttft_ms: float  # the rest of the node's step + its queue + the step with the prefill
+    decode_step_ms: float  # the node's step with its batch alone
+    delay_ms: float  # how much longer the prefill makes that step
+
+
+def _decode_step_ms(node: NodeState, context: int, costs: StepCosts) -> float:
+    # The turn's context as the batch's typical one.
+    return costs.step_ms(0, 0, node.running, node.running * context)
+
+
+def _beside_batch(node: NodeState, prefill: int, cached: int, context: int,
+                  costs: StepCosts) -> _BesideBatch:
+    """`prefill` tokens after `cached` ones, in one step beside the node's running batch."""
+    decode_step = _decode_step_ms(node, context, costs)
+    step = costs.step_ms(prefill, cached, node.running, node.running * context)
+    ttft = decode_step / 2 + node.waiting * decode_step + step
+    return _BesideBatch(ttft, decode_step, step - decode_step)
+
+
+def _pd_ttft_ms(workload: Workload, state: TurnState, context: int,
+                costs: StepCosts) -> float:
+    n_ctx, n_in = workload.n_ctx, workload.n_in
     batch = state.decode.running
-    decode_kv = batch * n_ctx  # the session's context as the batch's typical one
+    decode_kv = batch * context
     decode_step = costs.step_ms(0, 0, batch, decode_kv)
-    local_step = costs.step_ms(missing + n_in, held, batch, decode_kv)
-    ttft_local = decode_step / 2 + state.decode.waiting * decode_step + local_step
     p_held = min(state.prefill.held_tokens or 0, n_ctx)
     p_prefill = costs.step_ms(n_ctx + n_in - p_held, p_held, 0, 0)
     p_queue = (state.prefill.running + state.prefill.waiting) * p_prefill
     # D's side of P->D (vLLM's P/D connectors): the request waits for D's step in flight,
     # is admitted (blocks allocated) in the next step, pulls the KV after it, waits for the
     # step then in flight, and gets its first token from the step after that.
-    ttft_pd = (p_queue + p_prefill + decode_step / 2 + decode_step
-               + costs.transfer_ms(n_ctx + n_in) + decode_step / 2
-               + costs.step_ms(0, 0, batch + 1, decode_kv + n_ctx + n_in))
-    delay = local_step - decode_step
-    return Prediction(ttft_local, ttft_pd, decode_step, batch * delay, missing, delay,
-                      state.decode.tpot_sensitivity)
+    return (p_queue + p_prefill + decode_step / 2 + decode_step
+            + costs.transfer_ms(n_ctx + n_in) + decode_step / 2
+            + costs.step_ms(0, 0, batch + 1, decode_kv + n_ctx + n_in))
 
 
 class LiveScorer:
@@ -159,12 +211,17 @@ class LiveScorer:
     a request sits in a batch for a time proportional to its output, B / (mean n_out). The
     means are exponentially weighted over the turns decided so far (the policy's own inputs
     and predictions: no clock, no I/O), starting from this turn's own values.
+
+    A turn-1 placement (a hybrid pool: a replica or P->D) is scored the same way against the
+    mean turn-1 TTFT, kept apart (a whole prompt's P->D TTFT is not a follow-up's), with the
+    TPOT loss weighted by the share of requests that are turn 1.
     """
 
     def __init__(self, w_ttft: float, w_tpot: float, halflife_turns: float = 200.0) -> None:
         self.w_ttft, self.w_tpot = w_ttft, w_tpot
         self._alpha = 1.0 - 0.5 ** (1.0 / halflife_turns)
         self.ttft_pd_ms: float | None = None
+        self.ttft_pd_first_ms: float | None = None  # turn-1 placements' reference
         self.step_ms: float | None = None
         self.n_out: float | None = None
         self.followup_share = 0.5
@@ -175,16 +232,18 @@ class LiveScorer:
         self.followup_share += self._alpha * (float(workload.turn > 1) - self.followup_share)
         self._mean("n_out", float(max(workload.n_out, 1)))
 
-    def score(self, prediction: Prediction) -> float:
-        """> 0: local is better by the table's weights."""
-        ttft_ref = self._mean("ttft_pd_ms", prediction.ttft_pd_ms)
+    def score(self, prediction: Prediction, first_turn: bool = False) -> float:
+        """> 0: local (or, placing turn 1, the replica) is better by the table's weights."""
+        ttft_ref = self._mean("ttft_pd_first_ms" if first_turn else "ttft_pd_ms",
+                              prediction.ttft_pd_ms)
         step_ref = self._mean("step_ms", prediction.decode_step_ms)
         gain = (prediction.ttft_pd_ms - prediction.ttft_local_ms) / ttft_ref
         if prediction.tpot_sensitivity is not None:  # the batch's own output lengths
             summed = prediction.delay_ms * prediction.tpot_sensitivity
         else:
             summed = prediction.batch_delay_ms / (self.n_out or 1.0)
-        tpot_loss = self.followup_share * summed / step_ref if step_ref > 0 else 0.0
+        share = 1.0 - self.followup_share if first_turn else self.followup_share
+        tpot_loss = share * summed / step_ref if step_ref > 0 else 0.0
         return self.w_ttft * gain - self.w_tpot * tpot_loss
 
     def _mean(self, name: str, value: float) -> float:

@@ -66,12 +66,14 @@ class LiveView:
             self._sums[url] = self._sums[url] - weight if self._streams[url] else 0.0
 
     def state(self, session: Session) -> TurnState:
-        prefill = session.prefill if self.pool.is_usable(session.prefill, Role.PREFILL) else None
-        if prefill is None:
-            candidates = self.pool.healthy(Role.PREFILL)
-            prefill = min(candidates, key=lambda n: n.in_flight).url if candidates else None
-        return TurnState(self._node(session.decode, session.id),
-                         self._node(prefill, session.id))
+        """The session's D, P and replica, each the one the pool would pick now (its own if
+        usable, else the least loaded); no replica when the pool has none usable."""
+        decode = self.pool.candidate(Role.DECODE, session.decode)
+        prefill = self.pool.candidate(Role.PREFILL, session.prefill)
+        replica = self.pool.candidate(Role.REPLICA, session.decode)
+        return TurnState(self._node(decode.url if decode else None, session.id),
+                         self._node(prefill.url if prefill else None, session.id),
+                         None if replica is None else self._node(replica.url, session.id))
 
     def _node(self, url: str | None, session_id: str) -> NodeState:
         if url is None:

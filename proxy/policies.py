@@ -13,8 +13,12 @@ request continues its session and the session's D is healthy (otherwise only P->
 - live: both routes predicted from the cluster's state now (`proxy.live`: what D still
   holds, the nodes' batches and queues, a step-cost model); a table, when given, decides
   while D holds the whole history (the state it measured). P->D for a session D partly
-  evicted has reason EVICTED.
-Turn 1 is always P->D in the disaggregated policies.
+  evicted has reason EVICTED. In a hybrid pool (R nodes beside P and D) live also places a
+  conversation without a home (turn 1, or its node gone) on a replica or P->D by the same
+  score (REPLICA_LIVE when the replica wins); a conversation on a replica keeps it
+  (REPLICA_HOME) while it is usable.
+Turn 1 is otherwise always P->D in the disaggregated policies, which leave a hybrid pool's
+replicas idle; replica leaves its P and D nodes idle.
 """
 
 from __future__ import annotations
@@ -23,7 +27,14 @@ import hashlib
 
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import classify
-from proxy.live import LiveScorer, NodeState, StepCosts, TurnState, predict
+from proxy.live import (
+    LiveScorer,
+    NodeState,
+    StepCosts,
+    TurnState,
+    predict,
+    predict_placement,
+)
 from proxy.table import DecisionTable
 from proxy.vocabulary import Decision, Reason, RouteKind, Workload
 
@@ -59,13 +70,19 @@ class RoutingPolicy:
         return self.config.kind
 
     def decide(self, workload: Workload, session_id: str, can_local: bool,
-               state: TurnState | None = None) -> Decision:
-        """The route of one turn (`state`: the cluster now, read by policy live only)."""
+               state: TurnState | None = None, *, replica_home: bool = False) -> Decision:
+        """The route of one turn (`state`: the cluster now, read by policy live only;
+        `replica_home`: the turn continues a conversation whose replica is usable)."""
         kind = self.config.kind
         if kind is Policy.REPLICA:
             return Decision(RouteKind.REPLICA, Reason.REPLICA)
         if kind is Policy.LIVE:
             self.scorer.count_turn(workload)
+            if replica_home:  # its prefix cache holds the history
+                return Decision(RouteKind.REPLICA, Reason.REPLICA_HOME)
+            homeless = workload.turn <= 1 or not can_local
+            if homeless and state is not None and state.replica is not None:
+                return self._place_live(workload, state)
         if workload.turn <= 1:
             return Decision(RouteKind.PD, Reason.TURN1)
         if not can_local:
@@ -98,6 +115,15 @@ class RoutingPolicy:
             return Decision(RouteKind.LOCAL, Reason.LIVE)
         return Decision(RouteKind.PD, Reason.EVICTED if prediction.missing_tokens > 0
                         else Reason.LIVE)
+
+    def _place_live(self, workload: Workload, state: TurnState) -> Decision:
+        """A conversation without a home, in a hybrid pool: a replica or P->D."""
+        assert self.costs is not None
+        first = workload.turn <= 1
+        prediction = predict_placement(workload, state, self.costs)
+        if self.scorer.score(prediction, first_turn=first) > 0:
+            return Decision(RouteKind.REPLICA, Reason.REPLICA_LIVE)
+        return Decision(RouteKind.PD, Reason.TURN1 if first else Reason.NO_HOME)
 
     def _decide_table(self, workload: Workload) -> Decision:
         assert self.table is not None

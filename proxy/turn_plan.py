@@ -12,6 +12,9 @@ Node order (docs/architecture.md, "Request flow"): a replica turn goes to the se
 replica first, else the least-loaded one; a local turn goes to the session's D only, and when
 that D cannot take it now the turn falls back to P->D; a P->D turn picks its D first (the
 session's, else the least loaded), then its P (the session's, else the least loaded).
+In a hybrid pool under policy live, a conversation live placed on a replica goes back to that
+replica alone, falling back to P->D when it cannot take the turn (as a local turn does); one
+placed there anew goes to the least-loaded replica.
 """
 
 from __future__ import annotations
@@ -72,9 +75,14 @@ def plan_turn(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload
     the proxy, the engines' state in the simulator; read only for a turn that could run locally)."""
     session = lookup.session
     can_local = lookup.continuation and pool.is_usable(session.decode, Role.DECODE)
+    replica_home = lookup.continuation and pool.is_usable(session.decode, Role.REPLICA)
     if forced is None or policy.kind is Policy.REPLICA:
-        state = observe(session) if observe is not None and can_local else None
-        decision = policy.decide(workload, session.id, can_local, state)
+        # Policy live places a homeless conversation when the pool has a replica to offer.
+        placing = (policy.kind is Policy.LIVE and not can_local and not replica_home
+                   and pool.candidate(Role.REPLICA) is not None)
+        state = observe(session) if observe is not None and (can_local or placing) else None
+        decision = policy.decide(workload, session.id, can_local, state,
+                                 replica_home=replica_home)
     elif forced is RouteKind.LOCAL and not can_local:
         # Nothing to append to (turn 1, or the session's D is gone): P->D is the only way.
         decision = Decision(RouteKind.PD, Reason.NO_HOME)
@@ -82,6 +90,9 @@ def plan_turn(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload
         decision = Decision(forced, Reason.FORCED)
     pd = Attempt(RouteKind.PD, (Pick(Role.DECODE, session.decode),
                                 Pick(Role.PREFILL, session.prefill)))
+    if decision.reason is Reason.REPLICA_HOME:
+        home = Attempt(RouteKind.REPLICA, (Pick(Role.REPLICA, session.decode, True),))
+        return TurnPlan(decision, (home, pd))
     if decision.kind is RouteKind.REPLICA:
         return TurnPlan(decision, (Attempt(RouteKind.REPLICA,
                                            (Pick(Role.REPLICA, session.decode),)),))

@@ -59,6 +59,8 @@ class Reason(enum.StrEnum):
     REPLICA = "replica"
     LIVE = "live"
     EVICTED = "evicted"
+    REPLICA_LIVE = "replica_live"  # live placed the conversation on a replica (hybrid pool)
+    REPLICA_HOME = "replica_home"  # a later turn of a conversation live placed on a replica
 
 
 @dataclass(frozen=True, slots=True)

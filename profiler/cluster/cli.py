@@ -45,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--model", required=True,
                     help="tiny, smollm2 or a model directory (with --emulate: llama-3.1-8b, tiny)")
     up.add_argument("--layout", required=True, type=_layout_arg,
-                    help="nodes to start: NpMd (prefill + decode, e.g. 1P1D, 1P2D) or NR "
-                    "(replicas)")
+                    help="nodes to start: NpMd (prefill + decode, e.g. 1P1D, 1P2D), NR "
+                    "(replicas) or both (e.g. 1R1P2D: replicas beside P/D, for --policy live)")
     up.add_argument("--device", type=Device, choices=list(Device), default=Device.CPU,
                     help="where vLLM runs")
     up.add_argument("--connector", type=Connector, choices=list(Connector),

@@ -1,11 +1,12 @@
 """What a local vLLM P/D cluster consists of, before any process starts (pure, testable).
 
-A layout such as `1P2D` or `2R` becomes a list of nodes (role, port, core); each node gets the
-command line and environment a P/D node needs: one OpenAI server per node, prefix caching
-on, eager mode, and a KV transfer config per role: NixlConnector (vLLM's production transfer:
-D pulls the blocks it lacks from P's memory over UCX) as kv_producer (P) / kv_consumer (D), with
-host buffers and UCX's TCP + shared-memory transports on the CPU; or ExampleConnector (a shared
-directory P writes and D reads back) when asked for; none on replicas.
+A layout such as `1P2D`, `2R` or the hybrid `1R1P2D` becomes a list of nodes (role, port,
+core); each node gets the command line and environment a P/D node needs: one OpenAI server per
+node, prefix caching on, eager mode, and a KV transfer config per role: NixlConnector (vLLM's
+production transfer: D pulls the blocks it lacks from P's memory over UCX) as kv_producer (P) /
+kv_consumer (D), with host buffers and UCX's TCP + shared-memory transports on the CPU; or
+ExampleConnector (a shared directory P writes and D reads back) when asked for; none on
+replicas, which publish KV events as D does (`profiler.cluster.kv_events`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ CPU_UCX_TLS = "tcp,self,sm"
 MAX_NODES = 16
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
-_LAYOUT_RE = re.compile(r"^(?:(?P<p>\d+)P(?P<d>\d+)D|(?P<r>\d+)R)$", re.IGNORECASE)
+_LAYOUT_RE = re.compile(r"^(?:\d+[PDR])+$", re.IGNORECASE)
+_LAYOUT_PART = re.compile(r"(\d+)([PDR])", re.IGNORECASE)
 
 
 class Device(enum.StrEnum):
@@ -57,16 +59,17 @@ class ClusterError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """Node counts per role: either P/D (prefill >= 1, decode >= 1) or replicas only."""
+    """Node counts per role: P/D (prefill >= 1, decode >= 1), replicas only, or a hybrid of
+    both (replicas beside P/D pairs, which policy live places conversations on)."""
 
     prefill: int = 0
     decode: int = 0
     replica: int = 0
 
     def __str__(self) -> str:
-        if self.replica:
-            return f"{self.replica}R"
-        return f"{self.prefill}P{self.decode}D"
+        """`1P2D`, `2R`, and for a hybrid P, D, R in that order (`1P2D1R`, as `ppd sim`)."""
+        parts = ((self.prefill, "P"), (self.decode, "D"), (self.replica, "R"))
+        return "".join(f"{count}{letter}" for count, letter in parts if count)
 
     @property
     def size(self) -> int:
@@ -83,18 +86,20 @@ class Layout:
 
 
 def parse_layout(text: str) -> Layout:
-    """`1P1D`, `1P2D`, `2P2D`, `1R`, `2R`... (case-insensitive) as a Layout."""
-    match = _LAYOUT_RE.match(text.strip())
-    if match is None:
+    """`1P1D`, `1P2D`, `2P2D`, `1R`, `2R`, hybrids `1R1P2D`, `2R1P1D`... (case-insensitive;
+    the parts in any order, each once) as a Layout."""
+    parts = [(letter.upper(), int(count)) for count, letter in _LAYOUT_PART.findall(text)]
+    counts = dict(parts)
+    if _LAYOUT_RE.match(text.strip()) is None or len(counts) != len(parts):
         raise ClusterError(
-            f"bad layout {text!r}: expected NPMD (e.g. 1P1D, 1P2D, 2P2D) or NR (e.g. 1R, 2R)"
+            f"bad layout {text!r}: expected NPMD (e.g. 1P1D, 1P2D, 2P2D), NR (e.g. 1R, 2R) or "
+            "both (e.g. 1R1P2D)"
         )
-    if match["r"] is not None:
-        layout = Layout(replica=int(match["r"]))
-    else:
-        layout = Layout(prefill=int(match["p"]), decode=int(match["d"]))
-        if layout.prefill < 1 or layout.decode < 1:
-            raise ClusterError(f"bad layout {text!r}: a P/D layout needs at least 1P and 1D")
+    layout = Layout(counts.get("P", 0), counts.get("D", 0), counts.get("R", 0))
+    if any(count < 1 for count in counts.values()):
+        raise ClusterError(f"bad layout {text!r}: each part names at least one node")
+    if ("P" in counts) != ("D" in counts):
+        raise ClusterError(f"bad layout {text!r}: a P/D layout needs at least 1P and 1D")
     if layout.size < 1:
         raise ClusterError(f"bad layout {text!r}: at least one node")
     if layout.size > MAX_NODES:

@@ -53,7 +53,9 @@ def summarize(
 
     local_share is the share of turn-2+ requests whose x-ppd-route was `local`, among those
     that carried the header (turn 1 is P->D in every disaggregated policy, so counting it would
-    only dilute the number); None when no response carried the header.
+    only dilute the number); None when no response carried the header. replica_share is the
+    share of all requests that carried the header whose route was `replica` (in a hybrid
+    pool under policy live, the conversations it placed on replicas).
     slo_attainment counts every request, a failure being a miss; None without an SLO.
     """
     ok = [r for r in records if r.success]
@@ -87,6 +89,10 @@ def summarize(
     routed = [r for r in records if r.turn >= 2 and r.route is not None]
     summary["local_share"] = (
         sum(1 for r in routed if r.route == "local") / len(routed) if routed else None
+    )
+    headed = [r for r in records if r.route is not None]
+    summary["replica_share"] = (
+        sum(1 for r in headed if r.route == "replica") / len(headed) if headed else None
     )
     summary["routes"] = _counts(r.route or "unknown" for r in records)
     summary["turns"] = _counts(str(r.turn) for r in records)

@@ -5,8 +5,9 @@ still holds of a session from its KV cache events (`proxy.residency`). A simulat
 engine model, so the same numbers are read from it directly, at the decision's instant: the
 running and waiting counts vLLM's gauges report, the leading tokens of the session's history
 its prefix cache (the LRU the events describe) holds, and the output lengths of its running
-batch (which a proxy knows of the requests it sent). The P a P->D turn would use is
-the one the pool would pick: the session's own P if it has one, else the least loaded.
+batch (which a proxy knows of the requests it sent). The D, P and (hybrid pools) replica a
+turn would use are the ones the pool would pick: the session's own if usable, else the
+least loaded.
 """
 
 from __future__ import annotations
@@ -64,12 +65,11 @@ def observer(engines: Mapping[str, Engine], pool: BackendPool,
         chain = hashes.chain(session.id, tokens) if tokens is not None else None
         if tokens is None:
             hashes.drop(session.id)
-        prefill = session.prefill if pool.is_usable(session.prefill, Role.PREFILL) else None
-        if prefill is None:
-            candidates = pool.healthy(Role.PREFILL)
-            prefill = min(candidates, key=lambda n: n.in_flight).url if candidates else None
-        decode = engines.get(session.decode) if session.decode is not None else None
-        return TurnState(node_state(decode, chain),
-                         node_state(engines.get(prefill) if prefill else None, chain))
+        decode = pool.candidate(Role.DECODE, session.decode)
+        prefill = pool.candidate(Role.PREFILL, session.prefill)
+        replica = pool.candidate(Role.REPLICA, session.decode)
+        return TurnState(node_state(engines.get(decode.url) if decode else None, chain),
+                         node_state(engines.get(prefill.url) if prefill else None, chain),
+                         None if replica is None else node_state(engines[replica.url], chain))
 
     return observe

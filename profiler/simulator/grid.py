@@ -8,8 +8,11 @@ output is a Parquet file (or CSV, by the suffix) with one row per cell.
 Policies are named as in reports: `pd` (x=0), `local` (x=1), `x=0.33` (fixed share), `replica`,
 `ppd`, `ppd-wtpot3` (ppd with --w-tpot 3), `threshold-256`, `live`, `live-wtpot3`,
 `live-table` (live with the layout's table as its prior; docs/live-routing.md). `replica`
-runs only on layouts with R nodes (e.g. 4R), the others only on P/D layouts; other
-combinations are skipped.
+runs only on layouts of R nodes alone (e.g. 4R), the others only on layouts with P/D pairs;
+other combinations are skipped. Hybrid layouts (R beside P and D, e.g. 1P2D1R) run every
+policy but replica: under `live` the replicas take the conversations it places there, under
+the others they stay idle. `--layouts hybrids` names the paper's 4-node hybrids
+(`HYBRID_LAYOUTS`); they are not in the default list, which is the paper's core grid.
 `--datasets paper` is the paper's 18 synthetic workloads (2 turn-1 profiles x 9 shapes); the
 `huge` ones (`synthetic:huge-SHAPE`, turn 1 of 8192/1024) are not in it and are named one by one.
 """
@@ -34,12 +37,15 @@ from proxy.discretize import PAPER_CONTEXTS, WORKLOAD_SHAPES
 
 PAPER_QPS = (0.5, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0)
 PAPER_LAYOUTS = ("4R", "1P3D", "2P2D", "3P1D")
+# Every 4-node layout with all three roles (the paper's 1R_1P_2D, 1R_2P_1D, 2R_1P_1D).
+HYBRID_LAYOUTS = ("1P2D1R", "2P1D1R", "1P1D2R")
 PAPER_POLICIES = ("replica", "pd", "x=0.33", "x=0.5", "x=0.67", "local")
 SUMMARY_COLUMNS = (
     "n_requests", "n_success", "success_rate", "turn1_ttft_ms_mean", "turn1_ttft_ms_p99",
     "turn2plus_ttft_ms_mean", "turn2plus_ttft_ms_p50", "turn2plus_ttft_ms_p99",
     "tpot_ms_mean", "tpot_ms_p99", "turn2plus_tpot_ms_mean", "e2e_ms_mean", "output_tok_s",
-    "total_tok_s", "requests_s", "local_share", "kv_bytes_moved", "wall_time_s",
+    "total_tok_s", "requests_s", "local_share", "replica_share", "kv_bytes_moved",
+    "wall_time_s",
 )
 _PPD = re.compile(r"^ppd(?:-wtpot(?P<tpot>[\d.]+))?$")
 _LIVE = re.compile(r"^live(?P<table>-table)?(?:-wtpot(?P<tpot>[\d.]+))?$")
@@ -90,6 +96,12 @@ class GridCell:
         return {"layout": self.spec.layout, "dataset": self.spec.dataset.removeprefix(
             "synthetic:"), "qps": self.spec.qps, "policy": self.policy,
             "seed": self.spec.seed, "cost": self.spec.cost}
+
+
+def expand_layouts(names: Sequence[str]) -> list[str]:
+    """Layout names with `hybrids` standing for HYBRID_LAYOUTS."""
+    return [layout for name in names
+            for layout in (HYBRID_LAYOUTS if name.lower() == "hybrids" else (name,))]
 
 
 def grid_cells(layouts: Sequence[str], datasets: Sequence[str], qps: Sequence[float],
@@ -172,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Simulate layouts x workloads x qps x policies in parallel processes and "
         "write one tidy table (a row per run).")
     parser.add_argument("--layouts", default=",".join(PAPER_LAYOUTS),
-                        help=f"comma list (default {','.join(PAPER_LAYOUTS)})")
+                        help=f"comma list (default {','.join(PAPER_LAYOUTS)}); `hybrids` "
+                        f"adds {','.join(HYBRID_LAYOUTS)}")
     parser.add_argument("--datasets", default="paper",
                         help="comma list of datasets, or `paper` (the 18 synthetic workloads)")
     parser.add_argument("--conversation-rates", "--qps", dest="qps",
@@ -225,8 +238,8 @@ def main(argv: list[str]) -> int:
             raise ValueError(f"no decision table for layout {layout}: {path} (pass --table)")
         return path
 
-    cells = grid_cells(_split(args.layouts), datasets, qps, _split(args.policies), base,
-                       table_for)
+    cells = grid_cells(expand_layouts(_split(args.layouts)), datasets, qps,
+                       _split(args.policies), base, table_for)
     if not cells:
         raise ValueError("the grid is empty: no policy fits the layouts (replica needs R "
                          "nodes, the other policies P and D nodes)")
@@ -248,5 +261,5 @@ def _split(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-__all__ = ["GridCell", "grid_cells", "paper_datasets", "parse_policy", "policy_label",
-           "run_grid"]
+__all__ = ["HYBRID_LAYOUTS", "GridCell", "expand_layouts", "grid_cells", "paper_datasets",
+           "parse_policy", "policy_label", "run_grid"]

@@ -1,4 +1,4 @@
-"""Cluster layouts by name: `1P3D`, `2P2D`, `3P1D`, `4R`, hybrids like `1P2D1R`.
+"""Cluster layouts by name: `1P3D`, `2P2D`, `3P1D`, `4R`, hybrids like `1P2D1R` (= `1R1P2D`).
 
 A layout is a count per role in P, D, R order; the node names (`p0`, `d1`, `r0`) double as the
 backend URLs the proxy's pool keys nodes by, so a simulated record's `x-ppd-decode` column
@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from proxy.vocabulary import Role
 
-_LAYOUT = re.compile(r"^(?:(\d+)P)?(?:(\d+)D)?(?:(\d+)R)?$", re.IGNORECASE)
+_PART = re.compile(r"(\d+)([PDR])", re.IGNORECASE)
+_LAYOUT = re.compile(r"^(?:\d+[PDR])+$", re.IGNORECASE)
 _PREFIX = {Role.PREFILL: "p", Role.DECODE: "d", Role.REPLICA: "r"}
 
 
@@ -42,12 +43,15 @@ class Layout:
 
     @classmethod
     def parse(cls, name: str) -> Layout:
-        """`1P3D` -> Layout(1, 3, 0); a clear error for anything else."""
-        match = _LAYOUT.match(name.strip())
-        if not name.strip() or match is None:
-            raise LayoutError(f"bad layout {name!r}: use counts of P, D, R in that order, "
-                              "e.g. 1P3D, 2P2D, 4R, 1P2D1R")
-        p, d, r = (int(group) if group else 0 for group in match.groups())
+        """`1P3D` -> Layout(1, 3, 0), `1R1P2D` -> Layout(1, 2, 1) (the parts in any order,
+        each once); a clear error for anything else."""
+        text = name.strip()
+        parts = [(letter.upper(), int(count)) for count, letter in _PART.findall(text)]
+        counts = dict(parts)
+        if _LAYOUT.match(text) is None or len(counts) != len(parts):
+            raise LayoutError(f"bad layout {name!r}: use counts of P, D and R, each once, "
+                              "e.g. 1P3D, 2P2D, 4R, 1R1P2D")
+        p, d, r = (counts.get(letter, 0) for letter in "PDR")
         layout = cls(p, d, r)
         if (p > 0) != (d > 0):
             raise LayoutError(f"layout {name!r}: prefill and decode nodes come together "

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config import ConfigError, NodeSpec, Policy, PolicyConfig, ProxyConfig
-from proxy.live import NodeState, StepCosts, TurnState, predict
+from proxy.live import NodeState, StepCosts, TurnState, predict, predict_placement
 from proxy.policies import RoutingPolicy
 from proxy.vocabulary import Reason, Role, RouteKind, Workload
 
@@ -150,3 +150,19 @@ def test_live_view_trusts_fresh_metrics_else_the_proxy_in_flight() -> None:
     stale = view.state(session).decode
     assert (stale.running, stale.waiting) == (3, 0)
     assert stale.tpot_sensitivity == pytest.approx(0.05 * 3)
+
+
+def test_placement_prices_a_replica_as_a_whole_prompt_prefill_beside_its_batch() -> None:
+    first = Workload(1, 500, 0, 100, 4.0)
+    replica = NodeState(10.0, 2.0, None, 16, 0.5)
+    placed = predict_placement(first, TurnState(NodeState(), NodeState(), replica), COSTS)
+    step = 6.0 + 10 * 0.01  # the replica's decode step
+    assert placed.ttft_local_ms == pytest.approx(step / 2 + 2 * step + step + 500 * 0.02)
+    assert placed.delay_ms == pytest.approx(500 * 0.02)  # the batch waits for the prefill
+    assert placed.batch_delay_ms == pytest.approx(10 * 500 * 0.02)
+    assert placed.tpot_sensitivity == 0.5
+    # P->D is predict's: P's prefill of the prompt, D's three steps, the transfer.
+    assert placed.ttft_pd_ms == pytest.approx(16.0 + 3.0 + 6.0 + 0.15 + 3.0 + 6.01)
+    cached = predict_placement(first, TurnState(NodeState(), NodeState(),
+                                                NodeState(10.0, 2.0, 320, 16)), COSTS)
+    assert placed.ttft_local_ms - cached.ttft_local_ms == pytest.approx(320 * 0.02)

@@ -100,14 +100,23 @@ def running(model_dir: Path, fake_python: str, tmp_path: Path, record_dir: Path
 @pytest.mark.parametrize(
     ("text", "layout"),
     [("1P1D", Layout(1, 1)), ("1p2d", Layout(1, 2)), ("2P2D", Layout(2, 2)),
-     ("1R", Layout(replica=1)), (" 2r ", Layout(replica=2))],
+     ("1R", Layout(replica=1)), (" 2r ", Layout(replica=2)), ("1P2D1R", Layout(1, 2, 1)),
+     ("2P1D1R", Layout(2, 1, 1))],
 )
 def test_parse_layout(text: str, layout: Layout) -> None:
     assert parse_layout(text) == layout
     assert str(layout) == text.strip().upper()
 
 
-@pytest.mark.parametrize("text", ["", "1P", "P1D", "0P1D", "1P0D", "0R", "1P1D1R", "20R", "x"])
+def test_hybrid_layouts_parse_in_any_order() -> None:
+    assert parse_layout("1R1P2D") == parse_layout("2d1r1p") == Layout(1, 2, 1)
+    assert str(parse_layout("2R1P1D")) == "1P1D2R"
+    assert [role.value for role in parse_layout("1R1P2D").roles] == [
+        "prefill", "decode", "decode", "replica"]
+
+
+@pytest.mark.parametrize("text", ["", "1P", "P1D", "0P1D", "1P0D", "0R", "1R1P", "1R2D",
+                                  "1P1D1P", "0R1P1D", "20R", "x"])
 def test_parse_layout_rejects(text: str) -> None:
     with pytest.raises(ClusterError, match="bad layout"):
         parse_layout(text)

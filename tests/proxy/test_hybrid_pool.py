@@ -1,0 +1,143 @@
+"""A hybrid pool (R nodes beside P and D): what each policy does with it (plan_turn)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.backends import BackendPool
+from proxy.config import Policy, PolicyConfig
+from proxy.live import NodeState, StepCosts, TurnState
+from proxy.live_view import LiveView
+from proxy.node_load import LoadSignals
+from proxy.policies import RoutingPolicy
+from proxy.residency import Residency
+from proxy.sessions.session import Lookup, Session
+from proxy.turn_plan import Attempt, Pick, TurnPlan, plan_turn
+from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
+from tests.proxy.router_harness import chat, router_over, text_of
+
+COSTS = StepCosts(base_ms=6.0, per_prefill_token_ms=0.02, per_decode_seq_ms=0.01)
+TURN1 = Workload(1, 500, 0, 100, 1.0)
+TURN2 = Workload(2, 50, 600, 100, 1.0)
+
+
+def hybrid_pool() -> BackendPool:
+    pool = BackendPool(clock=lambda: 0.0)
+    for url, role in (("http://p0", Role.PREFILL), ("http://d0", Role.DECODE),
+                      ("http://r0", Role.REPLICA)):
+        pool.add(url, role)
+    return pool
+
+
+def lookup(turn: int, decode: str | None = None, prefill: str | None = None) -> Lookup:
+    return Lookup(Session("s", "opening", False, decode, prefill, turns=turn - 1), turn > 1)
+
+
+def policy(config: PolicyConfig) -> RoutingPolicy:
+    return RoutingPolicy(config, costs=COSTS)
+
+
+@pytest.mark.parametrize("config", [PolicyConfig(kind=Policy.PD),
+                                    PolicyConfig(kind=Policy.LOCAL),
+                                    PolicyConfig(kind=Policy.FIXED, x=0.5),
+                                    PolicyConfig(kind=Policy.THRESHOLD, non_cached_tokens=64)])
+def test_disaggregated_policies_never_use_the_replicas(config: PolicyConfig) -> None:
+    first = plan_turn(policy(config), hybrid_pool(), lookup(1), TURN1)
+    assert (first.decision.kind, first.decision.reason) == (RouteKind.PD, Reason.TURN1)
+    later = plan_turn(policy(config), hybrid_pool(), lookup(2, "http://d0", "http://p0"), TURN2)
+    assert later.decision.kind in (RouteKind.PD, RouteKind.LOCAL)
+    roles = {pick.role for attempt in (*first.attempts, *later.attempts) for pick in attempt.picks}
+    assert Role.REPLICA not in roles
+
+
+def test_policy_replica_sends_everything_to_the_replicas() -> None:
+    for look, work in ((lookup(1), TURN1), (lookup(2, "http://r0"), TURN2)):
+        plan = plan_turn(policy(PolicyConfig(kind=Policy.REPLICA)), hybrid_pool(), look, work)
+        assert plan.decision.kind is RouteKind.REPLICA
+        assert {p.role for a in plan.attempts for p in a.picks} == {Role.REPLICA}
+
+
+IDLE = NodeState(0.0, 0.0, None, 16, 0.0)
+# A replica decoding 64 requests with ~100 tokens to go each: a 500-token prefill in its batch
+# delays them all.
+BUSY = NodeState(64.0, 0.0, None, 16, 64 / 99)
+
+
+def live_plan(pool: BackendPool, look: Lookup, work: Workload, replica: NodeState,
+              seen: list[Session] | None = None) -> TurnPlan:
+    def observe(session: Session) -> TurnState:
+        if seen is not None:
+            seen.append(session)
+        return TurnState(IDLE, IDLE, replica if pool.candidate(Role.REPLICA) else None)
+
+    return plan_turn(policy(PolicyConfig(kind=Policy.LIVE)), pool, look, work, None, observe)
+
+
+def test_live_places_turn_one_on_an_idle_replica_and_p_to_d_beside_a_busy_one() -> None:
+    idle = live_plan(hybrid_pool(), lookup(1), TURN1, IDLE)
+    assert idle.decision == Decision(RouteKind.REPLICA, Reason.REPLICA_LIVE)
+    assert idle.attempts == (Attempt(RouteKind.REPLICA, (Pick(Role.REPLICA, None),)),)
+    busy = live_plan(hybrid_pool(), lookup(1), TURN1, BUSY)
+    assert busy.decision == Decision(RouteKind.PD, Reason.TURN1)
+
+
+def test_a_replica_conversation_stays_on_its_replica_then_falls_back_to_p_to_d() -> None:
+    seen: list[Session] = []
+    plan = live_plan(hybrid_pool(), lookup(2, "http://r0"), TURN2, IDLE, seen)
+    assert plan.decision == Decision(RouteKind.REPLICA, Reason.REPLICA_HOME)
+    assert seen == []  # nothing to predict: the replica holds the history
+    assert plan.attempts == (
+        Attempt(RouteKind.REPLICA, (Pick(Role.REPLICA, "http://r0", only_preferred=True),)),
+        Attempt(RouteKind.PD, (Pick(Role.DECODE, "http://r0"), Pick(Role.PREFILL, None))))
+
+
+def test_a_replica_conversation_whose_replica_is_gone_is_placed_again() -> None:
+    pool = hybrid_pool()
+    pool.mark("http://r0", healthy=False)
+    alone = live_plan(pool, lookup(2, "http://r0"), TURN2, IDLE)
+    assert alone.decision == Decision(RouteKind.PD, Reason.NO_HOME)  # no replica left
+    pool.add("http://r1", Role.REPLICA)
+    other = live_plan(pool, lookup(2, "http://r0"), TURN2, IDLE)
+    assert other.decision == Decision(RouteKind.REPLICA, Reason.REPLICA_LIVE)
+    assert other.attempts == (Attempt(RouteKind.REPLICA, (Pick(Role.REPLICA, "http://r0"),)),)
+    assert pool.pick(Role.REPLICA, "http://r0").url == "http://r1"  # type: ignore[union-attr]
+
+
+def test_live_reads_the_cluster_for_turn_one_only_when_there_is_a_replica() -> None:
+    seen: list[Session] = []
+    pool = BackendPool(clock=lambda: 0.0)
+    pool.add("http://p0", Role.PREFILL)
+    pool.add("http://d0", Role.DECODE)
+    plan = live_plan(pool, lookup(1), TURN1, IDLE, seen)
+    assert plan.decision == Decision(RouteKind.PD, Reason.TURN1) and seen == []
+    live_plan(hybrid_pool(), lookup(1), TURN1, IDLE, seen)
+    assert len(seen) == 1
+
+
+def test_a_d_conversation_stays_on_its_d_under_live() -> None:
+    plan = live_plan(hybrid_pool(), lookup(2, "http://d0", "http://p0"), TURN2, IDLE)
+    assert plan.decision.kind is RouteKind.LOCAL
+
+
+def test_policies_other_than_live_send_a_replica_conversation_p_to_d() -> None:
+    plan = plan_turn(policy(PolicyConfig(kind=Policy.LOCAL)), hybrid_pool(),
+                     lookup(2, "http://r0"), TURN2)
+    assert plan.decision == Decision(RouteKind.PD, Reason.NO_HOME)
+
+
+async def test_the_router_keeps_a_replica_conversation_on_its_replica() -> None:
+    async with router_over("p0", "d0", "r0") as h:
+        h.router.policy = policy(PolicyConfig(kind=Policy.LIVE))
+        h.router.view = LiveView(h.pool, Residency(), LoadSignals(h.clock), 3.0)
+        # Every node idle: the replica answers turn 1 sooner and delays nobody.
+        first, body = await h.ask(chat("Hello " * 50))
+        second, body2 = await h.ask(chat("Hello " * 50, text_of(body), "And then?"))
+        h.pool.mark(h.cluster["r0"].url, healthy=False)  # the replica is gone
+        third, _ = await h.ask(chat("Hello " * 50, text_of(body), "And then?", text_of(body2),
+                                    "More?"))
+    routes = [(r.headers["x-ppd-route"], r.headers["x-ppd-decode"])
+              for r in (first, second, third)]
+    assert routes == [("replica", h.cluster["r0"].url), ("replica", h.cluster["r0"].url),
+                      ("pd", h.cluster["d0"].url)]
+    assert h.router.metrics.stats()["reasons"] == {"replica_live": 1, "replica_home": 1,
+                                                   "no_home": 1}
