@@ -36,9 +36,9 @@ async def test_a_synthetic_turn_2_lands_in_its_own_cell_on_the_proxy_side(
         h.router.counter = counter  # the proxy started with --tokenizer of the served model
         decide = h.router.policy.decide
 
-        def spy(workload: Workload, *args: Any) -> Any:
+        def spy(workload: Workload, *args: Any, **kwargs: Any) -> Any:
             seen.append(workload)
-            return decide(workload, *args)
+            return decide(workload, *args, **kwargs)
 
         h.router.policy.decide = spy  # type: ignore[method-assign]
         history = History(Api.CHAT, conversation.system)  # what the profiler's replay sends
