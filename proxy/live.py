@@ -188,7 +188,7 @@ def _pd_ttft_ms(workload: Workload, state: TurnState, context: int,
     n_ctx, n_in = workload.n_ctx, workload.n_in
     batch = state.decode.running
     decode_kv = batch * context
-    decode_step = costs.step_ms(0, 0, batch, decode_kv)
+    decode_step = _decode_step_ms(state.decode, context, costs)
     p_held = min(state.prefill.held_tokens or 0, n_ctx)
     p_prefill = costs.step_ms(n_ctx + n_in - p_held, p_held, 0, 0)
     p_queue = (state.prefill.running + state.prefill.waiting) * p_prefill
