@@ -43,6 +43,7 @@ from proxy.errors import (
     UpstreamTimeout,
 )
 from proxy.json_codec import dumps, loads
+from proxy.http1 import Http1Response
 from proxy.transport import AiohttpTransport, RawResponse
 from proxy.validate import Endpoint
 
@@ -109,7 +110,7 @@ class _HttpxResponse:
         await self._response.aclose()
 
 
-Upstream = RawResponse | _HttpxResponse
+Upstream = RawResponse | Http1Response | _HttpxResponse
 
 
 async def _send(client: httpx.AsyncClient, url: str, content: bytes, request_id: str

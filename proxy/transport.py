@@ -13,6 +13,11 @@ everything after that a ReadError or RemoteProtocolError, timeouts by phase.
 the same error translation, without building an httpx Request and Response per leg (~12% of
 the proxy's CPU per request, benchmarks/proxy_overhead); it returns a `RawResponse`.
 
+`LegTransport` (the default) is the same transport whose legs go through `proxy.http1`
+instead: asyncio protocols with httptools' parser, no aiohttp client objects at all (aiohttp's
+ClientSession was ~35% of the proxy's CPU on the P->D path after the change above). Other
+httpx requests (health probes, /metrics scrapes) still use aiohttp.
+
 `httpx_transport` is httpx's own pool with the same limits (the benchmark's BEFORE stack).
 """
 
@@ -24,6 +29,8 @@ from contextlib import contextmanager
 
 import aiohttp
 import httpx
+
+from proxy.http1 import Http1Pool, Http1Response
 
 # Idle connections are dropped before vLLM's 5 s keep-alive timeout closes them.
 KEEPALIVE_EXPIRY_S = 2.0
@@ -160,6 +167,25 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             self._session = None
 
 
+class LegTransport(AiohttpTransport):
+    """AiohttpTransport whose legs (`post`, http:// URLs) use `proxy.http1`'s pool."""
+
+    def __init__(self, keepalive_expiry: float = KEEPALIVE_EXPIRY_S) -> None:
+        super().__init__(keepalive_expiry)
+        self._legs = Http1Pool(keepalive_expiry)
+
+    async def post(self, url: str, content: bytes, headers: dict[str, str],  # type: ignore[override]
+                   timeout: httpx.Timeout) -> RawResponse | Http1Response:
+        """POST content; the response once its headers arrived (translated httpx errors)."""
+        if not url.startswith("http://"):
+            return await super().post(url, content, headers, timeout)
+        return await self._legs.post(url, content, headers, timeout)
+
+    async def aclose(self) -> None:
+        self._legs.close()
+        await super().aclose()
+
+
 def httpx_transport() -> httpx.AsyncHTTPTransport:
     """httpx's own pool, with the limits the aiohttp transport has."""
     return httpx.AsyncHTTPTransport(limits=httpx.Limits(
@@ -169,4 +195,4 @@ def httpx_transport() -> httpx.AsyncHTTPTransport:
 
 def default_transport() -> httpx.AsyncBaseTransport:
     """The transport the proxy uses unless told otherwise."""
-    return AiohttpTransport()
+    return LegTransport()

@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--raw", type=Path, help="also keep py-spy's raw output here")
     args = parser.parse_args(argv)
-    spy = shutil.which("py-spy")
+    # The venv's own copy first: `make bench` runs the venv's python without its bin on PATH.
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     if spy is None:
         parser.error("py-spy is not installed: pip install -e '.[bench]'")
     gen = runner.LoadGenerator()

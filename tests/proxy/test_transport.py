@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 import pytest
 
-from proxy.transport import AiohttpTransport
+from proxy.transport import AiohttpTransport, LegTransport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -131,13 +131,20 @@ async def test_closing_a_stream_early_closes_its_connection() -> None:
         await asyncio.wait_for(closed.wait(), 5)
 
 
-# The legs' own path (`AiohttpTransport.post`, used by proxy.forward without httpx's Request
-# and Response objects) fails the same way, moment by moment.
+# The legs' own path (`post`, used by proxy.forward without httpx's Request and Response
+# objects) fails the same way, moment by moment: through aiohttp (AiohttpTransport) and
+# through proxy.http1 (LegTransport, the default).
 TIMEOUT = httpx.Timeout(5.0, read=0.5)
 
 
-async def _post(url: str) -> tuple[int, str, bytes]:
-    transport = AiohttpTransport()
+@pytest.fixture(params=[AiohttpTransport, LegTransport])
+def leg_transport(request: pytest.FixtureRequest) -> type[AiohttpTransport]:
+    return request.param  # type: ignore[no-any-return]
+
+
+async def _post(url: str, kind: type[AiohttpTransport] = LegTransport
+                ) -> tuple[int, str, bytes]:
+    transport = kind()
     try:
         response = await transport.post(url + "/v1/completions", b"{}",
                                         {"content-type": "application/json"}, TIMEOUT)
@@ -150,7 +157,8 @@ async def _post(url: str) -> tuple[int, str, bytes]:
         await transport.aclose()
 
 
-async def test_post_passes_status_type_and_body_through() -> None:
+async def test_post_passes_status_type_and_body_through(
+        leg_transport: type[AiohttpTransport]) -> None:
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
@@ -159,7 +167,8 @@ async def test_post_passes_status_type_and_body_through() -> None:
         writer.close()
 
     async with tcp_server(answer) as url:
-        assert await _post(url) == (200, "text/event-stream", b"data: first\n\n")
+        assert await _post(url, leg_transport) == (200, "text/event-stream",
+                                                   b"data: first\n\n")
 
 
 @pytest.mark.parametrize(("behaviour", "error"), [
@@ -168,7 +177,8 @@ async def test_post_passes_status_type_and_body_through() -> None:
     ("cut", httpx.ReadError),
 ])
 async def test_post_failures_are_the_same_httpx_errors(
-        behaviour: str, error: type[httpx.TransportError]) -> None:
+        behaviour: str, error: type[httpx.TransportError],
+        leg_transport: type[AiohttpTransport]) -> None:
     async def node(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)
         if behaviour == "silent":
@@ -181,12 +191,13 @@ async def test_post_failures_are_the_same_httpx_errors(
 
     async with tcp_server(node) as url:
         with pytest.raises(error):
-            await _post(url)
+            await _post(url, leg_transport)
 
 
-async def test_post_to_a_closed_port_is_a_connect_error() -> None:
+async def test_post_to_a_closed_port_is_a_connect_error(
+        leg_transport: type[AiohttpTransport]) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with pytest.raises(httpx.ConnectError):
-        await _post(f"http://127.0.0.1:{port}")
+        await _post(f"http://127.0.0.1:{port}", leg_transport)
