@@ -42,8 +42,8 @@ from proxy.errors import (
     UpstreamStatus,
     UpstreamTimeout,
 )
-from proxy.json_codec import dumps, loads
 from proxy.http1 import Http1Response
+from proxy.json_codec import dumps, loads
 from proxy.transport import AiohttpTransport, RawResponse
 from proxy.validate import Endpoint
 
