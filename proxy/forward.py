@@ -8,7 +8,7 @@
 - `open_stream`: a streamed D, local or replica leg. It returns once the first body chunk has
   arrived, so every failure that can still be hidden from the client (refused, reset, 5xx, a
   read error before any byte) surfaces as an exception the router can fail over on.
-- `UpstreamStream.chunks()` then passes the bytes through unchanged while
+- `UpstreamStream.next_chunk()` then passes the bytes through unchanged while
   `proxy.completion.ReplyCapture` parses them on the side for what the session ledger needs.
 An upstream 4xx is the client's request at fault, not a failure: it comes back as an `Answer`
 that goes to the client as is.
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,10 +93,11 @@ class _HttpxResponse:
     """An httpx response behind `RawResponse`'s interface (a transport other than aiohttp's:
     the tests' MockTransport, or httpx's own pool)."""
 
-    __slots__ = ("status", "content_type", "_response")
+    __slots__ = ("status", "content_type", "_response", "_chunks")
 
     def __init__(self, response: httpx.Response) -> None:
         self._response = response
+        self._chunks: AsyncIterator[bytes] | None = None
         self.status = response.status_code
         self.content_type: str = response.headers.get("content-type", "application/json")
 
@@ -105,6 +106,11 @@ class _HttpxResponse:
 
     def aiter(self) -> AsyncIterator[bytes]:
         return self._response.aiter_bytes()
+
+    async def read_chunk(self) -> bytes:
+        if self._chunks is None:
+            self._chunks = self._response.aiter_bytes()
+        return await anext(self._chunks, b"")
 
     async def aclose(self) -> None:
         await self._response.aclose()
@@ -223,7 +229,6 @@ class UpstreamStream:
 
     response: Upstream
     first: bytes
-    _rest: AsyncIterator[bytes]
     url: str
 
     @property
@@ -236,13 +241,18 @@ class UpstreamStream:
         """The upstream content type."""
         return self.response.content_type
 
-    async def chunks(self) -> AsyncGenerator[bytes, None]:
-        """The body, first chunk included; mid-stream failures raise UpstreamError."""
-        if self.first:
-            yield self.first
+    async def next_chunk(self) -> bytes:
+        """The body's next bytes as they arrived, the first chunk first; b"" at its end.
+        Mid-stream failures raise UpstreamError.
+
+        A method, not an async generator: each chunk of each stream passes here, and every
+        generator layer between the socket and the client cost a resumption per chunk."""
+        first = self.first
+        if first:
+            self.first = b""
+            return first
         try:
-            async for chunk in self._rest:
-                yield chunk
+            return await self.response.read_chunk()
         except httpx.HTTPError as exc:
             raise _translate(exc, self.url) from exc
 
@@ -261,15 +271,11 @@ async def open_stream(client: httpx.AsyncClient, base_url: str, endpoint: Endpoi
             answer = _answer(response, await response.aread(), url)
             await response.aclose()
             return answer
-        rest = response.aiter()
-        try:
-            first = await anext(rest)
-        except StopAsyncIteration:
-            first = b""
+        first = await response.read_chunk()
     except httpx.HTTPError as exc:
         await response.aclose()
         raise _translate(exc, url) from exc
     except BaseException:
         await response.aclose()
         raise
-    return UpstreamStream(response, first, rest, url)
+    return UpstreamStream(response, first, url)

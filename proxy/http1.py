@@ -285,7 +285,8 @@ class _Exchange:
 class Http1Response:
     """An answer whose headers arrived: status, content type, and the body to read once."""
 
-    __slots__ = ("status", "content_type", "_exchange", "_pool", "_key", "_conn", "_done")
+    __slots__ = ("status", "content_type", "read_chunk", "_exchange", "_pool", "_key", "_conn",
+                 "_done")
 
     def __init__(self, exchange: _Exchange, pool: Http1Pool, key: tuple[str, int],
                  conn: _Connection) -> None:
@@ -296,6 +297,8 @@ class Http1Response:
         self._done = False
         self.status = exchange.status
         self.content_type = exchange.content_type
+        # The bytes that arrived since the last read, b"" at the end (httpx errors).
+        self.read_chunk = exchange.readany
 
     async def aread(self) -> bytes:
         """The whole body."""

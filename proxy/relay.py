@@ -116,8 +116,19 @@ class Relay:
 
     async def _relay(self) -> AsyncGenerator[bytes, None]:
         framer = SseFramer()
+        read = self._stream.next_chunk
+        deadline = self._limits.deadline
         try:
-            async for chunk in self._bounded(self._stream.chunks()):
+            while True:
+                # Each read waits under the request's deadline (`proxy.deadline`: one timer for
+                # the whole stream, guarding only the reads, never the writes to the client).
+                try:
+                    with guarded(deadline):
+                        chunk = await read()
+                except DeadlineExceeded:
+                    raise BudgetExhausted(self._limits.over_budget) from None
+                if not chunk:
+                    break
                 # The client gets the bytes before the capture parses them (the first token is
                 # not delayed by reading the rest of a chunk), except `[DONE]`: the turn is
                 # recorded before the client can read it, so a client that sends its next turn
@@ -145,24 +156,6 @@ class Relay:
             yield rest
         self._lease.settle(self._node, ok=True)
         await self._reply_once()
-
-    async def _bounded(self, chunks: AsyncGenerator[bytes, None]
-                       ) -> AsyncGenerator[bytes, None]:
-        """The chunks, each read under the request's deadline (`proxy.deadline`: one timer
-        for the whole stream, guarding only the reads, never the writes to the client)."""
-        deadline = self._limits.deadline
-        try:
-            while True:
-                try:
-                    with guarded(deadline):
-                        chunk = await anext(chunks)
-                except StopAsyncIteration:
-                    return
-                except DeadlineExceeded:
-                    raise BudgetExhausted(self._limits.over_budget) from None
-                yield chunk
-        finally:
-            await chunks.aclose()
 
     async def _reply_once(self) -> None:
         if not self._replied:

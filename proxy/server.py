@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from proxy import heap
 from proxy.config import ProxyConfig
 from proxy.errors import BadRequest, ProxyError, RequestTimeout
 from proxy.lifespan import Lifespan
@@ -376,6 +377,7 @@ async def _serve_until_signal(app: Any, host: str, port: int, grace: float,
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with running(app, host, port, grace, reuse_port) as server:
+        heap.settle()  # the app has started: what it built stays
         if on_ready is not None:
             on_ready(server)
         await stop.wait()

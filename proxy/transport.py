@@ -113,10 +113,13 @@ class RawResponse:
 
     async def aiter(self) -> AsyncIterator[bytes]:
         """The body's chunks as they arrive (translated httpx errors if it breaks)."""
-        content = self._response.content
+        while chunk := await self.read_chunk():
+            yield chunk
+
+    async def read_chunk(self) -> bytes:
+        """The bytes that arrived since the last read, b"" at the end (translated errors)."""
         with _translated():
-            while chunk := await content.readany():
-                yield chunk
+            return await self._response.content.readany()
 
     async def aclose(self) -> None:
         """Back to the pool when read to the end, else the connection is closed."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator
 
 from proxy.completion import Captured, ReplyCapture
 from proxy.errors import UpstreamError
@@ -43,8 +42,9 @@ class _Stream:
     def __init__(self, body: bytes) -> None:
         self.body = body
 
-    async def chunks(self) -> AsyncGenerator[bytes, None]:
-        yield self.body
+    async def next_chunk(self) -> bytes:
+        body, self.body = self.body, b""
+        return body
 
     async def aclose(self) -> None:
         pass
