@@ -6,6 +6,8 @@ Rows (one run, same machine, same moment):
 - policy live: `RoutingPolicy.decide` under policy live for random workloads and cluster
   states; the residency lookup it is handed (a 9k-token session) and the background cost of
   one KV event batch (decode + index), which the proxy pays per published batch;
+- the reply capture and SSE framing of one streamed 16-token chat reply, fed as vLLM writes
+  it (one event per chunk): what the relay pays per streamed request besides moving bytes;
 - token counting of a turn's new messages with the model's tokenizer (proxy.tokens, text-v1)
   (the other per-request cost of an exact decision);
 - a whole non-streamed chat request through the proxy (pd: P leg + D leg; local: D leg) to
@@ -191,6 +193,26 @@ async def _timed_posts(client: httpx.AsyncClient, url: str,
     return samples
 
 
+def bench_capture(n: int) -> np.ndarray:
+    """Frame and capture one 16-token streamed reply, chunk by chunk, as the relay does."""
+    from benchmarks.proxy_overhead.backend import stream_events
+    from proxy.completion import ReplyCapture
+    from proxy.relay import SseFramer, _split_before_done
+
+    chunks = stream_events(16, True)
+
+    def relay_one() -> None:
+        framer, capture = SseFramer(), ReplyCapture(stream=True)
+        for chunk in chunks:
+            _, done = _split_before_done(framer.feed(chunk))
+            capture.feed(chunk)
+            if done:
+                assert capture.stream_done
+        capture.finish()
+
+    return time_calls(relay_one, n)
+
+
 def run(n_decide: int = 20_000, n_requests: int = 200) -> list[tuple[str, np.ndarray]]:
     """All rows of this benchmark, as (label, samples in microseconds)."""
     rng = random.Random(0)
@@ -199,6 +221,7 @@ def run(n_decide: int = 20_000, n_requests: int = 200) -> list[tuple[str, np.nda
     lookup, apply = bench_residency(n_decide // 4)
     rows += [("residency: held tokens of a 9k-token session", lookup),
              ("KV events: decode + index a 32-block batch", apply)]
+    rows.append(("frame + capture a streamed 16-token reply", bench_capture(n_decide // 4)))
     tokenizer_dir = _tiny_tokenizer()
     tokens = bench_tokens(n_decide // 4, tokenizer_dir)
     if tokens is not None:

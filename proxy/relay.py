@@ -58,6 +58,8 @@ class SseFramer:
 
     def feed(self, chunk: bytes) -> bytes:
         """The complete events the bytes so far end with (possibly none)."""
+        if not self._pending and chunk.endswith(b"\n\n"):
+            return chunk  # vLLM writes whole events: nothing to cut, nothing to keep
         data = self._pending + chunk
         end = max((data.rfind(sep) + len(sep) for sep in SSE_EVENT_ENDS if sep in data), default=0)
         self._pending = data[end:]
@@ -138,12 +140,14 @@ class Relay:
                     yield head
                 self._capture.feed(chunk)
                 limit = self._limits.max_tokens
-                if limit is not None and self._capture.token_events > limit and not done:
+                if limit is not None and not done and self._capture.could_exceed(limit):
                     raise UpstreamRunaway(f"backend {self._node.url} streamed past the request's "
                                         f"max_tokens ({limit}); reply cut")
-                if self._capture.stream_done:
-                    await self._reply_once()
                 if done:
+                    # The complete events hold "[DONE]" (maybe only inside a reply's text: the
+                    # capture says whether the stream's own `[DONE]` event came).
+                    if self._capture.stream_done:
+                        await self._reply_once()
                     yield done
         except ProxyError as exc:
             if self._capture.stream_done:

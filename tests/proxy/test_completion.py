@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.completion import (
     Captured,
@@ -136,3 +139,54 @@ def test_one_malformed_event_among_many_fails_the_capture(bad: bytes) -> None:
     capture.feed(good[:-len(b"data: [DONE]\n\n")] + bad + b"data: [DONE]\n\n")
     captured = capture.finish()
     assert captured.text == "a" and captured.complete is False
+
+
+# The capture parses lazily and without a Delta per event; what it reads must be exactly
+# what parsing each event with `parse_data` as it arrived reads, however the bytes are cut.
+_payloads = st.one_of(
+    st.builds(lambda content, reasoning, finish, index: {"choices": [{
+        "index": index, "delta": {"content": content, "reasoning": reasoning},
+        "finish_reason": finish}]},
+        st.one_of(st.none(), st.text(max_size=5)), st.one_of(st.none(), st.text(max_size=3)),
+        st.sampled_from([None, "", "stop", "length"]), st.sampled_from([0, 0, 1])),
+    st.builds(lambda text: {"choices": [{"index": 0, "text": text}]}, st.text(max_size=5)),
+    st.builds(lambda n: {"choices": [], "usage": {"completion_tokens": n}}, st.integers(0, 9)),
+    st.just({"choices": []}), st.just({"usage": {}}), st.just({"error": {"message": "x"}}),
+    st.just([1, 2]), st.just({"choices": {"index": 0}}),
+)
+_events = st.lists(st.one_of(_payloads.map(lambda p: json.dumps(p).encode()),
+                             st.just(b"[DONE]"), st.just(b"{not json")), max_size=12)
+
+
+def _reference(events: list[bytes]) -> tuple[str, str, Any, Any, bool, int]:
+    text, reasoning, usage, finish, done, failed, tokens = "", "", None, None, False, False, 0
+    for event in events:
+        delta = parse_data(event)
+        if delta.error is not None:
+            failed = True
+            continue
+        done = done or delta.done
+        tokens += delta.has_tokens
+        text += delta.text
+        reasoning += delta.reasoning
+        usage = delta.usage or usage
+        finish = delta.finish_reason or finish
+    return text, reasoning, usage, finish, done and not failed, tokens
+
+
+@settings(max_examples=300, deadline=None)
+@given(events=_events, ending=st.sampled_from([b"\n\n", b"\r\n\r\n", b"\r\r"]),
+       cuts=st.lists(st.integers(1, 40), max_size=20), extra_line=st.booleans())
+def test_the_capture_reads_what_parsing_each_event_reads(
+        events: list[bytes], ending: bytes, cuts: list[int], extra_line: bool) -> None:
+    comment = b": keep-alive" + ending[: len(ending) // 2] if extra_line else b""
+    body = b"".join(comment + b"data: " + event + ending for event in events)
+    capture, at = ReplyCapture(stream=True), 0
+    for cut in cuts:
+        capture.feed(body[at:at + cut])
+        at += cut
+    capture.feed(body[at:])
+    tokens = capture.token_events
+    captured = capture.finish()
+    assert (captured.text, captured.reasoning, captured.usage, captured.finish_reason,
+            captured.complete, tokens) == _reference(events)
