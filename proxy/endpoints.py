@@ -22,6 +22,7 @@ from proxy.errors import BadRequest, MethodNotAllowed, PayloadTooLarge, ProxyErr
 from proxy.logs import AccessEntry
 from proxy.relay import Relay
 from proxy.router import Incoming, Reply, Router
+from proxy.server import DISCONNECT_EXTENSION, DisconnectSignal
 from proxy.validate import Endpoint, parse_json_object, validate_body
 from proxy.vocabulary import RouteKind
 
@@ -82,7 +83,7 @@ class CompletionsApp:
             AccessEntry(endpoint.value, status=error.status, error=error.message).emit()
             await _send_error(send, error)
             return
-        watch = _DisconnectWatch(receive)
+        watch = _DisconnectWatch(scope, receive)
         try:
             reply = await self._router.handle(incoming)
             if isinstance(reply.body, Relay):
@@ -206,22 +207,36 @@ class _DisconnectWatch:
     """Cancels the current task when the client disconnects (the body was read already).
 
     A client that leaves while its request waits for P, or while its reply streams, cancels
-    the request the way Quart did: leases are released and upstream requests closed.
+    the request the way Quart did: leases are released and upstream requests closed. Under
+    `proxy.server`'s uvicorn the server says so itself (`DisconnectSignal`); under another
+    server a task per request waits on `receive()` for the disconnect.
     """
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, scope: Scope, receive: Receive) -> None:
         task = asyncio.current_task()
         assert task is not None
         self.task = task
         self.fired = False
-        self._watcher = asyncio.ensure_future(self._watch(receive))
+        self._signal: DisconnectSignal | None = scope.get("extensions", {}).get(
+            DISCONNECT_EXTENSION)
+        self._watcher: asyncio.Future[None] | None = None
+        if self._signal is not None:
+            self._signal.callback = self._fire
+        else:
+            self._watcher = asyncio.ensure_future(self._watch(receive))
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
+        self._fire()
+
+    def _fire(self) -> None:
         self.fired = True
         self.task.cancel()
 
     def stop(self) -> None:
         """Stop watching (before anything is sent after the watched part)."""
-        self._watcher.cancel()
+        if self._signal is not None:
+            self._signal.callback = None
+        if self._watcher is not None:
+            self._watcher.cancel()

@@ -65,6 +65,27 @@ LISTEN_BACKLOG = 2048
 SHUTDOWN_GRACE_S = 5.0
 
 
+# The scope extension through which the server tells the app its client left (uvicorn only).
+DISCONNECT_EXTENSION = "ppd.disconnect"
+
+
+class DisconnectSignal:
+    """Calls `callback` (set by the app, once the request is read) when the client's
+    connection is lost before the response completed. An ASGI app learns that only by
+    awaiting `receive()`, which takes a task per request to watch; the server already knows
+    (its protocol's connection_lost)."""
+
+    __slots__ = ("callback",)
+
+    def __init__(self) -> None:
+        self.callback: Callable[[], None] | None = None
+
+    def fire(self) -> None:
+        callback, self.callback = self.callback, None
+        if callback is not None:
+            callback()
+
+
 class ServerKind(enum.StrEnum):
     """The ASGI servers `running` can use."""
 
@@ -167,7 +188,11 @@ def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._clear_deadline()
+            cycle = self.cycle
             super().connection_lost(exc)
+            if cycle is not None and not cycle.response_complete:
+                signal: DisconnectSignal = cycle.scope["extensions"][DISCONNECT_EXTENSION]  # type: ignore[typeddict-item, assignment]
+                signal.fire()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -175,6 +200,9 @@ def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float
             self._arm(header_timeout, "headers")
 
         def on_headers_complete(self) -> None:
+            # Before uvicorn builds the request's cycle from the scope and starts the app.
+            extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
+            extensions[DISCONNECT_EXTENSION] = DisconnectSignal()
             super().on_headers_complete()
             self._arm(body_timeout, "body")
 

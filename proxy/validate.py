@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import json
 import math
+import re
 from typing import Any
 
 import orjson
@@ -76,9 +77,22 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         pass
     else:
-        if isinstance(fast, dict) and _plain(fast):
+        if isinstance(fast, dict) and (_plain_text(raw) or _plain(fast)):
             return fast
     return _parse_with_stdlib(raw)
+
+
+# What a float orjson read from a 64+-bit integer looks like in the text: 19 or more digits
+# in a row, or an exponent (a number of magnitude 2**63 or more has one or the other).
+_MAYBE_HUGE_NUMBER = re.compile(rb"[0-9]{19}|[eE][+-]?[0-9]")
+
+
+def _plain_text(raw: bytes) -> bool:
+    """`_plain` decided from the text alone when it can be, at C speed (walking the decoded
+    body was 4% of the proxy's CPU per request): fewer brackets than MAX_DEPTH bound the
+    nesting, and no number that could be huge. False means only: walk the body."""
+    return (raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH
+            and _MAYBE_HUGE_NUMBER.search(raw) is None)
 
 
 def _plain(root: dict[str, Any]) -> bool:

@@ -29,6 +29,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from proxy.completion import assistant_message
 
 # Completions fallback key: the prompt's opening ends after the first of these separators ...
@@ -58,8 +60,15 @@ def _message_text(content: Any) -> str:
 
 def _canonical_message(message: dict[str, Any]) -> bytes:
     # Role and text only: a client that echoes the assistant message back with extra fields
-    # (name, refusal: null, ...) still continues its conversation.
-    return json.dumps([message.get("role"), _message_text(message.get("content"))]).encode() + b"\n"
+    # (name, refusal: null, ...) still continues its conversation. orjson: the standard
+    # library's encoder was 4% of the proxy's CPU per 4-turn request (benchmarks/
+    # proxy_overhead); it stays for what orjson refuses (a lone surrogate in an upstream's
+    # reply), and either way a message always encodes to the same bytes.
+    pair = [message.get("role"), _message_text(message.get("content"))]
+    try:
+        return orjson.dumps(pair) + b"\n"
+    except TypeError:
+        return json.dumps(pair).encode() + b"\n"
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.errors import BadRequest
-from proxy.validate import _parse_with_stdlib, parse_json_object
+from proxy.validate import _parse_with_stdlib, _plain_text, parse_json_object
 
 
 def _outcome(parse: Any, raw: bytes) -> tuple[str, Any]:
@@ -63,3 +63,21 @@ def test_any_json_object_reads_the_same_both_ways(body: dict[str, Any]) -> None:
 @given(st.binary(max_size=64))
 def test_any_bytes_read_the_same_both_ways(raw: bytes) -> None:
     _same(b'{"a": ' + raw + b"}")
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"n": 12345678901234567890}',            # 20 digits: an int beyond 64 bits, exact
+    b'{"n": -9223372036854775809}',
+    b'{"x": ' + b"[" * 130 + b"]" * 130 + b"}",  # too deep: refused either way
+    b'{"t": 1e400}',                             # overflows to infinity: refused
+])
+def test_the_text_check_never_lets_a_lossy_read_through(raw: bytes) -> None:
+    assert not _plain_text(raw)
+    assert _outcome(parse_json_object, raw) == _outcome(_parse_with_stdlib, raw)
+
+
+def test_the_text_check_passes_a_usual_chat_body() -> None:
+    raw = (b'{"model": "m", "temperature": 0.7, "max_tokens": 16, "stream": true, '
+           b'"messages": [{"role": "user", "content": "hello 12345"}]}')
+    assert _plain_text(raw)
+    assert parse_json_object(raw) == _parse_with_stdlib(raw)
