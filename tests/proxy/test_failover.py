@@ -108,6 +108,35 @@ async def test_client_disconnect_closes_the_upstream_stream(
     assert in_flight[d1.url] == 0
 
 
+async def test_a_client_leaving_while_p_prefills_cancels_the_p_leg(
+        cluster: dict[str, FakeVLLM]) -> None:
+    # No byte of the answer has been sent yet: only the server sees the client go (its
+    # protocol's connection_lost, passed to the app as proxy.server's DisconnectSignal).
+    p1 = FakeVLLM("slow-p")
+    p1.faults.hang = True
+    async with p1:
+        nodes = {"p1": p1, "d1": cluster["d1"]}
+        async with serve_proxy(config_for(nodes, Policy.PD)) as proxy:
+            async with httpx.AsyncClient() as client:
+                request = asyncio.create_task(client.post(
+                    proxy.url + "/v1/chat/completions", json=chat_body("Hi", stream=True)))
+                for _ in range(250):
+                    if p1.requests:
+                        break
+                    await asyncio.sleep(0.02)
+                request.cancel()  # the client's connection closes
+                with pytest.raises(asyncio.CancelledError):
+                    await request
+            for _ in range(250):
+                if p1.requests_cancelled:
+                    break
+                await asyncio.sleep(0.02)
+            gauges = await _settled(proxy)
+    assert p1.requests_cancelled == 1
+    assert not cluster["d1"].requests
+    assert not any(gauges.values())
+
+
 def _gauges(exposition: str) -> dict[str, float]:
     """The in-flight gauges of a /metrics page, by series."""
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
