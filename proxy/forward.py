@@ -26,7 +26,6 @@ failure is handled by the router, which moves on to another node.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +42,7 @@ from proxy.errors import (
     UpstreamTimeout,
 )
 from proxy.http1 import Http1Response
-from proxy.json_codec import dumps, loads
+from proxy.json_codec import dumps, exact_loads, loads
 from proxy.transport import AiohttpTransport, RawResponse
 from proxy.validate import Endpoint
 
@@ -216,7 +215,7 @@ async def prefill(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
     if answer.rejected:
         return answer
     try:
-        data = json.loads(answer.body)  # exactly: D gets P's kv_transfer_params as sent
+        data = exact_loads(answer.body)  # exactly: D gets P's kv_transfer_params as sent
     except ValueError as exc:
         raise UpstreamProtocol(f"backend {base_url + endpoint.value} answered non-JSON to the "
                                "prefill") from exc

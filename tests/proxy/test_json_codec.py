@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 
-from proxy.json_codec import dumps, loads
+from proxy.json_codec import dumps, exact_loads, loads
 
 
 def test_dumps_is_compact_utf8_json_that_reads_back() -> None:
@@ -33,3 +34,20 @@ def test_nan_and_infinity_are_read_as_python_reads_them() -> None:
 def test_not_json_raises_value_error(text: bytes) -> None:
     with pytest.raises(ValueError):
         loads(text)
+
+
+@pytest.mark.parametrize("text", [
+    b'{"remote_block_ids": [1, 2, 3], "remote_host": "10.0.0.1", "remote_port": 5600}',
+    b'{"id": 123456789012345678901234567890}',   # beyond 64 bits: stays an exact int
+    b'{"x": 1.5e300, "y": -0.0, "z": 0.1}',
+    b'{"n": NaN}',                                # orjson refuses, json reads
+    b'{"s": "\\ud800"}',                         # a lone surrogate: json reads it
+    b'[1, 2',                                     # not JSON either way
+])
+def test_exact_loads_reads_what_json_reads(text: bytes) -> None:
+    def outcome(read: Any) -> Any:
+        try:
+            return repr(read(text))
+        except ValueError as exc:
+            return type(exc).__mro__[-3]  # ValueError, whichever subclass
+    assert outcome(exact_loads) == outcome(json.loads)
