@@ -7,7 +7,8 @@ which of them could be checked here):
   et al., "WildChat: 1M ChatGPT Interaction Logs in the Wild", ICLR 2024, arXiv 2405.01470,
   Table 1), so 2.54 turns per conversation;
 - token lengths per turn, Llama-2 tokenizer (the same Table 1): user prompts 295.58 +- 1,609.18,
-  assistant responses 441.34 +- 410.91 (mean +- standard deviation);
+  assistant responses 441.34 +- 410.91 (mean +- standard deviation) - not checked against a
+  copy of the table here (the copies reachable were cut off before its WildChat row);
 - the long tail of conversations: 3.7% of them have more than 10 turns - a secondary summary's
   figure (emergentmind.com's WildChat topic page), not found in the paper's text reachable here.
 
@@ -45,7 +46,7 @@ WILDCHAT_TURNS = 2_639_415
 MEAN_TURNS = WILDCHAT_TURNS / WILDCHAT_CONVERSATIONS  # 2.538
 # Secondary summary (emergentmind.com, "WildChat dataset" topic): conversations over 10 turns.
 SHARE_OVER_10_TURNS = 0.037
-# Table 1, Llama-2 tokenizer: tokens per user prompt and per assistant response.
+# Table 1, Llama-2 tokenizer: tokens per user prompt and per assistant response (unchecked here).
 USER_TOKENS_MEAN, USER_TOKENS_SD = 295.58, 1_609.18
 ASSISTANT_TOKENS_MEAN, ASSISTANT_TOKENS_SD = 441.34, 410.91
 # Llama 3.1's context window (the simulator's model, and EngineConfig.max_model_len).
@@ -141,7 +142,8 @@ TURNS = TurnCount.matching(MEAN_TURNS, SHARE_OVER_10_TURNS)
 def conversation_shape(seed: int, index: int) -> tuple[Shape, ...]:
     """Conversation `index` of seed: each turn's (user tokens, assistant tokens)."""
     rng = random.Random(f"ppd-wildchat-style:{seed}:{index}")
-    turns, context = [], 0
+    turns: list[Shape] = []
+    context = 0
     for _ in range(TURNS.draw(rng)):
         n_in, n_out = USER_TOKENS.draw(rng), ASSISTANT_TOKENS.draw(rng)
         if context + n_in + n_out > MAX_CONTEXT_TOKENS:
