@@ -26,7 +26,7 @@ Families, and why:
 
 A conversation ends before a turn whose context (history, new prompt and reply) would exceed
 MAX_CONTEXT_TOKENS, as `TraceFilter.max_context_tokens` cuts trace conversations; at these
-parameters that touches about one conversation in 100,000.
+parameters that touches 4 conversations in 100,000.
 
 Seeded and deterministic: each conversation draws from its own string-seeded generator, so the
 first k of n shapes are the k shapes asked for alone, and shapes never depend on the text.
