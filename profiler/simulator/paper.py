@@ -149,10 +149,20 @@ def table4(grid: pd.DataFrame) -> pd.DataFrame:
                                   columns=[f"QPS {q:g}" for q in TABLE4_QPS])
 
 
+def cell_key(grid: pd.DataFrame) -> list[str]:
+    """The columns that name a cell: layout, workload and load, and the seed when the grid
+    holds several (each seed's runs share conversations and arrivals, so a policy is scored
+    against the x=0 run of its own seed)."""
+    key = ["layout", "dataset", "qps"]
+    if "seed" in grid.columns and grid["seed"].nunique() > 1:
+        key.append("seed")
+    return key
+
+
 def scores(grid: pd.DataFrame, w_ttft: float = 1.0, w_tpot: float = 1.0) -> pd.DataFrame:
     """Every P/D run's weighted score against x=0 in its cell (see the module docstring)."""
     pd_runs = grid[grid["layout"] != "4R"]
-    key = ["layout", "dataset", "qps"]
+    key = cell_key(grid)
     ref = pd_runs[pd_runs["policy"] == "pd"].set_index(key)[
         ["turn2plus_ttft_ms_mean", "tpot_ms_mean"]].add_suffix("_ref")
     best_success = pd_runs.groupby(key)["success_rate"].max().rename("best_success")
@@ -170,7 +180,7 @@ def ppd_versus_fixed(grid: pd.DataFrame, ppd: str = "ppd", w_tpot: float = 1.0,
                      tolerance: float = 0.01) -> dict[str, Any]:
     """Where `ppd` stands against the best fixed x per cell (on its own weights)."""
     scored = scores(grid, 1.0, w_tpot)
-    key = ["layout", "dataset", "qps"]
+    key = cell_key(grid)
     wide = scored.pivot_table(index=key, columns="policy", values="score", aggfunc="first")
     if ppd not in wide.columns:
         return {}

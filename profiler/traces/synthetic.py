@@ -13,7 +13,9 @@ Named workloads for `ppd replay --dataset synthetic:NAME`:
   shapes (proxy.discretize.WORKLOAD_SHAPES);
 - `mixed`: the paper's two profiles (small, large) and all nine shapes, drawn per conversation;
 - `multi-N` (e.g. `multi-4`): N turns, turn 1 from small or large, each later turn a random
-  shape.
+  shape;
+- `wildchat`: WildChat-style traffic - turns per conversation and each turn's user and
+  assistant tokens drawn from WildChat's published statistics (profiler.traces.wildchat_style).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import random
 from collections.abc import Sequence
 
 from profiler.traces.conversation import Conversation, Turn
+from profiler.traces.wildchat_style import conversation_shapes
 from proxy.discretize import (
     PAPER_CONTEXTS,
     TURN1_PROFILES,
@@ -84,6 +87,13 @@ def _conversation_rng(seed: int, tag: str, index: int) -> random.Random:
     return random.Random(f"ppd-synthetic:{seed}:{tag}:{index}")
 
 
+def _rendered(shapes: Sequence[Shape], rng: random.Random,
+              tokenizer: TokenCounter) -> tuple[Turn, ...]:
+    # Each user message is random words of exactly its shape's tokens; the reply is a length.
+    return tuple(Turn(user=exact_text(rng, shape.n_in, tokenizer), reference_answer=None,
+                      n_out_tokens=shape.n_out) for shape in shapes)
+
+
 def two_turn_conversations(
     turn1: Shape,
     turn2_shape: str,
@@ -125,12 +135,20 @@ def multi_turn_conversations(
     for index in range(count):
         rng = _conversation_rng(seed, tag, index)
         shapes = [turn1] + [WORKLOAD_SHAPES[rng.choice(later_shapes)] for _ in range(n_turns - 1)]
-        turns = tuple(
-            Turn(user=exact_text(rng, shape.n_in, tok), reference_answer=None,
-                 n_out_tokens=shape.n_out)
-            for shape in shapes
-        )
-        conversations.append(Conversation(id=f"syn-{tag}-s{seed}-{index}", turns=turns))
+        conversations.append(Conversation(id=f"syn-{tag}-s{seed}-{index}",
+                                          turns=_rendered(shapes, rng, tok)))
+    return conversations
+
+
+def wildchat_conversations(count: int, *, seed: int,
+                           tokenizer: TokenCounter | None = None) -> list[Conversation]:
+    """`count` WildChat-style conversations: shapes from wildchat_style, text as above."""
+    tok = tokenizer or EstimateTokenCounter()
+    conversations = []
+    for index, shapes in enumerate(conversation_shapes(count, seed)):
+        rng = _conversation_rng(seed, "wildchat", index)
+        conversations.append(Conversation(id=f"syn-wildchat-s{seed}-{index}",
+                                          turns=_rendered(shapes, rng, tok)))
     return conversations
 
 
@@ -147,13 +165,15 @@ def _profile(name: str) -> Shape:
 def synthetic_names() -> list[str]:
     """Every name `named_workload` accepts (multi-N shown as multi-4)."""
     pairs = [f"{c}-{s}" for c in TURN1_PROFILES for s in WORKLOAD_SHAPES]
-    return [*pairs, "mixed", "multi-4"]
+    return [*pairs, "mixed", "multi-4", "wildchat"]
 
 
 def named_workload(
     name: str, count: int, *, seed: int, tokenizer: TokenCounter | None = None
 ) -> list[Conversation]:
     """The synthetic workload called name (see the module docstring), `count` conversations."""
+    if name == "wildchat":
+        return wildchat_conversations(count, seed=seed, tokenizer=tokenizer)
     shapes = list(WORKLOAD_SHAPES)
     profiles = list(PAPER_CONTEXTS)
     if name == "mixed" or name.startswith("multi-"):
@@ -180,5 +200,5 @@ def named_workload(
         close = difflib.get_close_matches(name, synthetic_names())
         hint = f"did you mean {' or '.join(close)}? " if close else ""
         raise ValueError(f"unknown synthetic workload {name!r}; {hint}expected e.g. "
-                         "small-mid_bal, mixed, multi-4 (all: `ppd replay --help`)")
+                         "small-mid_bal, mixed, multi-4, wildchat (all: `ppd replay --help`)")
     return two_turn_conversations(_profile(profile), shape, count, seed=seed, tokenizer=tokenizer)

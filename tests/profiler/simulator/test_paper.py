@@ -66,6 +66,17 @@ def test_ppd_against_fixed_policies() -> None:
     assert verdict["no_worse"] == 1.0 and verdict["strictly_better_somewhere"] == 18
 
 
+def test_a_grid_of_several_seeds_is_scored_per_seed() -> None:
+    grid = _grid()
+    other = grid.assign(seed=1)
+    # seed 1: ppd loses its TPOT edge (local's 11 ms); scored against seed 1's own x=0 run
+    other.loc[other["policy"] == "ppd", "tpot_ms_mean"] = 11.0
+    verdict = ppd_versus_fixed(pd.concat([grid.assign(seed=0), other]))
+    assert verdict["cells"] == 36
+    assert verdict["strictly_better_somewhere"] == 18
+    assert verdict["no_worse"] == 1.0
+
+
 def test_paper_command_writes_tables_and_plots(tmp_path: Path) -> None:
     grid = tmp_path / "grid.parquet"
     _grid().to_parquet(grid)

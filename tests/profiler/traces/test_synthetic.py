@@ -70,9 +70,9 @@ def test_multi_turn_shapes_come_from_the_given_set() -> None:
 
 
 def test_named_workloads() -> None:
-    assert {"small-tiny", "large-huge_paste", "huge-tiny", "mixed", "multi-4"} <= set(
+    assert {"small-tiny", "large-huge_paste", "huge-tiny", "mixed", "multi-4", "wildchat"} <= set(
         synthetic_names())
-    assert len(synthetic_names()) == 3 * 9 + 2
+    assert len(synthetic_names()) == 3 * 9 + 3
     pair = named_workload("large-short_gen", 2, seed=0)
     assert [t.n_out_tokens for t in pair[0].turns] == [1024, 256]
     huge = named_workload("huge-tiny", 1, seed=0)[0]
