@@ -20,7 +20,7 @@ upstream response so vLLM aborts the request), releases whatever is still held.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from proxy.backends import Backend
@@ -100,7 +100,9 @@ class Relay:
         self._on_reply = on_reply
         self._on_failure = on_failure
         self._on_close = on_close  # once, last (the access log line)
-        self._events = self._relay()
+        self._framer = SseFramer()
+        self._done_next: bytes = b""  # a `[DONE]` held back until the turn is recorded
+        self._ended = False  # the upstream's part is over; what is held is the last
         self._closed = False
         self._replied = False
 
@@ -108,58 +110,70 @@ class Relay:
         return self
 
     async def __anext__(self) -> bytes:
-        if self._closed:
-            raise StopAsyncIteration
-        try:
-            return await anext(self._events)
-        except BaseException:
-            await self.aclose()
-            raise
+        # A plain method, not an async generator: every chunk of every stream comes through
+        # here, and the generator's resumption was one more layer per chunk.
+        if not self._closed and (not self._ended or self._done_next):
+            try:
+                return await self._next()
+            except BaseException:
+                await self.aclose()
+                raise
+        await self.aclose()
+        raise StopAsyncIteration
 
-    async def _relay(self) -> AsyncGenerator[bytes, None]:
-        framer = SseFramer()
-        read = self._stream.next_chunk
-        deadline = self._limits.deadline
+    async def _next(self) -> bytes:
+        """The next bytes for the client; sets `_ended` at the upstream's end."""
+        capture, deadline = self._capture, self._limits.deadline
         try:
+            if self._done_next:
+                done, self._done_next = self._done_next, b""
+                if capture.stream_done:
+                    await self._reply_once()
+                return done
             while True:
                 # Each read waits under the request's deadline (`proxy.deadline`: one timer for
                 # the whole stream, guarding only the reads, never the writes to the client).
                 try:
                     with guarded(deadline):
-                        chunk = await read()
+                        chunk = await self._stream.next_chunk()
                 except DeadlineExceeded:
                     raise BudgetExhausted(self._limits.over_budget) from None
                 if not chunk:
-                    break
+                    self._ended = True
+                    rest = self._framer.flush()
+                    self._lease.settle(self._node, ok=True)
+                    await self._reply_once()
+                    if rest:
+                        return rest
+                    raise StopAsyncIteration
                 # The client gets the bytes before the capture parses them (the first token is
                 # not delayed by reading the rest of a chunk), except `[DONE]`: the turn is
                 # recorded before the client can read it, so a client that sends its next turn
                 # at once finds the session already holding this reply.
-                head, done = _split_before_done(framer.feed(chunk))
-                if head:
-                    yield head
-                self._capture.feed(chunk)
+                head, done = _split_before_done(self._framer.feed(chunk))
+                capture.feed(chunk)
                 limit = self._limits.max_tokens
-                if limit is not None and not done and self._capture.could_exceed(limit):
+                if limit is not None and not done and capture.could_exceed(limit):
                     raise UpstreamRunaway(f"backend {self._node.url} streamed past the request's "
                                         f"max_tokens ({limit}); reply cut")
                 if done:
                     # The complete events hold "[DONE]" (maybe only inside a reply's text: the
                     # capture says whether the stream's own `[DONE]` event came).
-                    if self._capture.stream_done:
+                    if head:
+                        self._done_next = done
+                        return head
+                    if capture.stream_done:
                         await self._reply_once()
-                    yield done
+                    return done
+                if head:
+                    return head
         except ProxyError as exc:
-            if self._capture.stream_done:
+            self._ended = True
+            if capture.stream_done:
                 self._lease.settle(self._node, ok=True)
-            else:
-                self._on_failure(exc)
-                yield error_event(exc)
-            return
-        if rest := framer.flush():
-            yield rest
-        self._lease.settle(self._node, ok=True)
-        await self._reply_once()
+                raise StopAsyncIteration from None
+            self._on_failure(exc)
+            return error_event(exc)
 
     async def _reply_once(self) -> None:
         if not self._replied:
@@ -176,7 +190,6 @@ class Relay:
             return
         self._closed = True
         try:
-            await self._events.aclose()
             await self._stream.aclose()
         finally:
             self._lease.release()
