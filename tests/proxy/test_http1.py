@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from proxy.http1 import Http1Pool
+from tests.proxy.raw_http import read_request
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 TIMEOUT = httpx.Timeout(5.0, read=0.5)
@@ -37,11 +38,6 @@ async def tcp_server(handler: Handler) -> AsyncIterator[tuple[str, list[int]]]:
         server.close()
 
 
-async def read_request(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
-    return head + await reader.readexactly(length)
 
 
 def chunked(*events: bytes) -> bytes:

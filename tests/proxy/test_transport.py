@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from proxy.transport import AiohttpTransport, LegTransport
+from tests.proxy.raw_http import read_request
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -29,11 +30,6 @@ async def tcp_server(handler: Handler) -> AsyncIterator[str]:
         server.close()
 
 
-async def _read_request(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
-    return head + await reader.readexactly(length)
 
 
 @contextlib.asynccontextmanager
@@ -47,7 +43,7 @@ async def test_request_and_answer_pass_through_unchanged() -> None:
     seen: list[bytes] = []
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        seen.append(await _read_request(reader))
+        seen.append(await read_request(reader))
         body = '{"error": "ça"}'.encode()
         writer.write(b"HTTP/1.1 422 Unprocessable\r\ncontent-type: application/json\r\n"
                      b"x-node: d1\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n"
@@ -77,7 +73,7 @@ async def test_a_refused_connection_is_a_connect_error() -> None:
 
 async def test_a_server_closing_before_answering_is_a_protocol_error() -> None:
     async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.close()
 
     async with tcp_server(hang_up) as url, client() as c:
@@ -87,7 +83,7 @@ async def test_a_server_closing_before_answering_is_a_protocol_error() -> None:
 
 async def test_a_silent_server_is_a_read_timeout() -> None:
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         await asyncio.sleep(3)
         writer.close()
 
@@ -98,7 +94,7 @@ async def test_a_silent_server_is_a_read_timeout() -> None:
 
 async def test_a_body_cut_mid_stream_is_a_read_error() -> None:
     async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
                      b"d\r\ndata: first\n\n\r\n")
         await writer.drain()
@@ -117,7 +113,7 @@ async def test_closing_a_stream_early_closes_its_connection() -> None:
     closed = asyncio.Event()
 
     async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
                      b"d\r\ndata: first\n\n\r\n")
         await writer.drain()
@@ -160,7 +156,7 @@ async def _post(url: str, kind: type[AiohttpTransport] = LegTransport
 async def test_post_passes_status_type_and_body_through(
         leg_transport: type[AiohttpTransport]) -> None:
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                      b"transfer-encoding: chunked\r\n\r\nd\r\ndata: first\n\n\r\n0\r\n\r\n")
         await writer.drain()
@@ -180,7 +176,7 @@ async def test_post_failures_are_the_same_httpx_errors(
         behaviour: str, error: type[httpx.TransportError],
         leg_transport: type[AiohttpTransport]) -> None:
     async def node(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         if behaviour == "silent":
             await asyncio.sleep(3)
         elif behaviour == "cut":
