@@ -14,7 +14,6 @@ orjson when the text holds no number that could be that large, else `json` itsel
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import orjson
@@ -29,16 +28,24 @@ def loads(data: str | bytes) -> Any:
         return json.loads(data)
 
 
-# What a float orjson read from a 64+-bit integer looks like in the text: 19 or more digits
-# in a row, or an exponent (a number of magnitude 2**63 or more has one or the other).
-MAYBE_HUGE_NUMBER = re.compile(rb"[0-9]{19}|[eE][+-]?[0-9]")
+# orjson and json read every number to the same value except integers beyond 64 bits (orjson:
+# a float), and those take 19 digits or more in a row; numbers that overflow a double orjson
+# refuses outright. So a text without such a run reads the same both ways.
+_DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0" * 10)
+_LONG_DIGIT_RUN = b"0" * 19
+
+
+def may_hold_huge_integer(data: bytes) -> bool:
+    """Whether the text has 19 or more digits in a row (at C speed: a regular expression for
+    it took 30-75 us on a 4 KB body, this ~2 us)."""
+    return _LONG_DIGIT_RUN in data.translate(_DIGITS_AS_ZERO)
 
 
 def exact_loads(data: bytes) -> Any:
     """Decode one JSON document exactly as `json.loads` does (ValueError when it is not one),
     with orjson whenever the text allows (the standard library was 2% of the proxy's CPU per
     P->D request, reading P's answer)."""
-    if MAYBE_HUGE_NUMBER.search(data) is None:
+    if not may_hold_huge_integer(data):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:

@@ -6,9 +6,12 @@ import json
 import math
 from typing import Any
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from proxy.json_codec import dumps, exact_loads, loads
+from proxy.json_codec import dumps, exact_loads, loads, may_hold_huge_integer
 
 
 def test_dumps_is_compact_utf8_json_that_reads_back() -> None:
@@ -51,3 +54,12 @@ def test_exact_loads_reads_what_json_reads(text: bytes) -> None:
         except ValueError as exc:
             return type(exc).__mro__[-3]  # ValueError, whichever subclass
     assert outcome(exact_loads) == outcome(json.loads)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=-(2**80), max_value=2**80), st.text(max_size=20))
+def test_every_integer_orjson_would_read_as_a_float_is_flagged(n: int, text: str) -> None:
+    document = json.dumps({"text": text, "n": n}).encode()
+    if isinstance(orjson.loads(document)["n"], float):
+        assert may_hold_huge_integer(document)
+    assert exact_loads(document) == json.loads(document)
