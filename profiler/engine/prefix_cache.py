@@ -100,7 +100,7 @@ class PrefixCache:
             return False
         from_free = min(count, self._free)
         self._free -= from_free
-        evicted = [] if self.observer is not None else None
+        evicted: list[int] | None = [] if self.observer is not None else None
         for _ in range(count - from_free):
             block_hash, _ = self._evictable.popitem(last=False)
             del self._refs[block_hash]

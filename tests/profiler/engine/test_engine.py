@@ -278,8 +278,9 @@ def test_a_cache_observer_hears_every_store_and_eviction(cost):
     chain = block_hashes(ids, 4)
     simulate(engine, [(0.0, req("turn1", ids, 1))])
     # Four full prompt blocks, chained from the root, each with its tokens and its request.
-    assert heard_stored == [(h, parent, ids[4 * i:4 * i + 4], "turn1")
-                            for i, (h, parent) in enumerate(zip(chain, [0, *chain[:-1]]))]
+    parents = [0, *chain[:-1]]
+    assert heard_stored == [(chain[i], parents[i], ids[4 * i:4 * i + 4], "turn1")
+                            for i in range(4)]
     assert heard_removed == []
     # The same prompt again hits the cache: nothing new is stored.
     simulate(engine, [(1.0, req("again", ids, 1))])
