@@ -4,6 +4,7 @@ in-process proxy, chat turns."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -100,6 +101,39 @@ def sample_sum(url: str, name: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     return sum(sample.value for family in text_string_to_metric_families(text)
                for sample in family.samples if sample.name == name)
+
+
+def running_requests(url: str) -> float:
+    """Requests the node is running now (vLLM's gauge)."""
+    return sample_sum(url, "vllm:num_requests_running")
+
+
+def reasons(proxy_url: str) -> dict[tuple[str, str], float]:
+    """(route, reason) -> requests, from the proxy's ppd_requests_total."""
+    text = httpx.get(f"{proxy_url}/metrics", timeout=10).text
+    counts: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "ppd_requests_total":
+                key = (sample.labels["route"], sample.labels["reason"])
+                counts[key] = counts.get(key, 0.0) + sample.value
+    return counts
+
+
+def decode_batch(d_url: str, model: str, requests: int, stop: threading.Event) -> None:
+    """Keep `requests` long generations running on D (sent to D itself, not via the proxy:
+    the proxy sees them only in D's /metrics) until `stop`."""
+    def one(i: int) -> None:
+        while not stop.is_set():
+            body = {"model": model, "prompt": f"background {i} " * 20, "max_tokens": 1500,
+                    "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", f"{d_url}/v1/completions", json=body, timeout=300) as r:
+                for _ in r.iter_bytes():
+                    if stop.is_set():
+                        break
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(requests)]
+    for thread in threads:
+        thread.start()
 
 
 def kv_usage(url: str) -> float:
