@@ -151,7 +151,8 @@ def test_an_evicted_session_goes_p_to_d_and_a_resident_one_stays_local(
             assert watcher.settled(conversation.session, stored_tokens(turn)) \
                 == stored_tokens(turn)  # the newest is whole, and every event before it in
             first_held.append(watcher.held("emu-evicted"))
-        print(f"\nfirst session: {stored_tokens(first)} tokens held after its turn, then "
+        print(f"\nfirst session: {first.prompt_tokens} prompt tokens, "
+              f"{stored_tokens(first)} held after its turn, then "
               f"{first_held} after each later session; newest: {stored_tokens(turn)}")
         assert first_held[-1] == 0
         assert first_held == sorted(first_held, reverse=True)  # only ever loses blocks
