@@ -136,6 +136,31 @@ def decode_batch(d_url: str, model: str, requests: int, stop: threading.Event) -
         thread.start()
 
 
+def evicted_moves_resident_stays(proxy_url: str, d_url: str, model: str,
+                                 resident: Conversation, evicted: Conversation) -> None:
+    """Under --policy live with two long generations decoding on D: the resident session's
+    turn 2 stays local (reason live), the evicted one's goes P->D (reason evicted), and the
+    proxy's ppd_requests_total counts one of each."""
+    stop = threading.Event()
+    decode_batch(d_url, model, requests=2, stop=stop)
+    try:
+        deadline = time.monotonic() + 60
+        while running_requests(d_url) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # the proxy's scrape (every 0.2 s in these tests) has seen the batch
+        before = reasons(proxy_url)
+        stayed = resident.say("And one more short question?")
+        moved = evicted.say("And one more short question?")
+    finally:
+        stop.set()
+    assert (stayed.route, stayed.turn, stayed.prefill) == ("local", 2, None)
+    assert (moved.route, moved.turn) == ("pd", 2)
+    after = reasons(proxy_url)
+    gained = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
+    assert gained.get(("pd", "evicted")) == 1.0
+    assert gained.get(("local", "live")) == 1.0
+
+
 def kv_usage(url: str) -> float:
     """The share of the node's KV cache blocks held by requests (vLLM's gauge, 0..1)."""
     return sample_sum(url, KV_USAGE)

@@ -10,8 +10,6 @@ P->D's hand-off (~75 ms), so at w_tpot = 1 live rightly keeps even an evicted se
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,11 +20,9 @@ from proxy.vocabulary import Role
 from tests.e2e.support import (
     Conversation,
     block_size,
-    decode_batch,
+    evicted_moves_resident_stays,
     filler,
     proxy_for,
-    reasons,
-    running_requests,
     start_e2e_cluster,
 )
 
@@ -72,22 +68,4 @@ def test_an_evicted_session_goes_p_to_d_and_a_resident_one_stays_local(
     assert stored > block_size(d_url) * BLOCKS  # more than D can hold: the oldest went
     resident = later[-1]
 
-    stop = threading.Event()
-    decode_batch(d_url, model, requests=2, stop=stop)
-    try:
-        deadline = time.monotonic() + 30
-        while running_requests(d_url) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(0.6)  # the proxy's scrape (every 0.2 s) has seen the batch
-        before = reasons(live_proxy)
-        stayed = resident.say("And one more short question?")
-        moved = evicted.say("And one more short question?")
-    finally:
-        stop.set()
-
-    assert (stayed.route, stayed.turn, stayed.prefill) == ("local", 2, None)
-    assert (moved.route, moved.turn) == ("pd", 2)
-    after = reasons(live_proxy)
-    gained = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
-    assert gained.get(("pd", "evicted")) == 1.0
-    assert gained.get(("local", "live")) == 1.0
+    evicted_moves_resident_stays(live_proxy, d_url, model, resident, evicted)

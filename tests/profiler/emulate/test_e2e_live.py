@@ -39,11 +39,9 @@ from proxy.vocabulary import Role
 from tests.e2e.support import (
     Conversation,
     Turn,
-    decode_batch,
+    evicted_moves_resident_stays,
     filler,
     free_base_port,
-    reasons,
-    running_requests,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -159,22 +157,4 @@ def test_an_evicted_session_goes_p_to_d_and_a_resident_one_stays_local(
         assert watcher.index.num_blocks <= BLOCKS
         resident = later[-1]
 
-    stop = threading.Event()
-    decode_batch(d_url, model, requests=2, stop=stop)
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while running_requests(d_url) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(1.0)  # the proxy's scrape (every 0.2 s) has seen the batch
-        before = reasons(proxy)
-        stayed = resident.say("And one more short question?")
-        moved = evicted.say("And one more short question?")
-    finally:
-        stop.set()
-
-    assert (stayed.route, stayed.turn, stayed.prefill) == ("local", 2, None)
-    assert (moved.route, moved.turn) == ("pd", 2)
-    after = reasons(proxy)
-    gained = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
-    assert gained.get(("pd", "evicted")) == 1.0
-    assert gained.get(("local", "live")) == 1.0
+    evicted_moves_resident_stays(proxy, d_url, model, resident, evicted)
