@@ -49,7 +49,6 @@ from proxy.sessions.store import SessionStore, watch_store
 from proxy.table import DecisionTable
 from proxy.tokens import token_counter
 from proxy.transport import default_transport
-from proxy.vocabulary import Role
 
 log = logging.getLogger("ppd.proxy")
 
@@ -73,12 +72,10 @@ class ProxyState:
     # Headers every response carries, completions included (a worker's x-ppd-worker).
     response_headers: dict[str, str] = field(default_factory=dict)
 
-    def required_roles(self) -> tuple[Role, ...]:
-        """The roles that must each have a usable node for any request to be served (the
-        policy replica routes only to replicas; the others need a P->D pair)."""
-        if self.config.policy.kind is Policy.REPLICA:
-            return (Role.REPLICA,)
-        return (Role.PREFILL, Role.DECODE)
+    def can_serve(self) -> bool:
+        """Whether the pool can serve requests now: a usable node of every role of one of
+        the policy's `serving_roles` (live in a hybrid pool: a P->D pair or a replica)."""
+        return any(self.pool.can_serve(roles) for roles in self.router.policy.serving_roles)
 
 
 def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
@@ -172,7 +169,7 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
 
     @app.get("/health")
     async def health() -> tuple[dict[str, Any], int]:
-        ok = state.pool.can_serve(state.required_roles())
+        ok = state.can_serve()
         body = {"status": "ok" if ok else "unavailable", "nodes": state.pool.snapshot()}
         return body, 200 if ok else 503
 

@@ -43,6 +43,9 @@ class BlockStored:
     num_tokens: int  # tokens in these blocks (len(token_ids))
     block_size: int
     session_id: str | None = None  # vLLM >= 0.32: the request's `session_id` field
+    # The blocks' token ids, for a publisher that has them (an emulated node); a decoded event
+    # keeps only their number: residency never reads the ids (proxy.residency says why).
+    token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +159,8 @@ def _hashes(raw: Any) -> tuple[BlockHash, ...]:
 def encode_event(event: KvEvent, *, positional: bool = False) -> Any:
     """An event as vLLM encodes it: a tagged map (current) or a tagged array (older)."""
     if isinstance(event, BlockStored):
-        tokens = [0] * event.num_tokens  # ids are not kept here; the count is what matters
+        tokens = (list(event.token_ids) if event.token_ids is not None
+                  else [0] * event.num_tokens)  # a decoded event kept only the count
         if positional:
             return ["BlockStored", list(event.block_hashes), event.parent, tokens,
                     event.block_size, None, "GPU"]

@@ -2,7 +2,8 @@
 
 `RoutingPolicy.decide(workload, session_id, can_local)` reads no clock and does no I/O, so the
 proxy and a simulator call the same code. `can_local` is the cluster view a policy needs: the
-request continues its session and the session's D is healthy (otherwise only P->D can serve).
+request continues its session and the session's D is healthy (otherwise only P->D can serve);
+live also reads `can_pd` (a usable P and D exist).
 
 - pd: every turn P->D (x=0).            - local: turn 2+ on the session's D (x=1).
 - fixed: turn 2+ local with probability x, drawn from a stable hash of (session, turn).
@@ -16,7 +17,9 @@ request continues its session and the session's D is healthy (otherwise only P->
   evicted has reason EVICTED. In a hybrid pool (R nodes beside P and D) live also places a
   conversation without a home (turn 1, or its node gone) on a replica or P->D by the same
   score (REPLICA_LIVE when the replica wins); a conversation on a replica keeps it
-  (REPLICA_HOME) while it is usable.
+  (REPLICA_HOME) while it is usable. When every P or every D is down, P->D is counted out,
+  not predicted from nodes it knows nothing of: placements go to a replica, a session's turn
+  stays on its D - so a hybrid pool is served by its replicas alone (`serving_roles`).
 Turn 1 is otherwise always P->D in the disaggregated policies, which leave a hybrid pool's
 replicas idle; replica leaves its P and D nodes idle.
 """
@@ -36,7 +39,7 @@ from proxy.live import (
     predict_placement,
 )
 from proxy.table import DecisionTable
-from proxy.vocabulary import Decision, Reason, RouteKind, Workload
+from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
 
 _UNKNOWN = TurnState(NodeState(), NodeState())
 
@@ -69,10 +72,23 @@ class RoutingPolicy:
         """The configured policy."""
         return self.config.kind
 
+    @property
+    def serving_roles(self) -> tuple[tuple[Role, ...], ...]:
+        """Sets of roles, any one of which (a usable node of each) serves every turn: replica
+        needs a replica; live a P->D pair, or a replica (it places every conversation there
+        when P->D cannot serve); the other policies a P->D pair."""
+        if self.config.kind is Policy.REPLICA:
+            return ((Role.REPLICA,),)
+        if self.config.kind is Policy.LIVE:
+            return ((Role.PREFILL, Role.DECODE), (Role.REPLICA,))
+        return ((Role.PREFILL, Role.DECODE),)
+
     def decide(self, workload: Workload, session_id: str, can_local: bool,
-               state: TurnState | None = None, *, replica_home: bool = False) -> Decision:
+               state: TurnState | None = None, *, replica_home: bool = False,
+               can_pd: bool = True) -> Decision:
         """The route of one turn (`state`: the cluster now, read by policy live only;
-        `replica_home`: the turn continues a conversation whose replica is usable)."""
+        `replica_home`: the turn continues a conversation whose replica is usable; `can_pd`:
+        the pool has a usable P and D - live does not predict a route that cannot run)."""
         kind = self.config.kind
         if kind is Policy.REPLICA:
             return Decision(RouteKind.REPLICA, Reason.REPLICA)
@@ -82,7 +98,11 @@ class RoutingPolicy:
                 return Decision(RouteKind.REPLICA, Reason.REPLICA_HOME)
             homeless = workload.turn <= 1 or not can_local
             if homeless and state is not None and state.replica is not None:
+                if not can_pd:
+                    return Decision(RouteKind.REPLICA, Reason.REPLICA_LIVE)
                 return self._place_live(workload, state)
+            if not homeless and not can_pd:
+                return Decision(RouteKind.LOCAL, Reason.LIVE)
         if workload.turn <= 1:
             return Decision(RouteKind.PD, Reason.TURN1)
         if not can_local:

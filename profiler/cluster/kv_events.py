@@ -23,9 +23,14 @@ TOPIC = "kv"
 _PUBLISHERS = (Role.DECODE, Role.REPLICA)
 
 
+def publishes(role: Role) -> bool:
+    """Whether a node of this role publishes KV cache events (D and R do, P does not)."""
+    return role in _PUBLISHERS
+
+
 def kv_events_args(role: Role, host: str, port: int) -> list[str]:
     """vLLM flags that turn on KV cache events for a node (none for P)."""
-    if role not in _PUBLISHERS:
+    if not publishes(role):
         return []
     config = {"enable_kv_cache_events": True, "publisher": "zmq",
               "endpoint": f"tcp://*:{port + EVENTS_PORT_OFFSET}",
@@ -36,7 +41,7 @@ def kv_events_args(role: Role, host: str, port: int) -> list[str]:
 def kv_event_keys(role: Role, url: str) -> dict[str, str]:
     """The cluster.json keys that tell the proxy where a node's events are (none for P)."""
     parts = urlsplit(url)
-    if role not in _PUBLISHERS or parts.port is None:
+    if not publishes(role) or parts.port is None:
         return {}
     host = parts.hostname or "127.0.0.1"
     return {"kv_events": f"tcp://{host}:{parts.port + EVENTS_PORT_OFFSET}",

@@ -281,19 +281,18 @@ def node_url(config: ClusterConfig, node: NodePlan) -> str:
 
 def cluster_document(
     served_name: str, layout: Layout, nodes: Sequence[tuple[Role, str, int, Path]],
-    connector: Connector | None = None, *, kv_events: bool = True,
+    connector: Connector | None = None,
 ) -> dict[str, object]:
     """The cluster.json the proxy reads: model, layout, KV connector (None: no vLLM transfer,
     e.g. emulated nodes) and one {role, url, pid, log} per node (D and R nodes also name their
-    KV event endpoints, `profiler.cluster.kv_events`, unless kv_events is False: nodes that
-    publish none)."""
+    KV event endpoints, `profiler.cluster.kv_events`; emulated ones publish there too)."""
     return {
         "model": served_name,
         "layout": str(layout),
         "connector": None if connector is None else connector.value,
         "nodes": [
             {"role": role.value, "url": url, "pid": pid, "log": str(log),
-             **(kv_event_keys(role, url) if kv_events else {})}
+             **kv_event_keys(role, url)}
             for role, url, pid, log in nodes
         ],
     }

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from proxy.kv_events import KvEvent
+
 
 class JobRejected(ValueError):
     """The job can never run on this node (too long for the model or its KV cache)."""
@@ -27,6 +29,8 @@ class Job:
       the engine has blocks for it, it asks for a pull (Tick.kv_pulls) and waits for
       `kv_arrived`.
     hold_kv: a P leg - keep the KV after the job ends until `release_kv` (D has pulled it).
+    session_id: the request's `session_id` field; the blocks it stores carry it in the node's
+      KV cache events (as vLLM >= 0.32 tags them).
     """
 
     id: str
@@ -34,6 +38,7 @@ class Job:
     output_ids: Sequence[int]
     remote_kv: bool = False
     hold_kv: bool = False
+    session_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -49,6 +54,8 @@ class Tick:
     kv_pulls: list[tuple[str, int]] = field(default_factory=list)  # (D job, tokens to pull)
     prefill_tokens: int = 0
     decode_seqs: int = 0
+    # the prefix cache's changes since the previous step (a node that publishes KV events)
+    kv_events: list[KvEvent] = field(default_factory=list)
 
     @property
     def duration_s(self) -> float:

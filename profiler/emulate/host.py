@@ -6,6 +6,9 @@
 runs until SIGINT/SIGTERM; `ppd cluster up --emulate` starts it. In-process (tests, the
 benchmark): `async with hosted(preset, [(Role.PREFILL, 0), ...]) as nodes: nodes[0].url`.
 Nodes of one process find each other by engine id, so a D's KV pull uses its P's link.
+With `--kv-events` D and R nodes publish vLLM's KV cache events where
+`profiler.cluster.kv_events` puts a vLLM node's (HTTP port + 2000, replay + 3000; port 0:
+ports the OS chooses, named by `HostedNode.kv_events`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from profiler.cluster.kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET, publishes
 from profiler.emulate.app import create_node_app
+from profiler.emulate.kv_publisher import KvEventPublisher
 from profiler.emulate.presets import Preset, resolve
 from profiler.emulate.service import NodeService, NodeSpec, Peers
 from profiler.emulate.vocab import Vocabulary, tokenizer_dir
@@ -38,6 +43,14 @@ class HostedNode:
     @property
     def role(self) -> Role:
         return self.service.spec.role
+
+    @property
+    def kv_events(self) -> tuple[str, str | None] | None:
+        """(PUB endpoint, replay endpoint) of a node that publishes KV events, else None."""
+        publisher = self.service.publisher
+        if publisher is None or publisher.endpoint is None:
+            return None
+        return publisher.endpoint, publisher.replay_endpoint
 
 
 def node_specs(preset: Preset, served_model: str, nodes: Sequence[tuple[Role, int]],
@@ -67,8 +80,9 @@ def node_specs(preset: Preset, served_model: str, nodes: Sequence[tuple[Role, in
 async def hosted(preset: Preset, nodes: Sequence[tuple[Role, int]], *,
                  served_model: str | None = None, host: str = "127.0.0.1",
                  vocab: Vocabulary | None = None, report_cached_tokens: bool = False,
-                 ) -> AsyncIterator[list[HostedNode]]:
-    """Serve one emulated node per (role, port) (port 0: the OS chooses) for the block."""
+                 kv_events: bool = False) -> AsyncIterator[list[HostedNode]]:
+    """Serve one emulated node per (role, port) (port 0: the OS chooses) for the block;
+    with kv_events, D and R nodes publish their KV cache events."""
     vocab = vocab if vocab is not None else Vocabulary(tokenizer_dir())
     preset.warm()
     peers = Peers()
@@ -77,12 +91,21 @@ async def hosted(preset: Preset, nodes: Sequence[tuple[Role, int]], *,
     async with contextlib.AsyncExitStack() as stack:
         out: list[HostedNode] = []
         for spec in specs:
-            engine = preset.make_engine(NodeRole(spec.role.value))
-            service = NodeService(spec, engine, vocab, peers)
+            publisher = _publisher(spec) if kv_events and publishes(spec.role) else None
+            engine = preset.make_engine(NodeRole(spec.role.value),
+                                        kv_events=publisher is not None)
+            service = NodeService(spec, engine, vocab, peers, publisher)
             server = await stack.enter_async_context(
                 running(create_node_app(service), host, spec.port))
             out.append(HostedNode(service, server.url))
         yield out
+
+
+def _publisher(spec: NodeSpec) -> KvEventPublisher:
+    if not spec.port:
+        return KvEventPublisher(spec.host, 0, 0)
+    return KvEventPublisher(spec.host, spec.port + EVENTS_PORT_OFFSET,
+                            spec.port + REPLAY_PORT_OFFSET)
 
 
 def _node_arg(text: str) -> tuple[Role, int]:
@@ -110,19 +133,25 @@ def build_parser() -> argparse.ArgumentParser:
                         help="tokenizer directory (default: the emulator's own, built once)")
     parser.add_argument("--enable-prompt-tokens-details", action="store_true",
                         help="report usage.prompt_tokens_details.cached_tokens (as vLLM's flag)")
+    parser.add_argument("--kv-events", action="store_true",
+                        help="D and R nodes publish KV cache events (ZMQ PUB on PORT+2000, "
+                        "replay on PORT+3000, as `ppd cluster up` configures vLLM)")
+    parser.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="N",
+                        help="KV cache blocks per node instead of the preset's (as vLLM's flag)")
     return parser
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    preset = resolve(args.emulate, args.model, args.link, args.max_model_len)
+    preset = resolve(args.emulate, args.model, args.link, args.max_model_len,
+                     args.num_gpu_blocks_override)
     vocab = Vocabulary(args.tokenizer or tokenizer_dir())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with hosted(preset, args.node, served_model=args.served_model_name, host=args.host,
-                      vocab=vocab, report_cached_tokens=args.enable_prompt_tokens_details
-                      ) as nodes:  # fmt: skip
+                      vocab=vocab, report_cached_tokens=args.enable_prompt_tokens_details,
+                      kv_events=args.kv_events) as nodes:  # fmt: skip
         for node in nodes:
             print(f"{node.service.spec.name} {node.url} emulated {preset.name} "
                   f"(link {preset.link.name})", flush=True)

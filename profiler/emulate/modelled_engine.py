@@ -5,13 +5,16 @@ Two things the adapter adds to the engine:
   tokens that the next turn sends back, so each emitted id is replaced by the job's own
   before the next step hashes the block it completes - D's prefix cache then holds the reply
   under the ids turn 2 brings, as vLLM's would;
-- memory: a finished job's ledger is dropped once nothing needs it (P: after release_kv).
+- memory: a finished job's ledger is dropped once nothing needs it (P: after release_kv);
+- KV cache events (with `events`): each step's stores and evictions, stores tagged with
+  their job's session, on `Tick.kv_events`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from profiler.emulate.cache_events import CacheEvents
 from profiler.emulate.engine_interface import EngineStats, Job, JobRejected, Tick
 from profiler.engine import Engine, Request, RequestRejected
 from profiler.engine.requests import Phase
@@ -24,8 +27,10 @@ REMOTE = "remote-p"
 class SimNodeEngine:
     """Adapts profiler.engine.Engine to profiler.emulate.engine_interface.NodeEngine."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, events: CacheEvents | None = None) -> None:
+        """events: the engine's cache observer, if it has one (its steps' KV events)."""
         self.engine = engine
+        self._events = events
         self.block_size = engine.config.block_size
         self._outputs: dict[str, Sequence[int]] = {}
         self._held: set[str] = set()  # finished P jobs whose KV waits for its D
@@ -39,6 +44,8 @@ class SimNodeEngine:
         except RequestRejected as exc:
             raise JobRejected(str(exc)) from None
         self._outputs[job.id] = job.output_ids
+        if self._events is not None and job.session_id is not None:
+            self._events.tag(job.id, job.session_id)
 
     def next_step_time(self) -> float | None:
         return self.engine.next_step_time()
@@ -48,6 +55,8 @@ class SimNodeEngine:
         tick = Tick(result.start, result.end, kv_pulls=list(result.kv_pulls),
                     prefill_tokens=result.shape.sum_prefill_tokens,
                     decode_seqs=result.shape.num_decode_requests)  # fmt: skip
+        if self._events is not None:
+            tick.kv_events = self._events.take()
         for job_id in result.tokens:
             seq = self.engine.sequence(job_id)
             produced = len(seq.output_token_ids)
@@ -98,4 +107,6 @@ class SimNodeEngine:
 
     def _forget(self, job_id: str) -> None:
         self._outputs.pop(job_id, None)
+        if self._events is not None:
+            self._events.untag(job_id)
         self.engine.forget(job_id)

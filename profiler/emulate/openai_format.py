@@ -50,6 +50,7 @@ class Parsed:
     stream: bool
     include_usage: bool
     kv_transfer_params: dict[str, Any] | None
+    session_id: str | None = None  # vLLM >= 0.32 tags the request's KV cache events with it
 
     @property
     def wants_remote_decode(self) -> bool:
@@ -92,8 +93,11 @@ def parse(body: Any, chat: bool) -> Parsed:
     kv = body.get("kv_transfer_params")
     if kv is not None and not isinstance(kv, dict):
         raise RequestError("kv_transfer_params must be an object", param="kv_transfer_params")
+    session = body.get("session_id")
+    if session is not None and not isinstance(session, str):
+        raise RequestError("session_id must be a string", param="session_id")
     return Parsed(chat, model or "", messages, prompt_text, prompt_ids, max_tokens, stream,
-                  bool(isinstance(options, dict) and options.get("include_usage")), kv)
+                  bool(isinstance(options, dict) and options.get("include_usage")), kv, session)
 
 
 def _prompt(prompt: Any) -> tuple[str | None, list[int] | None]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from profiler.emulate.cache_events import CacheEvents
 from profiler.emulate.engine_interface import NodeEngine
 from profiler.emulate.modelled_engine import SimNodeEngine
 from profiler.engine import Engine, EngineConfig, LinearCost, NodeRole, load_cost
@@ -44,8 +45,11 @@ class Preset:
     cost: CostModel
     config: EngineConfig
 
-    def make_engine(self, role: NodeRole = NodeRole.REPLICA) -> NodeEngine:
-        return SimNodeEngine(Engine(replace(self.config, role=role), self.cost))
+    def make_engine(self, role: NodeRole = NodeRole.REPLICA, *,
+                    kv_events: bool = False) -> NodeEngine:
+        """A node's engine; with kv_events its steps carry the prefix cache's changes."""
+        events = CacheEvents(self.config.block_size) if kv_events else None
+        return SimNodeEngine(Engine(replace(self.config, role=role), self.cost, events), events)
 
     def warm(self) -> None:
         """Load the cost model now (aiconfigurator takes ~2 s), not on the first request."""
@@ -62,8 +66,13 @@ def _kv_blocks(cost: CostModel, config: EngineConfig) -> int | None:
 
 
 def resolve(hardware: str, model: str, link: str | None = None,
-            max_model_len: int | None = None) -> Preset:
-    """The preset for `--emulate hardware --model model` (PresetError when there is none)."""
+            max_model_len: int | None = None, num_gpu_blocks: int | None = None) -> Preset:
+    """The preset for `--emulate hardware --model model` (PresetError when there is none).
+
+    num_gpu_blocks: the KV cache's size in blocks instead of the preset's (vLLM's
+    --num-gpu-blocks-override: a small cache makes evictions happen)."""
+    if num_gpu_blocks is not None and num_gpu_blocks < 1:
+        raise PresetError(f"the KV cache needs at least one block, not {num_gpu_blocks}")
     try:
         shape = TINY if model == "tiny" else load_model_shape(model)
         cost = _cost(hardware, model)
@@ -77,6 +86,8 @@ def resolve(hardware: str, model: str, link: str | None = None,
         config = replace(config, block_size=CPU_BLOCK_SIZE,
                          max_num_batched_tokens=config.max_model_len)
     blocks = _kv_blocks(cost, config)
+    if num_gpu_blocks is not None:
+        blocks = num_gpu_blocks
     if blocks is not None:
         config = replace(config, num_kv_blocks=blocks)
     return Preset(cost.name, shape, chosen, cost, config)

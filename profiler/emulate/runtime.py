@@ -9,7 +9,8 @@ how far one process keeps up with real time.
 
 KV pulls the engine asks for (a D job got its blocks) go to `on_pull`; the node's owner models
 the transfer and calls `kv_arrived`. A P job's held KV is freed by `hold_released` (its D has
-the KV) or after HOLD_TIMEOUT_S.
+the KV) or after HOLD_TIMEOUT_S. A step's KV cache events go to `on_kv_events` when its
+tokens do (at the step's modelled end, as vLLM publishes after a step), before them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from profiler.emulate.engine_interface import Job, NodeEngine, Tick
+from proxy.kv_events import KvEvent
 
 # How long P keeps a prompt's KV for a D that never pulls it (vLLM's
 # VLLM_NIXL_ABORT_REQUEST_TIMEOUT is 480 s; shorter here, as nothing real is held).
@@ -83,7 +85,8 @@ class EmulatedNode:
 
     def __init__(self, engine: NodeEngine, *,
                  on_token: Callable[[Stream, float, int], None] | None = None,
-                 on_pull: Callable[[str, int], None] | None = None) -> None:
+                 on_pull: Callable[[str, int], None] | None = None,
+                 on_kv_events: Callable[[list[KvEvent]], None] | None = None) -> None:
         self.engine = engine
         self.pacing = Pacing()
         self._streams: dict[str, Stream] = {}
@@ -92,6 +95,7 @@ class EmulatedNode:
         self._task: asyncio.Task[None] | None = None
         self._on_token = on_token
         self._on_pull = on_pull
+        self._on_kv_events = on_kv_events
         self.failure: EngineFailed | None = None
 
     def now(self) -> float:
@@ -171,6 +175,8 @@ class EmulatedNode:
             previous_end = tick.end
 
     def _deliver(self, tick: Tick) -> None:
+        if tick.kv_events and self._on_kv_events is not None:
+            self._on_kv_events(tick.kv_events)
         now = self.now()
         for job_id, n in tick.emitted.items():
             stream = self._streams.get(job_id)

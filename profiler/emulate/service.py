@@ -9,6 +9,9 @@ The P/D protocol as vLLM's NixlConnector plays it:
   scheduled once they arrived, recomputing only the last prompt token, then decodes.
 - A local leg (no kv_transfer_params) is an ordinary request: its prompt's prefix found in this
   node's cache (an earlier turn's prompt and reply) is not prefilled again.
+
+A node given a `KvEventPublisher` (a D or R of `ppd cluster up --emulate`) publishes its
+engine's KV cache events, each request's stores tagged with its `session_id` field.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profiler.emulate.engine_interface import Job, JobRejected, NodeEngine
+from profiler.emulate.kv_publisher import KvEventPublisher
 from profiler.emulate.link import SharedLink
 from profiler.emulate.metrics import NodeMetrics
 from profiler.emulate.openai_format import DONE, Envelope, Parsed, RequestError, sse, usage
@@ -63,11 +67,14 @@ class NodeService:
     """Serves completions for one emulated node."""
 
     def __init__(self, spec: NodeSpec, engine: NodeEngine, vocab: Vocabulary,
-                 peers: Peers | None = None) -> None:
+                 peers: Peers | None = None, publisher: KvEventPublisher | None = None
+                 ) -> None:
         self.spec = spec
         self.vocab = vocab
         self.engine_id = f"ppd-emulated-{spec.name}-{id(self):x}"
-        self.node = EmulatedNode(engine, on_token=self._on_token, on_pull=self._on_pull)
+        self.publisher = publisher
+        self.node = EmulatedNode(engine, on_token=self._on_token, on_pull=self._on_pull,
+                                 on_kv_events=publisher.publish if publisher else None)
         # This node's egress as a P; transfers from a P this process does not host run on a
         # link of the same preset.
         self.link = SharedLink(spec.link_bandwidth_bytes_s, spec.link_latency_s)
@@ -85,10 +92,14 @@ class NodeService:
         self._last_token: dict[str, float] = {}
 
     async def start(self) -> None:
+        if self.publisher is not None:
+            await self.publisher.start()
         await self.node.start()
 
     async def stop(self) -> None:
         await self.node.stop()
+        if self.publisher is not None:
+            await self.publisher.stop()
 
     def _on_token(self, stream: Stream, now: float, n: int) -> None:
         last = self._last_token.get(stream.job.id)
@@ -128,7 +139,7 @@ class NodeService:
         job_id = f"{request_id}-{next(self._ids)}"
         output = self.vocab.reply_ids(max_tokens, seed=job_id)
         job = Job(job_id, prompt, output, remote_kv=parsed.wants_remote_prefill,
-                  hold_kv=parsed.wants_remote_decode)  # fmt: skip
+                  hold_kv=parsed.wants_remote_decode, session_id=parsed.session_id)
         return Prepared(parsed, job, Envelope.new(request_id, self.spec.model, parsed.chat))
 
     def start_job(self, prepared: Prepared) -> Running:

@@ -9,13 +9,14 @@ from profiler.engine.config import EngineConfig, NodeRole, SchedulePolicy
 from profiler.engine.cost import CostModel, LinearCost
 from profiler.engine.drive import Outcome, SimResult, simulate
 from profiler.engine.engine import Engine, EngineStats, StepResult
-from profiler.engine.prefix_cache import PrefixCache, block_hashes
+from profiler.engine.prefix_cache import CacheObserver, PrefixCache, block_hashes
 from profiler.engine.presets import load_cost
 from profiler.engine.requests import Phase, Request, RequestRejected, Sequence
 from profiler.engine.transfer import Link, ModelShape, SharedLink, load_link, load_model_shape
 
 __all__ = [
     "BatchShape",
+    "CacheObserver",
     "CostModel",
     "Engine",
     "EngineConfig",

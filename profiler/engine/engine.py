@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from profiler.engine.batch import BatchShape
 from profiler.engine.config import EngineConfig, NodeRole
 from profiler.engine.cost import CostModel
-from profiler.engine.prefix_cache import block_hashes
+from profiler.engine.prefix_cache import CacheObserver, block_hashes
 from profiler.engine.requests import Phase, Request, RequestRejected, Sequence
 from profiler.engine.scheduler import ScheduledItem, Scheduler
 
@@ -61,10 +61,13 @@ class EngineStats:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, cost: CostModel) -> None:
+    def __init__(self, config: EngineConfig, cost: CostModel,
+                 cache_observer: CacheObserver | None = None) -> None:
+        """cache_observer: told of every block stored in or evicted from the prefix cache
+        (`prefix_cache.CacheObserver`; an emulated node publishes them as KV events)."""
         self.config = config
         self.cost = cost
-        self._scheduler = Scheduler(config)
+        self._scheduler = Scheduler(config, cache_observer)
         self._rng = random.Random(config.seed)
         self._seqs: dict[str, Sequence] = {}  # every request not yet forgotten
         self._kv_held: dict[str, Sequence] = {}  # P: finished, blocks kept for the D

@@ -5,12 +5,17 @@ hash and its token ids, so equal prefixes share blocks. A block whose last holde
 stays cached (evictable) until an allocation needs it; eviction takes the least recently
 freed first, and a request's blocks are freed tail first so a prefix outlives its suffix.
 The ledger knows nothing about scheduling: the scheduler decides who gets blocks.
+
+An optional `CacheObserver` hears of every block that enters or leaves the cache - what vLLM
+publishes as KV cache events (an emulated node does, `profiler.emulate.kv_publisher`). Without
+one, nothing is computed for it: the simulator runs thousands of runs.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 ROOT_HASH = 0
 
@@ -29,14 +34,32 @@ def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = ROOT_H
     return hashes
 
 
+class CacheObserver(Protocol):
+    """Told when a block enters or leaves the cache (vLLM's BlockStored / BlockRemoved)."""
+
+    def stored(self, block_hash: int, parent: int, token_ids: Sequence[int],
+               request_id: str) -> None:
+        """A full block became cached: its chained hash, its parent's (ROOT_HASH for a first
+        block), its tokens (empty when the request gave block hashes only), who filled it."""
+        ...
+
+    def removed(self, block_hashes: list[int]) -> None:
+        """Cached blocks were evicted to make room."""
+        ...
+
+
 class PrefixCache:
     """Block accounting. Hashed blocks are reference-counted; a hashed block with no holder is
-    evictable; anonymous blocks (partial, or not hashable) are only counted."""
+    evictable; anonymous blocks (partial, or not hashable) are only counted.
 
-    def __init__(self, num_blocks: int) -> None:
+    Stores are reported to the observer by the caller of `register` (only it knows a block's
+    tokens and request); evictions by the cache itself."""
+
+    def __init__(self, num_blocks: int, observer: CacheObserver | None = None) -> None:
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
         self.num_blocks = num_blocks
+        self.observer = observer
         self._free = num_blocks  # blocks holding nothing
         self._refs: dict[int, int] = {}  # resident hashed block -> holders
         self._evictable: OrderedDict[int, None] = OrderedDict()  # refs == 0, oldest first
@@ -77,20 +100,28 @@ class PrefixCache:
             return False
         from_free = min(count, self._free)
         self._free -= from_free
+        evicted: list[int] | None = [] if self.observer is not None else None
         for _ in range(count - from_free):
             block_hash, _ = self._evictable.popitem(last=False)
             del self._refs[block_hash]
             self.num_evictions += 1
+            if evicted is not None:
+                evicted.append(block_hash)
+        if evicted:
+            assert self.observer is not None
+            self.observer.removed(evicted)
         return True
 
-    def register(self, block_hash: int) -> None:
+    def register(self, block_hash: int) -> bool:
         """An anonymous block the caller holds became full with this hash. If the same content
-        is already resident, the caller shares it and its own copy returns to the free pool."""
+        is already resident, the caller shares it and its own copy returns to the free pool.
+        True iff the block is newly cached (a store an observer hears of)."""
         if block_hash in self._refs:
             self._free += 1
             self.acquire((block_hash,))
-        else:
-            self._refs[block_hash] = 1
+            return False
+        self._refs[block_hash] = 1
+        return True
 
     def release(self, hashes: Sequence[int], anonymous: int) -> None:
         """Drop a holder's blocks. Hashed blocks stay cached; the tail is evicted first."""

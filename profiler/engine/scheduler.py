@@ -13,16 +13,16 @@ from collections import deque
 from collections.abc import Iterator
 
 from profiler.engine.config import EngineConfig, SchedulePolicy
-from profiler.engine.prefix_cache import PrefixCache, hash_block
+from profiler.engine.prefix_cache import ROOT_HASH, CacheObserver, PrefixCache, hash_block
 from profiler.engine.requests import Phase, Sequence
 
 ScheduledItem = tuple[Sequence, int]  # (request, tokens it computes this step)
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, cache_observer: CacheObserver | None = None) -> None:
         self.config = config
-        self.cache = PrefixCache(config.num_kv_blocks)
+        self.cache = PrefixCache(config.num_kv_blocks, cache_observer)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.waiting_kv: dict[str, Sequence] = {}
@@ -184,13 +184,30 @@ class Scheduler:
     def register_full_blocks(self, seq: Sequence) -> None:
         """Hash the blocks the request's computed tokens filled, so others can hit them."""
         full = seq.num_computed // self.config.block_size
+        observer = self.cache.observer
         for index in range(len(seq.held_hashes), full):
             block_hash = self._block_hash(seq, index)
             if block_hash is None:
                 return
-            self.cache.register(block_hash)
+            if self.cache.register(block_hash) and observer is not None:
+                parent = seq.block_hashes[index - 1] if index else ROOT_HASH
+                observer.stored(block_hash, parent, self._block_tokens(seq, index), seq.id)
             seq.held_hashes.append(block_hash)
             seq.anon_blocks -= 1
+
+    def _block_tokens(self, seq: Sequence, index: int) -> list[int]:
+        """The token ids of seq's index-th full block (none for a request given by hashes)."""
+        prompt_ids = seq.request.prompt_token_ids
+        if prompt_ids is None:
+            return []
+        bs = self.config.block_size
+        start, end = index * bs, (index + 1) * bs
+        num_prompt = seq.num_prompt
+        if end <= num_prompt:
+            return list(prompt_ids[start:end])
+        if start >= num_prompt:
+            return seq.output_token_ids[start - num_prompt:end - num_prompt]
+        return list(prompt_ids[start:]) + seq.output_token_ids[:end - num_prompt]
 
     def _hashes(self, seq: Sequence, count: int) -> Iterator[int]:
         for index in range(count):
@@ -207,19 +224,10 @@ class Scheduler:
         prompt_ids = seq.request.prompt_token_ids
         if prompt_ids is None or index != len(seq.block_hashes):
             return None
-        bs = self.config.block_size
-        start, end = index * bs, (index + 1) * bs
-        if end > seq.num_tokens:
+        if (index + 1) * self.config.block_size > seq.num_tokens:
             return None
-        num_prompt = seq.num_prompt
-        if end <= num_prompt:
-            tokens = list(prompt_ids[start:end])
-        elif start >= num_prompt:
-            tokens = seq.output_token_ids[start - num_prompt:end - num_prompt]
-        else:
-            tokens = list(prompt_ids[start:]) + seq.output_token_ids[:end - num_prompt]
-        parent = seq.block_hashes[-1] if seq.block_hashes else 0
-        block_hash = hash_block(parent, tokens)
+        parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
+        block_hash = hash_block(parent, self._block_tokens(seq, index))
         seq.block_hashes.append(block_hash)
         return block_hash
 

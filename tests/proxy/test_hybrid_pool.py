@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+import proxy
+from proxy import NodeSpec, ProxyConfig
 from proxy.backends import BackendPool
 from proxy.config import Policy, PolicyConfig
 from proxy.live import NodeState, StepCosts, TurnState
@@ -14,6 +19,8 @@ from proxy.residency import Residency
 from proxy.sessions.session import Lookup, Session
 from proxy.turn_plan import Attempt, Pick, TurnPlan, plan_turn
 from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
+from tests.fakes.mock_vllm import MockCluster
+from tests.proxy.helpers import chat_body
 from tests.proxy.router_harness import chat, router_over, text_of
 
 COSTS = StepCosts(base_ms=6.0, per_prefill_token_ms=0.02, per_decode_seq_ms=0.01)
@@ -141,3 +148,77 @@ async def test_the_router_keeps_a_replica_conversation_on_its_replica() -> None:
                       ("pd", h.cluster["d0"].url)]
     assert h.router.metrics.stats()["reasons"] == {"replica_live": 1, "replica_home": 1,
                                                    "no_home": 1}
+
+
+@pytest.mark.parametrize("gone", ["http://p0", "http://d0"])
+def test_live_counts_p_to_d_out_when_every_p_or_every_d_is_down(gone: str) -> None:
+    pool = hybrid_pool()
+    pool.mark(gone, healthy=False)
+    # Beside a busy replica live would place turn 1 P->D (above); with no P->D, the replica.
+    first = live_plan(pool, lookup(1), TURN1, BUSY)
+    assert first == TurnPlan(Decision(RouteKind.REPLICA, Reason.REPLICA_LIVE),
+                             (Attempt(RouteKind.REPLICA, (Pick(Role.REPLICA, None),)),))
+    later = live_plan(pool, lookup(2, "http://d0", "http://p0"), TURN2, BUSY)
+    if gone == "http://p0":  # its D still holds it: the turn stays there, whatever it costs
+        assert later.decision == Decision(RouteKind.LOCAL, Reason.LIVE)
+    else:  # its D is gone: placed again, on the replica
+        assert later.decision == Decision(RouteKind.REPLICA, Reason.REPLICA_LIVE)
+
+
+def test_live_without_p_to_d_keeps_a_session_on_its_d_even_without_replicas() -> None:
+    pool = BackendPool(clock=lambda: 0.0)
+    pool.add("http://p0", Role.PREFILL)
+    pool.add("http://d0", Role.DECODE)
+    pool.mark("http://p0", healthy=False)
+    # A history D no longer holds would otherwise be worth moving P->D (reason evicted).
+    evicted = NodeState(64.0, 0.0, 0, 16, 64 / 99)
+
+    def observe(session: Session) -> TurnState:
+        return TurnState(evicted, IDLE)
+
+    plan = plan_turn(policy(PolicyConfig(kind=Policy.LIVE)), pool,
+                     lookup(2, "http://d0", "http://p0"), TURN2, None, observe)
+    assert plan.decision == Decision(RouteKind.LOCAL, Reason.LIVE)
+
+
+@pytest.mark.parametrize(("kind", "down", "healthy"), [
+    (Policy.LIVE, ("http://p0",), True),  # the replica serves
+    (Policy.LIVE, ("http://d0",), True),
+    (Policy.LIVE, ("http://r0",), True),  # P->D serves
+    (Policy.LIVE, ("http://p0", "http://r0"), False),
+    (Policy.PD, ("http://p0",), False),  # pd never uses the replica
+    (Policy.REPLICA, ("http://p0", "http://d0"), True),
+    (Policy.REPLICA, ("http://r0",), False),
+])
+def test_a_hybrid_pool_is_servable_by_its_replicas_under_live(
+        kind: Policy, down: tuple[str, ...], healthy: bool) -> None:
+    pool = hybrid_pool()
+    for url in down:
+        pool.mark(url, healthy=False)
+    roles = policy(PolicyConfig(kind=kind)).serving_roles
+    assert any(pool.can_serve(option) for option in roles) is healthy
+
+
+async def test_live_health_and_service_with_every_p_down(tmp_path: Path) -> None:
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"base_ms": 6.0, "per_prefill_token_ms": 0.02,
+                                 "per_decode_seq_ms": 0.01}))
+    cluster = MockCluster("p1", "d1", "r1")
+    roles = {"p": Role.PREFILL, "d": Role.DECODE, "r": Role.REPLICA}
+    nodes = tuple(NodeSpec(n.url, roles[name[0]]) for name, n in cluster.nodes.items())
+    config = ProxyConfig(nodes=nodes, policy=PolicyConfig(Policy.LIVE, live_costs=costs),
+                         port=0, health_interval=600)
+    app = proxy.create_app(config, transport=cluster.transport)
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        pool = app.extensions["ppd"].pool
+        pool.mark(cluster["p1"].url, healthy=False)
+        health = await client.get("/health")
+        answered = await client.post("/v1/chat/completions", json=chat_body("hello " * 200))
+        pool.mark(cluster["r1"].url, healthy=False)
+        down = await client.get("/health")
+    assert health.status_code == 200
+    assert answered.status_code == 200
+    assert (answered.headers["x-ppd-route"], answered.headers["x-ppd-decode"]) == \
+        ("replica", cluster["r1"].url)
+    assert down.status_code == 503

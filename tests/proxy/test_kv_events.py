@@ -36,6 +36,17 @@ def test_both_encodings_decode_to_the_same_events(positional: bool) -> None:
     assert cleared == AllBlocksCleared()
 
 
+def test_a_publisher_with_token_ids_sends_them_and_a_reader_keeps_their_count() -> None:
+    # An emulated node knows its blocks' ids and sends them as vLLM does; the proxy reads
+    # only how many there are (proxy.residency says why).
+    stored = BlockStored((-5, 7), 3, 4, 2, "s1", (10, 11, 12, 13))
+    raw = msgpack.unpackb(encode_batch(0.0, [stored]), raw=False)
+    assert raw[1][0]["token_ids"] == [10, 11, 12, 13]
+    assert raw[1][0]["parent_block_hash"] == 3
+    event = parse_message([b"kv", encode_seq(0), encode_batch(0.0, [stored])]).events[0]
+    assert event == BlockStored((-5, 7), 3, 4, 2, "s1")
+
+
 def test_vllm_map_encoding_with_extra_fields_and_dp_rank() -> None:
     # As vLLM 0.32 sends it: extra fields, int hashes, data_parallel_rank third.
     event = {"type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": 10,

@@ -18,6 +18,7 @@ from profiler.engine import (
     SchedulePolicy,
     simulate,
 )
+from profiler.engine.prefix_cache import block_hashes
 
 
 def make(cost, **config) -> Engine:
@@ -258,3 +259,55 @@ def test_abort_in_every_queue_frees_every_block(cost):
     stats = engine.stats()
     assert (stats.num_running, stats.num_waiting, stats.num_waiting_kv) == (0, 0, 0)
     assert stats.kv_usage == 0.0 and engine.next_step_time() is None
+
+
+def test_a_cache_observer_hears_every_store_and_eviction(cost):
+    heard_stored: list[tuple[int, int, list[int], str]] = []
+    heard_removed: list[list[int]] = []
+
+    class Observer:
+        def stored(self, block_hash, parent, token_ids, request_id) -> None:
+            heard_stored.append((block_hash, parent, list(token_ids), request_id))
+
+        def removed(self, block_hashes) -> None:
+            heard_removed.append(list(block_hashes))
+
+    engine = Engine(EngineConfig(block_size=4, num_kv_blocks=6, max_num_batched_tokens=32),
+                    cost, cache_observer=Observer())
+    ids = list(range(16))
+    chain = block_hashes(ids, 4)
+    simulate(engine, [(0.0, req("turn1", ids, 1))])
+    # Four full prompt blocks, chained from the root, each with its tokens and its request.
+    parents = [0, *chain[:-1]]
+    assert heard_stored == [(chain[i], parents[i], ids[4 * i:4 * i + 4], "turn1")
+                            for i in range(4)]
+    assert heard_removed == []
+    # The same prompt again hits the cache: nothing new is stored.
+    simulate(engine, [(1.0, req("again", ids, 1))])
+    assert len(heard_stored) == 4
+    # 20 other tokens take 5 of 6 blocks: 3 of turn1's are evicted, tail first, in one call.
+    other = [1000 + i for i in range(20)]
+    simulate(engine, [(2.0, req("other", other, 1))])
+    assert heard_removed == [[chain[3], chain[2], chain[1]]]
+    assert [s[3] for s in heard_stored[4:]] == ["other"] * 5
+    assert [s[0] for s in heard_stored[4:]] == block_hashes(other, 4)
+
+
+def test_output_blocks_are_stored_with_their_token_ids(cost):
+    stored: list[tuple[int, list[int]]] = []
+
+    class Observer:
+        def stored(self, block_hash, parent, token_ids, request_id) -> None:
+            stored.append((parent, list(token_ids)))
+
+        def removed(self, block_hashes) -> None:
+            raise AssertionError("nothing is evicted here")
+
+    engine = Engine(EngineConfig(block_size=4, num_kv_blocks=100, max_num_batched_tokens=16),
+                    cost, cache_observer=Observer())
+    answer = [900 + i for i in range(9)]
+    simulate(engine, [(0.0, req("t1", 6, 9, output_token_ids=answer))])
+    # 6 prompt + 9 outputs, the last never computed: 14 tokens of KV, 3 full blocks, the
+    # second and third spanning prompt and reply.
+    assert [tokens for _, tokens in stored] == [[0, 1, 2, 3], [4, 5, 900, 901],
+                                                [902, 903, 904, 905]]

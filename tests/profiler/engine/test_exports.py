@@ -4,8 +4,9 @@ from tests.exports import assert_exports
 
 def test_public_exports():
     assert_exports(sim, {
-        "BatchShape", "CostModel", "Engine", "EngineConfig", "EngineStats", "LinearCost",
-        "Link", "ModelShape", "NodeRole", "Outcome", "Phase", "PrefixCache", "Request",
+        "BatchShape", "CacheObserver", "CostModel", "Engine", "EngineConfig", "EngineStats",
+        "LinearCost", "Link", "ModelShape", "NodeRole", "Outcome", "Phase", "PrefixCache",
+        "Request",
         "RequestRejected", "SchedulePolicy", "Sequence", "SharedLink", "SimResult",
         "StepResult", "block_hashes", "load_cost", "load_link", "load_model_shape", "simulate",
     })

@@ -1,0 +1,115 @@
+"""An emulated node's KV cache events on the wire: vLLM's `ZmqEventPublisher`, frame for frame.
+
+A PUB socket sends one message per engine step that changed the cache: `[topic, seq,
+payload]`, seq an 8-byte big-endian counter from 0, payload msgpack of `[ts, events]`
+(`proxy.kv_events` encodes it; `proxy.kv_subscriber` reads it). The last REPLAY_BUFFER
+batches are kept for the replay ROUTER socket, which answers `[b"", start_seq]` with
+`[b"", topic, seq, payload]` per buffered batch from start_seq on, then `[b"", b"", END_SEQ,
+b""]` - what a subscriber asks for when it saw a gap in the sequence.
+
+Publishing never blocks the engine loop: PUB drops what a slow subscriber cannot take (it
+will see the gap and replay), and a send is one non-blocking call made after the step's
+tokens went out. Replay requests are served by a task on the node's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from proxy.kv_events import END_SEQ, KvEvent, encode_batch, encode_seq
+
+log = logging.getLogger("ppd.emulate")
+
+TOPIC = b"kv"  # as profiler.cluster.kv_events configures vLLM
+REPLAY_BUFFER = 10_000  # batches kept for replay (vLLM's default buffer_steps)
+
+
+class KvEventPublisher:
+    """PUB (+ replay ROUTER) sockets of one node; `publish` sends one step's events.
+
+    Ports 0 let the OS choose (tests); `endpoint` and `replay_endpoint` say where they are
+    once `start` has bound them."""
+
+    def __init__(self, host: str, port: int, replay_port: int | None,
+                 buffer_steps: int = REPLAY_BUFFER) -> None:
+        self.host, self.port, self.replay_port = host, port, replay_port
+        self.seq = 0
+        self.dropped = 0  # batches PUB could not queue (a subscriber must replay them)
+        self.endpoint: str | None = None
+        self.replay_endpoint: str | None = None
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self._ctx: zmq.asyncio.Context | None = None
+        self._pub: zmq.Socket[bytes] | None = None
+        self._router: zmq.asyncio.Socket | None = None
+        self._replay: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Bind the sockets and serve replay requests (on the running loop)."""
+        self._ctx = zmq.asyncio.Context()
+        # A plain (synchronous) PUB socket: a send is one call that returns at once.
+        self._pub = zmq.Socket(self._ctx, zmq.PUB)
+        self._pub.setsockopt(zmq.LINGER, 0)
+        self.endpoint = _bind(self._pub, self.host, self.port)
+        if self.replay_port is not None:
+            self._router = self._ctx.socket(zmq.ROUTER)
+            self._router.setsockopt(zmq.LINGER, 0)
+            self.replay_endpoint = _bind(self._router, self.host, self.replay_port)
+            self._replay = asyncio.create_task(self._serve_replay(), name="kv-events-replay")
+
+    async def stop(self) -> None:
+        if self._replay is not None:
+            self._replay.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._replay
+            self._replay = None
+        # Each socket is closed by hand: the PUB was not made by ctx.socket(), so
+        # ctx.destroy() would not close it, and term() would wait for it forever.
+        for socket in (self._pub, self._router):
+            if socket is not None:
+                socket.close(linger=0)
+        if self._ctx is not None:
+            self._ctx.term()
+        self._ctx = self._pub = self._router = None
+
+    def publish(self, events: Sequence[KvEvent]) -> None:
+        """Send one step's events as the next batch (nothing for a step without any)."""
+        if not events or self._pub is None:
+            return
+        seq = self.seq
+        self.seq += 1
+        payload = encode_batch(time.time(), list(events))
+        self._buffer.append((seq, payload))
+        try:
+            self._pub.send_multipart([TOPIC, encode_seq(seq), payload], flags=zmq.NOBLOCK)
+        except zmq.Again:  # PUB drops rather than blocks; kept for replay all the same
+            self.dropped += 1
+
+    async def _serve_replay(self) -> None:
+        assert self._router is not None
+        router = self._router
+        while True:
+            frames = await router.recv_multipart()
+            if len(frames) != 3 or len(frames[2]) != 8:
+                log.warning("KV event replay: ignoring a malformed request (%d frames)",
+                            len(frames))
+                continue
+            client, start = frames[0], int.from_bytes(frames[2], "big")
+            for seq, payload in list(self._buffer):
+                if seq >= start:
+                    await router.send_multipart([client, b"", TOPIC, encode_seq(seq), payload])
+            await router.send_multipart([client, b"", b"", END_SEQ, b""])
+
+
+def _bind(socket: zmq.Socket[Any], host: str, port: int) -> str:
+    """Bind tcp://host:port (port 0: one the OS chooses); the endpoint actually bound."""
+    socket.bind(f"tcp://{host}:{port or '*'}")
+    return socket.getsockopt_string(zmq.LAST_ENDPOINT)
