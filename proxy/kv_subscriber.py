@@ -80,19 +80,29 @@ class NodeSubscriber:
         self.index.forget()
         self.stats.resets += 1
 
+    @classmethod
+    def joining(cls, source: KvEventSource, index: NodeResidency) -> NodeSubscriber:
+        """A subscriber for a node that may have published before it joined: with a replay
+        socket, its first batch is preceded by everything the node still holds from batch 0
+        (a proxy started, or restarted, after the node served conversations knows them)."""
+        stats = SubscriberStats(last_seq=-1) if source.replay is not None else SubscriberStats()
+        return cls(source, index, stats)
+
     async def handle(self, batch: EventBatch, ctx: zmq.asyncio.Context) -> None:
         """One published batch: apply it, after replaying (or forgetting) what was missed."""
         expected = self.expected()
         if expected is not None and batch.seq < expected:
             return  # already applied (a replay overlapped the live stream)
         if expected is not None and batch.seq > expected:
-            self.stats.gaps += 1
-            log.warning("KV events of %s: batches %d..%d missed", self.source.url, expected,
-                        batch.seq - 1)
+            catching_up = self.stats.last_seq == -1  # `joining`: not a gap, the node's past
+            if not catching_up:
+                self.stats.gaps += 1
+                log.warning("KV events of %s: batches %d..%d missed", self.source.url,
+                            expected, batch.seq - 1)
             filled = False
             if self.source.replay is not None:
                 filled = await self._replay(ctx, expected, batch.seq)
-            if not filled:
+            if not filled and not catching_up:
                 self.forget()
         if self.stats.last_seq is None or batch.seq > self.stats.last_seq:
             self.apply(batch)

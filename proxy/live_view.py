@@ -102,7 +102,8 @@ class LiveRuntime:
         self.residency = Residency()
         self.signals = LoadSignals(clock)
         self.subscribers = KvEventSubscribers(
-            [NodeSubscriber(source, self.residency.node(source.url)) for source in sources])
+            [NodeSubscriber.joining(source, self.residency.node(source.url))
+             for source in sources])
         self.metrics_interval = metrics_interval
         # Three missed scrapes and a reading is too old to describe the node now.
         self.view = LiveView(pool, self.residency, self.signals, 3 * metrics_interval)

@@ -138,3 +138,36 @@ async def test_a_dead_replay_endpoint_forgets_instead_of_hanging() -> None:
     finally:
         ctx.destroy(linger=0)
         publisher.close()
+
+
+async def test_a_subscriber_joining_late_learns_the_nodes_past_from_its_replay(
+        publisher: FakeKvPublisher) -> None:
+    # The node served a session before the proxy started: a plain SUB never sees those
+    # batches; `joining` (what policy live uses) replays them before its first live batch.
+    publisher.publish([stored([1, 2], None)], drop=True)
+    publisher.publish([stored([3], 2)], drop=True)
+    index = NodeResidency()
+    source = KvEventSource("http://d0", publisher.endpoint, publisher.replay_endpoint)
+    sub = NodeSubscriber.joining(source, index)
+    subs = KvEventSubscribers([sub])
+    subs.start()
+    try:
+        await connected(publisher, sub)
+        await wait_for(lambda: sub.stats.last_seq == publisher.seq - 1)
+        assert 1 in index._parent and 3 in index._parent
+        assert sub.stats.gaps == 0 and sub.stats.resets == 0 and sub.stats.replayed >= 2
+        if not publisher.positional:
+            assert index.held_tokens("s") == 48
+    finally:
+        await subs.stop()
+
+
+async def test_a_late_subscriber_without_replay_starts_from_what_it_hears() -> None:
+    publisher = FakeKvPublisher()
+    try:
+        publisher.publish([stored([1, 2], None)], drop=True)
+        sub = NodeSubscriber.joining(KvEventSource("http://d0", publisher.endpoint),
+                                     NodeResidency())
+        assert sub.stats.last_seq is None  # no replay socket: nothing to ask, no gap either
+    finally:
+        publisher.close()
