@@ -23,6 +23,7 @@ import zmq.asyncio
 
 from proxy.kv_events import (
     END_SEQ,
+    AllBlocksCleared,
     EventBatch,
     KvEventError,
     encode_seq,
@@ -55,6 +56,8 @@ class SubscriberStats:
     bad_messages: int = 0
     last_seq: int | None = None
     last_event_at: float | None = None  # time.monotonic() of the last batch applied
+    last_ts: float | None = None  # the publisher's timestamp of the last batch applied
+    restarts: int = 0  # the node's sequence began again (the node restarted)
 
 
 @dataclass(slots=True)
@@ -74,6 +77,7 @@ class NodeSubscriber:
             self.index.apply(event)
         self.stats.batches += 1
         self.stats.last_seq = batch.seq
+        self.stats.last_ts = batch.ts
         self.stats.last_event_at = time.monotonic()
 
     def forget(self) -> None:
@@ -92,7 +96,18 @@ class NodeSubscriber:
         """One published batch: apply it, after replaying (or forgetting) what was missed."""
         expected = self.expected()
         if expected is not None and batch.seq < expected:
-            return  # already applied (a replay overlapped the live stream)
+            last_ts = self.stats.last_ts
+            if last_ts is None or batch.ts <= last_ts:
+                return  # already applied (a replay overlapped the live stream)
+            # An earlier number but a later time: the node restarted and numbers from 0 again,
+            # with an empty cache - its sessions hold nothing (true, not unknown) - and the
+            # new sequence is followed from its start.
+            log.warning("KV events of %s: sequence restarted at %d (node restarted?)",
+                        self.source.url, batch.seq)
+            self.stats.restarts += 1
+            self.index.apply(AllBlocksCleared())
+            self.stats.last_seq = -1 if self.source.replay is not None else None
+            expected = self.expected()
         if expected is not None and batch.seq > expected:
             catching_up = self.stats.last_seq == -1  # `joining`: not a gap, the node's past
             if not catching_up:

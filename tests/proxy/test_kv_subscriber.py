@@ -171,3 +171,27 @@ async def test_a_late_subscriber_without_replay_starts_from_what_it_hears() -> N
         assert sub.stats.last_seq is None  # no replay socket: nothing to ask, no gap either
     finally:
         publisher.close()
+
+
+async def test_a_node_that_restarts_numbers_from_zero_and_holds_nothing(
+        publisher: FakeKvPublisher) -> None:
+    index = NodeResidency()
+    sub = NodeSubscriber.joining(KvEventSource("http://d0", publisher.endpoint,
+                                               publisher.replay_endpoint), index)
+    subs = KvEventSubscribers([sub])
+    subs.start()
+    try:
+        await connected(publisher, sub)
+        publisher.publish([stored([1, 2], None)])
+        await wait_for(lambda: sub.stats.last_seq == publisher.seq - 1)
+        if not publisher.positional:
+            assert index.held_tokens("s") == 32
+        publisher.seq, publisher.buffer = 0, []  # the node restarted: a new sequence, no cache
+        publisher.publish([stored([7], None, session="t")])
+        await wait_for(lambda: sub.stats.restarts == 1 and sub.stats.last_seq == 0)
+        assert 7 in index._parent
+        if not publisher.positional:
+            assert index.held_tokens("s") == 0  # known to be gone, not unknown
+            assert index.held_tokens("t") == 16
+    finally:
+        await subs.stop()
