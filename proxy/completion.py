@@ -150,7 +150,7 @@ class ReplyCapture:
         self._done = False
         self._failed = False
         self._cr = False
-        self._breaks = 0  # line breaks fed: at least two per event, so a bound on the events
+        self._breaks = 0  # line breaks fed: at least one per event, so an upper bound
         self._token_events = 0
 
     def feed(self, chunk: bytes) -> None:
@@ -173,14 +173,8 @@ class ReplyCapture:
 
     def could_exceed(self, limit: int) -> bool:
         """Whether the events so far may carry more than limit tokens (cheap; exact when it
-        has to be: only a bound above limit parses the events)."""
-        return self._breaks // 2 > limit and self.token_events > limit
-
-    def surely_within(self, limit: int, chunk: bytes) -> bool:
-        """Whether the events so far plus chunk's cannot carry more than limit tokens, from
-        the line breaks alone (every event ends with two: an upper bound on the events)."""
-        breaks = self._breaks + chunk.count(b"\n") + chunk.count(b"\r")
-        return breaks // 2 <= limit
+        has to be: only a count of line breaks above limit parses the events)."""
+        return self._breaks > limit and self.token_events > limit
 
     def _parse(self) -> None:
         """Parse the complete events not parsed yet."""

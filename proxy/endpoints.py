@@ -22,7 +22,7 @@ from proxy.errors import BadRequest, MethodNotAllowed, PayloadTooLarge, ProxyErr
 from proxy.logs import AccessEntry
 from proxy.relay import Relay
 from proxy.router import Incoming, Reply, Router
-from proxy.server import SERVER_HOOKS, ServerHooks
+from proxy.server import DISCONNECT_EXTENSION, DisconnectSignal
 from proxy.validate import Endpoint, parse_json_object, validate_body
 from proxy.vocabulary import RouteKind
 
@@ -83,12 +83,11 @@ class CompletionsApp:
             AccessEntry(endpoint.value, status=error.status, error=error.message).emit()
             await _send_error(send, error)
             return
-        hooks: ServerHooks | None = scope.get("extensions", {}).get(SERVER_HOOKS)
-        watch = _DisconnectWatch(hooks, receive)
+        watch = _DisconnectWatch(scope, receive)
         try:
             reply = await self._router.handle(incoming)
             if isinstance(reply.body, Relay):
-                await _stream(reply, reply.body, send, hooks)
+                await _stream(reply, reply.body, send)
             else:
                 await _send_bytes(send, reply.status, reply.headers, reply.body,
                                   reply.content_type)
@@ -191,14 +190,10 @@ async def _send_error(send: Send, error: ProxyError) -> None:
     await _send_bytes(send, error.status, error.headers, error.body_bytes())
 
 
-async def _stream(reply: Reply, relay: Relay, send: Send, hooks: ServerHooks | None) -> None:
-    """Send the relay's chunks as they come; however it ends, the relay is closed. Under
-    `proxy.server`'s uvicorn the relay may also pass plain chunks to the client's transport
-    itself, while it waits for the next one (`Relay.pipe_to`)."""
+async def _stream(reply: Reply, relay: Relay, send: Send) -> None:
+    """Send the relay's chunks as they come; however it ends, the relay is closed."""
     try:
         await send(_start(reply.status, reply.headers, reply.content_type, None))
-        if hooks is not None:
-            relay.pipe_to(hooks.write_body)
         async for chunk in relay:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -213,19 +208,20 @@ class _DisconnectWatch:
 
     A client that leaves while its request waits for P, or while its reply streams, cancels
     the request the way Quart did: leases are released and upstream requests closed. Under
-    `proxy.server`'s uvicorn the server says so itself (`ServerHooks`); under another
+    `proxy.server`'s uvicorn the server says so itself (`DisconnectSignal`); under another
     server a task per request waits on `receive()` for the disconnect.
     """
 
-    def __init__(self, hooks: ServerHooks | None, receive: Receive) -> None:
+    def __init__(self, scope: Scope, receive: Receive) -> None:
         task = asyncio.current_task()
         assert task is not None
         self.task = task
         self.fired = False
-        self._hooks = hooks
+        self._signal: DisconnectSignal | None = scope.get("extensions", {}).get(
+            DISCONNECT_EXTENSION)
         self._watcher: asyncio.Future[None] | None = None
-        if hooks is not None:
-            hooks.on_disconnect = self._fire
+        if self._signal is not None:
+            self._signal.callback = self._fire
         else:
             self._watcher = asyncio.ensure_future(self._watch(receive))
 
@@ -240,7 +236,7 @@ class _DisconnectWatch:
 
     def stop(self) -> None:
         """Stop watching (before anything is sent after the watched part)."""
-        if self._hooks is not None:
-            self._hooks.on_disconnect = None
+        if self._signal is not None:
+            self._signal.callback = None
         if self._watcher is not None:
             self._watcher.cancel()

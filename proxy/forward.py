@@ -26,7 +26,7 @@ failure is handled by the router, which moves on to another node.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -254,12 +254,6 @@ class UpstreamStream:
             return await self.response.read_chunk()
         except httpx.HTTPError as exc:
             raise _translate(exc, self.url) from exc
-
-    def pipe(self, sink: Callable[[bytes], bool]) -> None:
-        """Offer the chunks that arrive while `next_chunk` waits to `sink` first (only the
-        legs' own client, `proxy.http1`, can; other responses ignore it)."""
-        if isinstance(self.response, Http1Response):
-            self.response.set_sink(sink)
 
     async def aclose(self) -> None:
         """Close the upstream response (vLLM aborts a request whose connection closes)."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import httptools
@@ -131,9 +131,9 @@ class _Connection(asyncio.Protocol):
 class _Exchange:
     """One request's answer as it arrives: status, content type, then body chunks."""
 
-    __slots__ = ("status", "content_type", "reusable", "sink", "_loop", "_conn",
-                 "_read_timeout", "_chunks", "_buffered", "_paused", "_waiter", "_error",
-                 "_headers_done", "_eof", "_last", "_timer", "_framed")
+    __slots__ = ("status", "content_type", "reusable", "_loop", "_conn", "_read_timeout",
+                 "_chunks", "_buffered", "_paused", "_waiter", "_error", "_headers_done",
+                 "_eof", "_last", "_timer", "_framed")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, conn: _Connection,
                  read_timeout: float | None) -> None:
@@ -143,9 +143,6 @@ class _Exchange:
         self.status = 0
         self.content_type = "application/json"
         self.reusable = False
-        # Takes a chunk that arrives while the reader waits with nothing buffered (True: taken,
-        # the reader never sees it); see Http1Response.set_sink.
-        self.sink: Callable[[bytes], bool] | None = None
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
         self._paused = False
@@ -174,12 +171,9 @@ class _Exchange:
         self._wake()
 
     def body(self, data: bytes) -> None:
-        self._last = self._loop.time()
-        sink = self.sink
-        if sink is not None and self._waiter is not None and not self._chunks and sink(data):
-            return
         self._chunks.append(data)
         self._buffered += len(data)
+        self._last = self._loop.time()
         if self._buffered > _HIGH_WATER and not self._paused:
             self._paused = True
             self._conn.transport.pause_reading()  # type: ignore[union-attr]
@@ -286,7 +280,6 @@ class _Exchange:
 
     def abandon(self) -> None:
         self._stop_timer()
-        self.sink = None
 
 
 class Http1Response:
@@ -306,13 +299,6 @@ class Http1Response:
         self.content_type = exchange.content_type
         # The bytes that arrived since the last read, b"" at the end (httpx errors).
         self.read_chunk = exchange.readany
-
-    def set_sink(self, sink: Callable[[bytes], bool] | None) -> None:
-        """Offer body chunks to `sink` as they arrive, while a reader waits in `read_chunk`
-        with nothing buffered; a chunk it takes (True) is never read. Chunks it refuses, and
-        every chunk after them until the reader caught up, are read as usual, so order holds:
-        the reader's own writes happen between its reads, never while it waits."""
-        self._exchange.sink = sink
 
     async def aread(self) -> bytes:
         """The whole body."""

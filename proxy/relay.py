@@ -65,11 +65,6 @@ class SseFramer:
         self._pending = data[end:]
         return data[:end]
 
-    @property
-    def pending(self) -> bool:
-        """Bytes of an unfinished event are waiting for the rest."""
-        return bool(self._pending)
-
     def flush(self) -> bytes:
         """What is left once the upstream ended cleanly (sent as is)."""
         rest, self._pending = self._pending, b""
@@ -110,31 +105,6 @@ class Relay:
         self._ended = False  # the upstream's part is over; what is held is the last
         self._closed = False
         self._replied = False
-        self._write_body: Callable[[bytes], bool] | None = None
-
-    def pipe_to(self, write_body: Callable[[bytes], bool]) -> None:
-        """Let plain chunks go to the client as they arrive, while the relay waits for the
-        next one: `write_body` (the server's, `proxy.server.ServerHooks`) writes them
-        straight to the client's transport, and the capture reads them, with no task switch
-        per chunk. Whatever needs the relay's judgement still comes through iteration: a
-        chunk that is not whole events, holds `[DONE]`, could pass max_tokens, or arrives
-        while the client is not reading."""
-        self._write_body = write_body
-        self._stream.pipe(self._piped)
-
-    def _piped(self, chunk: bytes) -> bool:
-        write_body = self._write_body
-        if (write_body is None or self._closed or self._ended or self._done_next
-                or self._framer.pending or not chunk.endswith(b"\n\n")
-                or b"[DONE]" in chunk):
-            return False
-        limit = self._limits.max_tokens
-        if limit is not None and not self._capture.surely_within(limit, chunk):
-            return False
-        if not write_body(chunk):
-            return False
-        self._capture.feed(chunk)
-        return True
 
     def __aiter__(self) -> Relay:
         return self

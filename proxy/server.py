@@ -65,42 +65,25 @@ LISTEN_BACKLOG = 2048
 SHUTDOWN_GRACE_S = 5.0
 
 
-# The scope extension through which the server and the app talk past ASGI (uvicorn only).
-SERVER_HOOKS = "ppd.server"
+# The scope extension through which the server tells the app its client left (uvicorn only).
+DISCONNECT_EXTENSION = "ppd.disconnect"
 
 
-class ServerHooks:
-    """What `proxy.server`'s uvicorn offers one request's app past ASGI.
+class DisconnectSignal:
+    """Calls `callback` (set by the app, once the request is read) when the client's
+    connection is lost before the response completed. An ASGI app learns that only by
+    awaiting `receive()`, which takes a task per request to watch; the server already knows
+    (its protocol's connection_lost)."""
 
-    - `on_disconnect`: set by the app once the request is read; called when the client's
-      connection is lost before the response completed. An ASGI app learns that only by
-      awaiting `receive()`, which takes a task per request to watch; the server already knows
-      (its protocol's connection_lost).
-    - `write_body(chunk)`: a streamed response's next bytes straight to the client's
-      transport, framed as uvicorn's send frames them, without an ASGI message or a task
-      switch. False, with nothing written, whenever send() must do it instead: the response
-      not started or already complete, not chunked, the client gone or not reading (flow
-      control: send() waits for it to drain).
-    """
-
-    __slots__ = ("on_disconnect", "cycle")
+    __slots__ = ("callback",)
 
     def __init__(self) -> None:
-        self.on_disconnect: Callable[[], None] | None = None
-        self.cycle: Any = None  # the request's RequestResponseCycle, once uvicorn made it
+        self.callback: Callable[[], None] | None = None
 
-    def disconnected(self) -> None:
-        callback, self.on_disconnect = self.on_disconnect, None
+    def fire(self) -> None:
+        callback, self.callback = self.callback, None
         if callback is not None:
             callback()
-
-    def write_body(self, chunk: bytes) -> bool:
-        cycle = self.cycle
-        if (cycle is None or not cycle.response_started or cycle.response_complete
-                or not cycle.chunked_encoding or cycle.disconnected or cycle.flow.write_paused):
-            return False
-        cycle.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-        return True
 
 
 class ServerKind(enum.StrEnum):
@@ -208,8 +191,8 @@ def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float
             cycle = self.cycle
             super().connection_lost(exc)
             if cycle is not None and not cycle.response_complete:
-                hooks: ServerHooks = cycle.scope["extensions"][SERVER_HOOKS]  # type: ignore[typeddict-item, assignment]
-                hooks.disconnected()
+                signal: DisconnectSignal = cycle.scope["extensions"][DISCONNECT_EXTENSION]  # type: ignore[typeddict-item, assignment]
+                signal.fire()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -219,9 +202,8 @@ def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float
         def on_headers_complete(self) -> None:
             # Before uvicorn builds the request's cycle from the scope and starts the app.
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
-            hooks = extensions[SERVER_HOOKS] = ServerHooks()
+            extensions[DISCONNECT_EXTENSION] = DisconnectSignal()
             super().on_headers_complete()
-            hooks.cycle = self.cycle
             self._arm(body_timeout, "body")
 
         def on_message_complete(self) -> None:

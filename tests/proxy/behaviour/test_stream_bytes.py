@@ -8,18 +8,15 @@ client body must equal the node's bytes exactly.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import pytest
 
 from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role, running
 from proxy.config import Policy
-from proxy.server import ServerHooks
 from tests.proxy.helpers import reply_text, serve_proxy
 
 
@@ -123,72 +120,3 @@ async def test_streamed_bytes_equal_the_nodes_on_both_routes() -> None:
     assert bodies == [BODY, BODY]
     assert reply == REPLY
     assert node.completions == 3  # P and D for turn 1, D alone for turn 2
-
-
-class PacedNode(ByteNode):
-    """Streams BODY event by event with a pause before each write - the relay is waiting
-    when each arrives, so whole events take the pipe (ServerHooks.write_body) - with one
-    event split in two (the relay itself must join it) and two events in one write."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        events = [e + b"\n\n" for e in BODY.replace(b"\r\n\r\n", b"\n\n").split(b"\n\n")[:-1]]
-        self.pieces = [events[0], events[1][:12], events[1][12:], events[2] + events[3],
-                       *events[4:]]
-        assert b"".join(self.pieces) == BODY.replace(b"\r\n\r\n", b"\n\n")
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] != "/v1/chat/completions":
-            await super().__call__(scope, receive, send)
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        self.completions += 1
-        if (json.loads(body).get("kv_transfer_params") or {}).get("do_remote_decode"):
-            answer = {"choices": [{"index": 0, "message": {"content": "G"}}],
-                      "kv_transfer_params": {"remote_engine_id": "e"}}
-            await _send(send, 200, json.dumps(answer).encode(), b"application/json")
-            return
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream")]})
-        for piece in self.pieces:
-            await asyncio.sleep(0.02)
-            await send({"type": "http.response.body", "body": piece, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def test_piped_chunks_keep_the_nodes_bytes_and_order(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    piped: list[bytes] = []
-    write_body = ServerHooks.write_body
-
-    def counted(self: ServerHooks, chunk: bytes) -> bool:
-        written = write_body(self, chunk)
-        if written:
-            piped.append(chunk)
-        return written
-
-    monkeypatch.setattr(ServerHooks, "write_body", counted)
-    node = PacedNode()
-    async with running(node) as p, running(node) as d:
-        config = ProxyConfig(nodes=(NodeSpec(p.url, Role.PREFILL), NodeSpec(d.url, Role.DECODE)),
-                             policy=PolicyConfig(Policy.LOCAL), port=0, health_interval=60.0)
-        async with serve_proxy(config) as proxy:
-            request = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                       "stream": True, "max_tokens": 50}
-            async with proxy.client.stream("POST", "/v1/chat/completions",
-                                           json=request) as response:
-                body = b"".join([chunk async for chunk in response.aiter_raw()])
-            stats = (await proxy.client.get("/stats")).json()
-    assert body == b"".join(node.pieces)
-    assert reply_text(httpx.Response(200, content=body, headers=response.headers)) == REPLY
-    # Whole events after the first went through the pipe (two in one write too); neither half
-    # of the split event (the relay's framer holds the first) nor [DONE] did.
-    assert len(piped) >= 3 and all(p in node.pieces for p in piped)
-    assert node.pieces[1] not in piped and node.pieces[2] not in piped
-    assert not any(b"[DONE]" in p for p in piped)
-    assert stats["responses"] == {"200": 1}
