@@ -226,3 +226,21 @@ async def test_a_slow_reader_gets_every_byte_and_the_socket_pauses() -> None:
 async def test_an_https_url_is_refused_by_the_pool() -> None:
     with pytest.raises(ValueError, match="http://"):
         await Http1Pool(2.0).post("https://node/v1/completions", b"{}", {}, TIMEOUT)
+
+
+async def test_idle_connections_are_closed_after_their_expiry_without_more_traffic() -> None:
+    closed = asyncio.Event()
+
+    async def once_then_watch(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+        if await reader.read(1) == b"":  # the client closed its idle connection
+            closed.set()
+
+    pool = Http1Pool(0.05)
+    async with tcp_server(once_then_watch) as (url, _):
+        assert await post(pool, url) == (200, b"{}")
+        await asyncio.wait_for(closed.wait(), 2)
+    assert not pool._idle and pool._sweep_timer is None
+    pool.close()
