@@ -108,7 +108,8 @@ async def _measure(policy: str, turns: int, requests: int, profile: bool) -> flo
         await _conversation(app, str(i), turns)
     if profiler:
         profiler.disable()
-        pstats.Stats(profiler).sort_stats(os.environ.get("PPD_PROFILE_SORT", "tottime")).print_stats(int(os.environ.get("PPD_PROFILE_ROWS", "30")))
+        stats = pstats.Stats(profiler).sort_stats(os.environ.get("PPD_PROFILE_SORT", "tottime"))
+        stats.print_stats(int(os.environ.get("PPD_PROFILE_ROWS", "30")))
     spent = time.process_time() - start
     await app.shutdown()
     return 1e6 * spent / (requests // turns * turns)
