@@ -103,9 +103,6 @@ class _HttpxResponse:
     async def aread(self) -> bytes:
         return await self._response.aread()
 
-    def aiter(self) -> AsyncIterator[bytes]:
-        return self._response.aiter_bytes()
-
     async def read_chunk(self) -> bytes:
         if self._chunks is None:
             self._chunks = self._response.aiter_bytes()

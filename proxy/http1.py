@@ -90,12 +90,6 @@ class _Connection(asyncio.Protocol):
         if self._exchange is not None:
             self._exchange.lost(exc)
 
-    def pause_writing(self) -> None:  # request bodies are written whole; nothing to pause
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
     # httptools' callbacks
 
     def on_header(self, name: bytes, value: bytes) -> None:
