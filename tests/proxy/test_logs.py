@@ -218,3 +218,54 @@ async def test_a_stream_that_breaks_is_logged_with_the_failure(
     assert reply.status_code == 200 and '"error"' in reply.text  # the in-band error event
     (entry,) = [r.fields for r in access_lines(caplog)]  # type: ignore[attr-defined]
     assert entry["status"] == 200 and entry["error"].startswith("failed mid-stream")
+
+
+@pytest.mark.parametrize("fmt", [LogFormat.TEXT, LogFormat.JSON])
+def test_the_direct_access_line_is_the_line_the_logging_module_writes(
+        fmt: LogFormat, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    from proxy import logs
+
+    def entry() -> AccessEntry:
+        return AccessEntry("/v1/chat/completions", stream=True, session="s1", turn=2,
+                           route="local", reason="live", decode="http://d:1", status=200,
+                           ttft_ms=3.25, duration_ms=9.5, completion_tokens=16)
+
+    out = io.StringIO()
+    handler = configure("info", fmt, stream=out)
+    try:
+        with monkeypatch.context() as patch:  # the direct path must not touch the logger
+            patch.setattr(logs._access, "log", lambda *a, **k: pytest.fail("logger used"))
+            entry().emit()
+        handler.addFilter(lambda record: True)  # a filter: the logging module's path
+        entry().emit()
+        failed = entry()
+        failed.status, failed.error = 502, 'backend "d" down'
+        handler.filters.clear()
+        failed.emit()
+    finally:
+        logging.getLogger().removeHandler(handler)
+    direct, via_logging, warning = out.getvalue().splitlines()
+    stamp = (r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} " if fmt is LogFormat.TEXT
+             else r'"time": "\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"')
+    assert re.search(stamp, direct) and re.search(stamp, via_logging)
+    assert re.sub(stamp, "", direct) == re.sub(stamp, "", via_logging)
+    if fmt is LogFormat.TEXT:
+        assert re.sub(stamp, "", warning).startswith("WARNING ppd.access: POST ")
+    else:
+        assert json.loads(warning)["level"] == "warning"
+        assert json.loads(warning)["error"] == 'backend "d" down'
+
+
+def test_an_extra_handler_gets_the_access_record_too() -> None:
+    out, extra = io.StringIO(), io.StringIO()
+    handler = configure("info", "text", stream=out)
+    also = logging.StreamHandler(extra)
+    logging.getLogger(ACCESS_LOGGER).addHandler(also)
+    try:
+        AccessEntry("/v1/completions", route="pd", status=200).emit()
+    finally:
+        logging.getLogger(ACCESS_LOGGER).removeHandler(also)
+        logging.getLogger().removeHandler(handler)
+    assert "route=pd" in out.getvalue() and "route=pd" in extra.getvalue()
