@@ -22,7 +22,7 @@ from proxy.errors import BadRequest, MethodNotAllowed, PayloadTooLarge, ProxyErr
 from proxy.logs import AccessEntry
 from proxy.relay import Relay
 from proxy.router import Incoming, Reply, Router
-from proxy.server import DISCONNECT_EXTENSION, DisconnectSignal
+from proxy.server import DISCONNECT_EXTENSION, HEAD_WITH_BODY_EXTENSION, DisconnectSignal
 from proxy.validate import Endpoint, parse_json_object, validate_body
 from proxy.vocabulary import RouteKind
 
@@ -67,6 +67,11 @@ class CompletionsApp:
             return
         if self._extra:
             send = _with_headers(send, self._extra)
+        # Every answer from here has its body (or a stream's first chunk) at hand when its
+        # head is sent: one write for both (`proxy.server.CycleTransport`).
+        head_with_body = scope.get("extensions", {}).get(HEAD_WITH_BODY_EXTENSION)
+        if head_with_body is not None:
+            head_with_body()
         if scope["method"] != "POST":
             refused = MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; "
                                        "use POST")
@@ -191,10 +196,17 @@ async def _send_error(send: Send, error: ProxyError) -> None:
 
 
 async def _stream(reply: Reply, relay: Relay, send: Send) -> None:
-    """Send the relay's chunks as they come; however it ends, the relay is closed."""
+    """Send the relay's chunks as they come; however it ends, the relay is closed.
+
+    The relay's first chunk is at hand (the router waited for it) and goes out with the
+    response's head; a last chunk that arrived with the upstream's end goes out with the
+    body's end: 2 writes (and packets) a reply fewer than one per message."""
     try:
         await send(_start(reply.status, reply.headers, reply.content_type, None))
         async for chunk in relay:
+            if relay.finished:
+                await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                return
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except Exception as exc:  # a bug after the 200 went out: the body ends unfinished

@@ -252,6 +252,13 @@ class UpstreamStream:
         except httpx.HTTPError as exc:
             raise _translate(exc, self.url) from exc
 
+    @property
+    def at_end(self) -> bool:
+        """Every byte of the body has been read and its end has arrived (False: not known,
+        on the transports other than `proxy.http1`'s)."""
+        response = self.response
+        return not self.first and isinstance(response, Http1Response) and response.at_end
+
     async def aclose(self) -> None:
         """Close the upstream response (vLLM aborts a request whose connection closes)."""
         await self.response.aclose()

@@ -294,6 +294,11 @@ class Http1Response:
         # The bytes that arrived since the last read, b"" at the end (httpx errors).
         self.read_chunk = exchange.readany
 
+    @property
+    def at_end(self) -> bool:
+        """The body's end has arrived and every byte before it was read."""
+        return self._exchange.at_end
+
     async def aread(self) -> bytes:
         """The whole body."""
         parts = []

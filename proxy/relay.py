@@ -105,6 +105,9 @@ class Relay:
         self._ended = False  # the upstream's part is over; what is held is the last
         self._closed = False
         self._replied = False
+        # The chunk just returned was the body's last (the upstream had ended with it): the
+        # server can write it with the body's end.
+        self.finished = False
 
     def __aiter__(self) -> Relay:
         return self
@@ -129,6 +132,7 @@ class Relay:
                 done, self._done_next = self._done_next, b""
                 if capture.stream_done:
                     await self._reply_once()
+                    return self._finish_with(done)
                 return done
             while True:
                 # Each read waits under the request's deadline (`proxy.deadline`: one timer for
@@ -164,6 +168,7 @@ class Relay:
                         return head
                     if capture.stream_done:
                         await self._reply_once()
+                        return self._finish_with(done)
                     return done
                 if head:
                     return head
@@ -174,6 +179,15 @@ class Relay:
                 raise StopAsyncIteration from None
             self._on_failure(exc)
             return error_event(exc)
+
+    def _finish_with(self, done: bytes) -> bytes:
+        """`[DONE]` (the turn recorded), and when the upstream's end has arrived too, what
+        the framer still holds: then the stream is over here, as when its end is read."""
+        if not self._stream.at_end:
+            return done
+        self._ended = self.finished = True
+        self._lease.settle(self._node, ok=True)
+        return done + self._framer.flush()
 
     async def _reply_once(self) -> None:
         if not self._replied:

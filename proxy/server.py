@@ -67,6 +67,9 @@ SHUTDOWN_GRACE_S = 5.0
 
 # The scope extension through which the server tells the app its client left (uvicorn only).
 DISCONNECT_EXTENSION = "ppd.disconnect"
+# The scope extension the app calls (no arguments) when it will have its response's first
+# body bytes at hand as it sends the head: the head then waits for them (uvicorn only).
+HEAD_WITH_BODY_EXTENSION = "ppd.head_with_body"
 
 
 class DisconnectSignal:
@@ -84,6 +87,51 @@ class DisconnectSignal:
         callback, self.callback = self.callback, None
         if callback is not None:
             callback()
+
+
+class CycleTransport:
+    """The transport uvicorn's response cycle writes to, around the connection's.
+
+    After `head_with_body()` the response's head - the cycle's first write: status line and
+    headers - is kept until the body's first bytes and written with them, one write (and one
+    packet) where there were two. Only for an app that has its first bytes at hand (the
+    proxy does: a reply's first chunk has arrived before it answers), since a client gets
+    nothing until then."""
+
+    __slots__ = ("_transport", "_hold", "_head")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._hold = False
+        self._head: bytes | None = None
+
+    def head_with_body(self) -> None:
+        self._hold = True
+
+    def write(self, data: bytes) -> None:
+        if self._hold:
+            if self._head is None:
+                self._head = data
+                return
+            data = self._head + data
+            self._hold, self._head = False, None
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        """Write a head still kept (the response ended without a body: HEAD, or cut)."""
+        head, self._head, self._hold = self._head, None, False
+        if head is not None and not self._transport.is_closing():
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class ServerKind(enum.StrEnum):
@@ -200,11 +248,23 @@ def _uvicorn(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float
             self._arm(header_timeout, "headers")
 
         def on_headers_complete(self) -> None:
-            # Before uvicorn builds the request's cycle from the scope and starts the app.
+            # Before uvicorn builds the request's cycle from the scope and starts the app
+            # (the app's task runs from the next turn of the loop, after the swap below).
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
             extensions[DISCONNECT_EXTENSION] = DisconnectSignal()
+            transport = CycleTransport(self.transport)
+            extensions[HEAD_WITH_BODY_EXTENSION] = transport.head_with_body
+            before = self.cycle
             super().on_headers_complete()
+            if self.cycle is not None and self.cycle is not before:  # a new request's cycle
+                self.cycle.transport = transport  # type: ignore[assignment]
             self._arm(body_timeout, "body")
+
+        def on_response_complete(self) -> None:
+            cycle = self.cycle
+            if cycle is not None and isinstance(cycle.transport, CycleTransport):
+                cycle.transport.flush()
+            super().on_response_complete()
 
         def on_message_complete(self) -> None:
             self._clear_deadline()

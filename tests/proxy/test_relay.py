@@ -46,6 +46,10 @@ class _Stream:
         body, self.body = self.body, b""
         return body
 
+    @property
+    def at_end(self) -> bool:
+        return not self.body
+
     async def aclose(self) -> None:
         pass
 
@@ -75,3 +79,52 @@ async def test_the_client_gets_the_reply_before_it_is_parsed_and_done_after_it_i
     assert seen[0] == reply  # the tokens went out first
     assert isinstance(seen[1], Captured) and seen[1].text == "Hi" and seen[1].complete
     assert seen[2:] == [b"data: [DONE]\n\n"]  # [DONE] only once the turn was recorded
+
+
+class _Chunks:
+    """An upstream stream of given chunks whose end arrives with the last one (`ends_with`)
+    or only on the read after it."""
+
+    def __init__(self, chunks: list[bytes], ends_with_last: bool) -> None:
+        self.chunks = list(chunks)
+        self.ends_with_last = ends_with_last
+
+    async def next_chunk(self) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+    @property
+    def at_end(self) -> bool:
+        return self.ends_with_last and not self.chunks
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _CountingLease(_Lease):
+    def __init__(self) -> None:
+        self.settled: list[bool] = []
+
+    def settle(self, node: object, ok: bool) -> None:
+        self.settled.append(ok)
+
+
+async def _relayed(stream: _Chunks) -> tuple[list[tuple[bytes, bool]], list[bool]]:
+    lease = _CountingLease()
+    relay = Relay(stream, None, lease, ReplyCapture(stream=True),  # type: ignore[arg-type]
+                  lambda captured: None, lambda exc: None)
+    return [(piece, relay.finished) async for piece in relay], lease.settled
+
+
+async def test_done_that_arrives_with_the_upstreams_end_is_the_last_chunk() -> None:
+    event = b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n'
+    # What follows [DONE] is the framer's (an unterminated comment): it goes out with it.
+    pieces, settled = await _relayed(_Chunks([event, b"data: [DONE]\n\n: end"], True))
+    assert pieces == [(event, False), (b"data: [DONE]\n\n: end", True)]
+    assert settled == [True]
+
+
+async def test_done_before_the_upstreams_end_is_not_the_last_chunk() -> None:
+    event = b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n'
+    pieces, settled = await _relayed(_Chunks([event + b"data: [DONE]\n\n"], False))
+    assert pieces == [(event, False), (b"data: [DONE]\n\n", False)]
+    assert settled == [True]  # settled once, at the end read afterwards

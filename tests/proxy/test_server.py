@@ -181,3 +181,75 @@ async def test_a_client_sending_its_body_one_byte_at_a_time_is_dropped(
     assert elapsed < 3.0, elapsed
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert received == [b"disconnect"]
+
+
+class _Recording:
+    """A transport that records its writes."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str) -> str:
+        return f"info:{name}"
+
+
+def test_a_held_head_goes_out_with_the_first_body_bytes_and_later_writes_alone() -> None:
+    from proxy.server import CycleTransport
+
+    raw = _Recording()
+    transport = CycleTransport(raw)  # type: ignore[arg-type]
+    transport.write(b"head-1")  # not held: straight through
+    transport.head_with_body()
+    transport.write(b"HEAD ")
+    assert raw.writes == [b"head-1"]
+    transport.write(b"first")
+    transport.write(b"second")
+    assert raw.writes == [b"head-1", b"HEAD first", b"second"]
+    assert transport.get_extra_info("peername") == "info:peername"
+
+
+def test_a_held_head_without_a_body_is_written_when_flushed_or_closed() -> None:
+    from proxy.server import CycleTransport
+
+    raw = _Recording()
+    transport = CycleTransport(raw)  # type: ignore[arg-type]
+    transport.head_with_body()
+    transport.write(b"HEAD")
+    transport.close()
+    assert raw.writes == [b"HEAD"] and raw.closed
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+async def test_an_app_that_asks_gets_its_head_and_first_bytes_in_one_packet(
+        method: str) -> None:
+    from proxy.server import HEAD_WITH_BODY_EXTENSION
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        scope["extensions"][HEAD_WITH_BODY_EXTENSION]()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"5")]})
+        await asyncio.sleep(0.2)  # the head waits for the body (a HEAD request has none)
+        await send({"type": "http.response.body", "body": b"hello"})
+
+    async with running(app) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        try:
+            writer.write(f"{method} / HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+            first = await asyncio.wait_for(reader.read(65536), 5.0)
+        finally:
+            writer.close()
+    assert first.startswith(b"HTTP/1.1 200")
+    if method == "GET":  # one write: the loopback delivers it in one read
+        assert first.endswith(b"\r\n\r\nhello")
+    else:  # no body: the head is written when the response completes
+        assert first.endswith(b"\r\n\r\n")
