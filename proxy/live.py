@@ -21,7 +21,14 @@ node is gone - is placed (`predict_placement`): a replica prefills the whole pro
 what it caches) in one step beside its own running batch, exactly as local does on D but for
 the whole prompt, so its TTFT and the delay it adds to the replica's batch are local's
 formulas on the replica; P->D is as above. The same score decides; a conversation placed on
-a replica stays there (its prefix cache holds the history).
+a replica stays there (its prefix cache holds the history). So a placement also chooses the
+batch the conversation decodes in, for all its turns: R's or D's. Each route is charged for
+the batch it joins (`Membership`, `LiveScorer.membership_ms`): with B requests decoding on the
+node, a request of the conversation has its own TPOT of about step(B + 1 decodes), and it
+lengthens each step of that batch by c = per_decode_seq + per_decode_kv_ktoken x its context,
+raising the others' TPOT by c times the share of their tokens it decodes beside. A turn 2+
+that stays with its D (local or P->D) does not change the batch it decodes in; `predict`
+charges no membership.
 
 The costs are a cost file (`--live-costs`: a `ppd sim fit` preset, or `ppd sim live-costs`
 fitted to a GPU preset): a model of the node's step, not of a cell, so it predicts states a
@@ -117,8 +124,21 @@ class TurnState:
 
 
 @dataclass(frozen=True, slots=True)
+class Membership:
+    """A request of the conversation decoding in a node's batch (a placement's route): what
+    it pays and what it costs the others, per step (see `LiveScorer.membership_ms`)."""
+
+    own_step_ms: float  # the node's decode step with the request in the batch: its own TPOT
+    per_step_ms: float  # c: how much longer the request makes each step of that batch
+    others: float  # the batch it joins (B)
+    n_out: int  # the request's expected output: how long it stays in the batch
+    tpot_sensitivity: float | None  # the batch's sum of 1 / (n_out_j - 1), when known
+
+
+@dataclass(frozen=True, slots=True)
 class Prediction:
-    """Both routes' predicted TTFT (ms) and what the local route does to D's batch."""
+    """Both routes' predicted TTFT (ms) and what the local route does to D's batch; for a
+    placement, also the batch each route has the conversation decode in."""
 
     ttft_local_ms: float
     ttft_pd_ms: float
@@ -127,6 +147,8 @@ class Prediction:
     missing_tokens: int  # history tokens D no longer holds
     delay_ms: float = 0.0  # how much longer local makes D's step
     tpot_sensitivity: float | None = None  # NodeState.tpot_sensitivity of D
+    joins_local: Membership | None = None  # placement: the replica's batch
+    joins_pd: Membership | None = None  # placement: D's batch
 
 
 def predict(workload: Workload, state: TurnState, costs: StepCosts) -> Prediction:
@@ -149,7 +171,9 @@ def predict(workload: Workload, state: TurnState, costs: StepCosts) -> Predictio
 def predict_placement(workload: Workload, state: TurnState, costs: StepCosts) -> Prediction:
     """A conversation without a home in a hybrid pool: on a replica (the Prediction's local
     side: the whole prompt but what the replica caches, prefilled beside its running batch)
-    or P->D (as `predict`). `decode_step_ms` stays D's: P->D's TPOT is the reference."""
+    or P->D (as `predict`). `decode_step_ms` stays D's: P->D's TPOT is the reference. Each
+    route also carries the batch the conversation then decodes in (`joins_local`: the
+    replica's, `joins_pd`: D's)."""
     assert state.replica is not None, "placement needs a replica to place on"
     replica = state.replica
     prompt = workload.n_ctx + workload.n_in
@@ -159,7 +183,20 @@ def predict_placement(workload: Workload, state: TurnState, costs: StepCosts) ->
     return Prediction(on_replica.ttft_ms, _pd_ttft_ms(workload, state, prompt, costs),
                       decode_step, replica.running * on_replica.delay_ms,
                       max(workload.n_ctx - cached, 0),
-                      on_replica.delay_ms, replica.tpot_sensitivity)
+                      on_replica.delay_ms, replica.tpot_sensitivity,
+                      _joining(replica, prompt, workload.n_out, costs),
+                      _joining(state.decode, prompt, workload.n_out, costs))
+
+
+def _joining(node: NodeState, prompt: int, n_out: int, costs: StepCosts) -> Membership:
+    """The request decoding in the node's batch, its KV the prompt plus half its output
+    (the mean while it decodes); the batch's context taken as the request's own, as
+    `_decode_step_ms` does."""
+    context = prompt + n_out / 2
+    per_step = costs.per_decode_seq_ms + costs.per_decode_kv_ktoken_ms * context / 1000.0
+    batch = node.running + 1
+    return Membership(costs.step_ms(0, 0, batch, batch * context), per_step, node.running,
+                      n_out, node.tpot_sensitivity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +237,9 @@ def _pd_ttft_ms(workload: Workload, state: TurnState, context: int,
             + costs.step_ms(0, 0, batch + 1, decode_kv + n_ctx + n_in))
 
 
+_MIN_TURN1_SHARE = 0.05
+
+
 class LiveScorer:
     """The decision table's score for one turn, against the cluster's typical turn.
 
@@ -214,7 +254,24 @@ class LiveScorer:
 
     A turn-1 placement (a hybrid pool: a replica or P->D) is scored the same way against the
     mean turn-1 TTFT, kept apart (a whole prompt's P->D TTFT is not a follow-up's), with the
-    TPOT loss weighted by the share of requests that are turn 1.
+    prefill's delay to the replica's batch weighted by the share of requests that are turn 1.
+
+    A placement also picks the batch the conversation decodes in for the rest of its life,
+    R's or D's: each route adds its `membership_ms` m_N per request, and the score charges
+    (m_R - m_D) / mean step times a weight, derived per request as the rest of the score is.
+    The table's mean TPOT is over all N requests; the conversation sends K of them, each
+    adding m_N to the summed TPOT, so the mean moves by K m_N / N. A turn-1 placement is
+    scored per turn-1 decision, as its TTFT gain is (the N_1 placements move the turn-1
+    mean), which multiplies that by N_1: the weight is K N_1 / N = share_1 x K. Every
+    conversation has exactly one turn 1, so K = N / N_1 on average and the weight is 1 - with
+    this scorer's counters, (1 - followup_share) x 1 / (1 - followup_share), whatever they
+    read. A re-placement of a turn 2+ (its node gone) is scored per turn-2+ decision (share_2+
+    = followup_share) and charges the turns the conversation has left; taking the number of
+    turns as memoryless (geometric), a conversation at any turn has as many left, this one
+    included, as a new one has: 1 / share_1. Its weight is share_2+ / share_1. The later turns
+    are not known yet: each is charged as this one (its n_out and context), and their
+    append-prefills beside the batch are charged to neither route (on D they are decided,
+    and charged, turn by turn).
     """
 
     def __init__(self, w_ttft: float, w_tpot: float, halflife_turns: float = 200.0) -> None:
@@ -239,12 +296,39 @@ class LiveScorer:
         step_ref = self._mean("step_ms", prediction.decode_step_ms)
         gain = (prediction.ttft_pd_ms - prediction.ttft_local_ms) / ttft_ref
         if prediction.tpot_sensitivity is not None:  # the batch's own output lengths
-            summed = prediction.delay_ms * prediction.tpot_sensitivity
+            delayed = prediction.delay_ms * prediction.tpot_sensitivity
         else:
-            summed = prediction.batch_delay_ms / (self.n_out or 1.0)
+            delayed = prediction.batch_delay_ms / (self.n_out or 1.0)
         share = 1.0 - self.followup_share if first_turn else self.followup_share
-        tpot_loss = share * summed / step_ref if step_ref > 0 else 0.0
+        summed = share * delayed
+        if prediction.joins_local is not None and prediction.joins_pd is not None:
+            summed += self.membership_weight(first_turn) * (
+                self.membership_ms(prediction.joins_local)
+                - self.membership_ms(prediction.joins_pd))
+        tpot_loss = summed / step_ref if step_ref > 0 else 0.0
         return self.w_ttft * gain - self.w_tpot * tpot_loss
+
+    def membership_ms(self, join: Membership) -> float:
+        """One request of the conversation decoding in a node's batch, in summed TPOT: its
+        own TPOT, plus c on each step it shares with another request j of the batch, which
+        raises j's TPOT by c x min(1, n_out / n_out_j). Summed over the batch from its output
+        lengths when known (min(B, n_out x sum of 1 / (n_out_j - 1))), else B x min(1, n_out
+        / mean n_out)."""
+        if join.tpot_sensitivity is not None:
+            overlapped = min(join.others, join.n_out * join.tpot_sensitivity)
+        else:
+            overlapped = join.others * min(1.0, join.n_out / (self.n_out or 1.0))
+        return join.own_step_ms + join.per_step_ms * overlapped
+
+    def membership_weight(self, first_turn: bool) -> float:
+        """How many of the placed conversation's requests one placement stands for, per
+        decision of its kind (see the class docstring): 1 for turn 1, share_2+ / share_1 for
+        a re-placement."""
+        if first_turn:
+            return 1.0
+        # A share of turn 1 near 0 is a run of re-placements, not conversations of hundreds
+        # of turns: bound the turns left at 20.
+        return self.followup_share / max(1.0 - self.followup_share, _MIN_TURN1_SHARE)
 
     def _mean(self, name: str, value: float) -> float:
         old = getattr(self, name)

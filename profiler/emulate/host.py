@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--enable-prompt-tokens-details", action="store_true",
                         help="report usage.prompt_tokens_details.cached_tokens (as vLLM's flag)")
     parser.add_argument("--kv-events", action="store_true",
-                        help="D and R nodes publish KV cache events (ZMQ PUB on PORT+2000, "
+                        help="D and R nodes publish KV cache events (ZMQ XPUB on PORT+2000, "
                         "replay on PORT+3000, as `ppd cluster up` configures vLLM)")
     parser.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="N",
                         help="KV cache blocks per node instead of the preset's (as vLLM's flag)")

@@ -3,7 +3,9 @@
 Gauges and prefix-cache counters are read from the engine at scrape time; latencies are
 observed by the node as its clients see them. Names and buckets follow vLLM v1's
 PrometheusStatLogger; `vllm:cache_config_info` carries the block size as tests expect, and
-`ppd:emulated_info` says which cost preset timed the node.
+`ppd:emulated_info` says which cost preset timed the node. A node that publishes KV cache
+events also exports `ppd:emulator_kv_events_dropped_total`, read from its publisher at scrape
+time (`profiler.emulate.kv_publisher` says what it counts).
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 
 
 class _EngineCollector(Collector):
     def __init__(self, labels: dict[str, str], stats: Callable[[], EngineStats],
-                 pacing: Pacing, info: dict[str, str]) -> None:
+                 pacing: Pacing, info: dict[str, str],
+                 kv_events_dropped: Callable[[], int] | None) -> None:
         self._labels = labels
         self._stats = stats
         self._pacing = pacing
         self._info = info
+        self._kv_events_dropped = kv_events_dropped
 
     def collect(self) -> Iterator[Metric]:
         names, values = list(self._labels), list(self._labels.values())
@@ -65,6 +69,14 @@ class _EngineCollector(Collector):
             counter = CounterMetricFamily(name, doc, labels=names)
             counter.add_metric(values, value)
             yield counter
+        if self._kv_events_dropped is not None:
+            dropped = CounterMetricFamily(
+                "ppd:emulator_kv_events_dropped",
+                "KV event batches sent while a subscriber's queue was full (it lost them and "
+                "replays): the times subscribers fell behind, a lower bound on the batches "
+                "they lost.", labels=names)
+            dropped.add_metric(values, self._kv_events_dropped())
+            yield dropped
         worst = GaugeMetricFamily("ppd:emulator_max_lag_seconds",
                                   "The latest delivery of a step after its modelled end.",
                                   labels=names)
@@ -77,15 +89,18 @@ class _EngineCollector(Collector):
 
 
 class NodeMetrics:
-    """The Prometheus registry of one emulated node."""
+    """The Prometheus registry of one emulated node (`kv_events_dropped`: its KV event
+    publisher's count of dropped batches; None for a node that publishes none)."""
 
     def __init__(self, model: str, stats: Callable[[], EngineStats], pacing: Pacing,
-                 cache_info: dict[str, str], preset: str) -> None:
+                 cache_info: dict[str, str], preset: str,
+                 kv_events_dropped: Callable[[], int] | None = None) -> None:
         self.registry = CollectorRegistry()
         labels = {"model_name": model, "engine": "0"}
         names = list(labels)
         self._labels = labels
-        self.registry.register(_EngineCollector(labels, stats, pacing, cache_info))
+        self.registry.register(_EngineCollector(labels, stats, pacing, cache_info,
+                                                kv_events_dropped))
 
         def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, names, buckets=buckets, registry=self.registry)

@@ -87,6 +87,7 @@ class NodeService:
             spec.model, engine.stats, self.node.pacing,
             {"block_size": str(engine.block_size), "cache_dtype": "auto",
              "enable_prefix_caching": "True"}, spec.preset,
+            (lambda: publisher.dropped) if publisher is not None else None,
         )  # fmt: skip
         self._ids = itertools.count()
         self._last_token: dict[str, float] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import proxy
 from proxy import NodeSpec, ProxyConfig
 from proxy.backends import BackendPool
 from proxy.config import Policy, PolicyConfig
-from proxy.live import NodeState, StepCosts, TurnState
+from proxy.live import LiveScorer, NodeState, StepCosts, TurnState, predict_placement
 from proxy.live_view import LiveView
 from proxy.node_load import LoadSignals
 from proxy.policies import RoutingPolicy
@@ -71,11 +72,11 @@ BUSY = NodeState(64.0, 0.0, None, 16, 64 / 99)
 
 
 def live_plan(pool: BackendPool, look: Lookup, work: Workload, replica: NodeState,
-              seen: list[Session] | None = None) -> TurnPlan:
+              seen: list[Session] | None = None, decode: NodeState = IDLE) -> TurnPlan:
     def observe(session: Session) -> TurnState:
         if seen is not None:
             seen.append(session)
-        return TurnState(IDLE, IDLE, replica if pool.candidate(Role.REPLICA) else None)
+        return TurnState(decode, IDLE, replica if pool.candidate(Role.REPLICA) else None)
 
     return plan_turn(policy(PolicyConfig(kind=Policy.LIVE)), pool, look, work, None, observe)
 
@@ -86,6 +87,42 @@ def test_live_places_turn_one_on_an_idle_replica_and_p_to_d_beside_a_busy_one() 
     assert idle.attempts == (Attempt(RouteKind.REPLICA, (Pick(Role.REPLICA, None),)),)
     busy = live_plan(hybrid_pool(), lookup(1), TURN1, BUSY)
     assert busy.decision == Decision(RouteKind.PD, Reason.TURN1)
+
+
+# A conversation with a short prompt and a long answer: its prefill delays a batch little, its
+# decode lives in that batch for 1,000 steps.
+LONG_ANSWER = Workload(1, 200, 0, 1000, 1.0)
+# 300 requests decoding, of 2,000 output tokens each.
+LARGE_BATCH = NodeState(300.0, 0.0, None, 16, 300 / 1999)
+
+
+def score_without_membership(work: Workload, state: TurnState) -> float:
+    """The placement's score as it was before each route was charged for the batch it joins."""
+    scorer = LiveScorer(1.0, 1.0)
+    scorer.count_turn(work)
+    prediction = predict_placement(work, state, COSTS)
+    return scorer.score(replace(prediction, joins_local=None, joins_pd=None), first_turn=True)
+
+
+def test_live_places_a_conversation_beside_an_idle_d_rather_than_in_a_large_replica_batch(
+        ) -> None:
+    # The replica answers sooner (17.5 ms against P->D's 28 ms) and the 4 ms prefill costs
+    # its long-output batch little, so the prefill's delay alone picks the replica...
+    assert score_without_membership(LONG_ANSWER, TurnState(IDLE, IDLE, LARGE_BATCH)) > 0
+    # ...but there the conversation would decode in a batch of 300 (step 9 ms) instead of
+    # D's of none (6 ms), slowing 150 requests' worth of tokens beside it.
+    plan = live_plan(hybrid_pool(), lookup(1), LONG_ANSWER, LARGE_BATCH)
+    assert plan.decision == Decision(RouteKind.PD, Reason.TURN1)
+
+
+def test_live_places_a_conversation_on_a_queued_replica_rather_than_in_a_large_d_batch(
+        ) -> None:
+    # The replica has 5 requests queued: its TTFT (43 ms) is worse than P->D's (37 ms)...
+    queued = NodeState(2.0, 5.0, None, 16, 2 / 99)
+    assert score_without_membership(LONG_ANSWER, TurnState(LARGE_BATCH, IDLE, queued)) < 0
+    # ...but P->D has the conversation decode in D's batch of 300 for all its turns.
+    plan = live_plan(hybrid_pool(), lookup(1), LONG_ANSWER, queued, decode=LARGE_BATCH)
+    assert plan.decision == Decision(RouteKind.REPLICA, Reason.REPLICA_LIVE)
 
 
 def test_a_replica_conversation_stays_on_its_replica_then_falls_back_to_p_to_d() -> None:

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from proxy.config import ConfigError, NodeSpec, Policy, PolicyConfig, ProxyConfig
-from proxy.live import NodeState, StepCosts, TurnState, predict, predict_placement
+from proxy.live import (
+    LiveScorer,
+    NodeState,
+    StepCosts,
+    TurnState,
+    predict,
+    predict_placement,
+)
 from proxy.policies import RoutingPolicy
 from proxy.vocabulary import Reason, Role, RouteKind, Workload
 
@@ -166,3 +174,49 @@ def test_placement_prices_a_replica_as_a_whole_prompt_prefill_beside_its_batch()
     cached = predict_placement(first, TurnState(NodeState(), NodeState(),
                                                 NodeState(10.0, 2.0, 320, 16)), COSTS)
     assert placed.ttft_local_ms - cached.ttft_local_ms == pytest.approx(320 * 0.02)
+
+
+def test_placement_charges_each_route_for_the_batch_it_joins() -> None:
+    # A decode step also costs 0.04 ms per thousand tokens of KV: a request of 500 prompt
+    # tokens and 100 output ones (550 on average while it decodes) lengthens every step of
+    # its batch by c = 0.01 + 0.04 x 0.55 = 0.032 ms.
+    costs = StepCosts(base_ms=6.0, per_prefill_token_ms=0.02, per_decode_seq_ms=0.01,
+                      per_decode_kv_ktoken_ms=0.04)
+    first = Workload(1, 500, 0, 100, 4.0)
+    # The replica decodes 40 requests of 200 tokens (known), D 10 of unknown length.
+    replica = NodeState(40.0, 0.0, None, 16, tpot_sensitivity=40 / 199)
+    decode = NodeState(10.0, 0.0, None, 16)
+    placed = predict_placement(first, TurnState(decode, NodeState(), replica), costs)
+    on_replica, on_d = placed.joins_local, placed.joins_pd
+    assert on_replica is not None and on_d is not None
+    assert on_replica.per_step_ms == pytest.approx(0.032)
+    assert on_replica.own_step_ms == pytest.approx(6.0 + 41 * 0.032)  # step(B + 1 decodes)
+    assert on_d.own_step_ms == pytest.approx(6.0 + 11 * 0.032)
+    scorer = LiveScorer(1.0, 1.0)
+    scorer.n_out = 200.0  # the mean output so far
+    # The replica's 40 others: min(1, 100 / 199) of their tokens each, from their lengths
+    # (100 x 40 / 199 = 20.1 requests' worth); D's 10: min(1, 100 / 200) from the mean.
+    m_replica = 6.0 + 41 * 0.032 + 0.032 * 100 * 40 / 199
+    m_d = 6.0 + 11 * 0.032 + 0.032 * 10 * 0.5
+    assert scorer.membership_ms(on_replica) == pytest.approx(m_replica)
+    assert scorer.membership_ms(on_d) == pytest.approx(m_d)
+    # The score pays the difference over the mean step, weight 1 for turn 1 (the replica's
+    # bigger batch: positive, so against the replica), on top of the prefill's delay.
+    without = replace(placed, joins_local=None, joins_pd=None)
+    step_ref = placed.decode_step_ms  # the scorer's first turn: its own values are the means
+    assert scorer.score(without, first_turn=True) - scorer.score(placed, first_turn=True) \
+        == pytest.approx((m_replica - m_d) / step_ref)
+    # Swapping the batches flips the sign.
+    swapped = predict_placement(first, TurnState(replica, NodeState(), decode), costs)
+    assert swapped.joins_local is not None and swapped.joins_pd is not None
+    assert scorer.membership_ms(swapped.joins_local) < scorer.membership_ms(swapped.joins_pd)
+
+
+def test_membership_weight_is_one_for_turn_one_and_the_turns_left_for_a_replacement() -> None:
+    scorer = LiveScorer(1.0, 1.0)
+    scorer.followup_share = 0.75  # conversations of four turns on average
+    assert scorer.membership_weight(first_turn=True) == 1.0
+    # Per turn-2+ decision (share 0.75), a re-placed conversation has four turns left.
+    assert scorer.membership_weight(first_turn=False) == pytest.approx(0.75 * 4)
+    scorer.followup_share = 1.0  # only re-placements seen: bounded, not infinite
+    assert scorer.membership_weight(first_turn=False) == pytest.approx(20.0)
