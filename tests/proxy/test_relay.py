@@ -128,3 +128,29 @@ async def test_done_before_the_upstreams_end_is_not_the_last_chunk() -> None:
     pieces, settled = await _relayed(_Chunks([event + b"data: [DONE]\n\n"], False))
     assert pieces == [(event, False), (b"data: [DONE]\n\n", False)]
     assert settled == [True]  # settled once, at the end read afterwards
+
+
+async def _sent_by_stream(ends_with_last: bool) -> list[tuple[bytes, bool]]:
+    from proxy.endpoints import _stream
+    from proxy.router import Reply
+
+    event = b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n'
+    relay = Relay(_Chunks([event, b"data: [DONE]\n\n"], ends_with_last), None,  # type: ignore[arg-type]
+                  _CountingLease(), ReplyCapture(stream=True), lambda captured: None,  # type: ignore[arg-type]
+                  lambda exc: None)
+    sent: list[tuple[bytes, bool]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        if message["type"] == "http.response.body":
+            sent.append((message["body"], message["more_body"]))  # type: ignore[arg-type]
+
+    await _stream(Reply(200, {}, relay, "text/event-stream"), relay, send)  # type: ignore[arg-type]
+    return sent
+
+
+async def test_the_last_chunk_carries_the_body_end_when_the_upstream_ended_with_it() -> None:
+    event = b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n'
+    assert await _sent_by_stream(True) == [(event, True), (b"data: [DONE]\n\n", False)]
+    # The upstream's end arrives after [DONE]: the body's end is a message of its own.
+    assert await _sent_by_stream(False) == [(event, True), (b"data: [DONE]\n\n", True),
+                                            (b"", False)]
