@@ -14,33 +14,19 @@ import argparse
 import json
 from pathlib import Path
 
-import pandas as pd
-
 from profiler.engine.calibrate import read_run
 from profiler.replay.metrics import summarize
-from profiler.simulator.run import RunSpec, simulate
-from proxy.vocabulary import RouteKind
+from profiler.simulator.replay_twin import forced_route, simulate_twin
 
 METRICS = (("turn2plus_ttft_ms_p50", "T2 TTFT p50"), ("turn2plus_tpot_ms_mean", "T2 TPOT mean"),
            ("decode_itl_ms", "D's ITL (server)"))
 
 
-def forced_route(run: Path) -> RouteKind:
-    rows = pd.read_csv(run / "requests.csv")
-    routes = set(rows.loc[rows["turn"] >= 2, "route"].dropna())
-    if len(routes) != 1:
-        raise ValueError(f"{run}: turn 2 was not forced to one route ({sorted(routes)})")
-    return RouteKind(routes.pop())
-
-
-def predict(run: Path, cost: str, layout: str, model: str) -> tuple[dict, dict]:
+def predict(run: Path, cost: str, layout: str, model: str,
+            reply_retokenized: bool = False) -> tuple[dict, dict]:
     document = json.loads((run / "summary.json").read_text())
-    config = document["config"]
-    spec = RunSpec(layout=layout, dataset=document["dataset"], qps=float(config["qps"]),
-                   cost=cost, model=model, duration_s=float(config["duration_s"]),
-                   timeout_s=float(config["timeout_s"]), seed=int(config["seed"]),
-                   max_turns=config.get("max_turns"), forced_route=forced_route(run))
-    result = simulate(spec)
+    result = simulate_twin(run, cost, layout=layout, model=model,
+                           reply_retokenized=reply_retokenized)
     predicted = summarize(result.records, result.wall_time_s)
     decode = next(stats for url, stats in result.node_stats.items() if url.startswith("http://d"))
     count = decode.get("inter_token_latency_seconds_count", 0.0)
@@ -71,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
                         "the run-to-run spread of the measurement shows next to the error")
     parser.add_argument("--layout", default="1P1D")
     parser.add_argument("--model", default="tiny", help="KV shape for the transfer bytes")
+    parser.add_argument("--reply-retokenized", action="store_true",
+                        help="simulate replies that come back as other token ids (what "
+                        "`ppd sim calibrate` reports for the tiny CPU model)")
     args = parser.parse_args(argv)
     fitted = {path.resolve() for path in args.fitted}
     again = "; again" if args.repeat else ""
@@ -80,11 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     print("|" + "---|" * (4 + len(METRICS)))
     errors: dict[str, list[float]] = {key: [] for key, _ in METRICS}
     for run in args.runs:
-        real, sim = predict(run, args.cost, args.layout, args.model)
+        real, sim = predict(run, args.cost, args.layout, args.model,
+                            args.reply_retokenized)
         load = _load(run)
         repeat = args.repeat / run.name if args.repeat else None
         if repeat is not None and (repeat / "summary.json").is_file():
-            real_again, _ = predict(repeat, args.cost, args.layout, args.model)
+            real_again, _ = predict(repeat, args.cost, args.layout, args.model,
+                                        args.reply_retokenized)
             load += f"; {_load(repeat)}"
         else:
             real_again = None

@@ -9,8 +9,15 @@ import sys
 from pathlib import Path
 
 from profiler.cli import HelpFormatter
+from profiler.cluster import shape_probe
 from profiler.cluster.emulated import start_emulated_cluster
-from profiler.cluster.launcher import cluster_status, default_cores, start_cluster, stop_cluster
+from profiler.cluster.launcher import (
+    cluster_status,
+    default_cores,
+    load_cluster,
+    start_cluster,
+    stop_cluster,
+)
 from profiler.cluster.plan import (
     DEFAULT_BASE_PORT,
     DEFAULT_PROXY_PORT,
@@ -33,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
               "--policy ppd --proxy-args '--table tables/h100-llama-3.1-8b-1p3d.csv'",
         "status": "example:\n  ppd cluster status",
         "down": "example:\n  ppd cluster down",
+        "probe": "example:\n  ppd cluster probe --out runs/probe   # then ppd sim calibrate "
+                 "--probe runs/probe/probe.csv",
     }
     parser = argparse.ArgumentParser(prog="ppd cluster", description=__doc__.split("\n\n")[0],
                                      epilog="\n".join(examples.values()),
@@ -89,6 +98,22 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the cluster's state directory (cluster.json, logs)")
     up.add_argument("--state", type=Path, default=DEFAULT_STATE_DIR,
                     help="state directory: cluster.json, pids and logs go here")
+    probe = sub.add_parser("probe", help="time a node's prefill step by shape (for `ppd sim "
+                           "calibrate --probe`)", description=shape_probe.__doc__,
+                           epilog=examples["probe"], formatter_class=HelpFormatter)
+    probe.add_argument("--out", type=Path, required=True, help="directory for probe.csv")
+    probe.add_argument("--state", type=Path, default=DEFAULT_STATE_DIR,
+                       help="the cluster's state directory (cluster.json)")
+    probe.add_argument("--node", default=None, metavar="URL",
+                       help="the node to probe (default: the cluster's first P, else replica)")
+    probe.add_argument("--lengths", default=",".join(map(str, shape_probe.DEFAULT_LENGTHS)),
+                       help="prompt lengths, comma-separated")
+    probe.add_argument("--append", type=int, default=shape_probe.DEFAULT_APPEND,
+                       help="tokens appended after a cached prompt")
+    probe.add_argument("--repeats", type=int, default=shape_probe.DEFAULT_REPEATS,
+                       help="times each shape is sent")
+    probe.add_argument("--max-model-len", type=int, default=4096,
+                       help="the node's --max-model-len (longer shapes are left out)")
     return parser
 
 
@@ -106,6 +131,8 @@ def main(argv: list[str]) -> int:
         cluster = stop_cluster(args.state)
         print(f"stopped {len(cluster.nodes)} node(s) from {cluster.state_dir}")
         return 0
+    if args.action == "probe":
+        return _probe(args)
     if args.action == "status":
         health = cluster_status(args.state)
         for h in health:
@@ -113,6 +140,27 @@ def main(argv: list[str]) -> int:
             print(f"{h.name:<12} {h.url:<28} pid {h.pid:<8} {state}")
         return 0 if all(h.healthy for h in health) else 1
     return _up(args)
+
+
+def _probe(args: argparse.Namespace) -> int:
+    if args.node is None:
+        nodes = load_cluster(args.state).nodes
+        pick = next((n for n in nodes if n.role.value == "prefill"), None) or next(
+            (n for n in nodes if n.role.value == "replica"), None)
+        if pick is None:
+            raise ClusterError(f"{args.state}: no P or replica node to probe (give --node URL)")
+        args.node = pick.proc.url
+    try:
+        lengths = [int(part) for part in args.lengths.split(",") if part.strip()]
+    except ValueError:
+        raise ClusterError(f"--lengths {args.lengths!r}: give integers, e.g. 128,1024") from None
+    if args.repeats < 1 or args.append < 0:
+        raise ClusterError("--repeats must be at least 1 and --append at least 0")
+    rows = shape_probe.probe_node(args.node, lengths=lengths, append=args.append,
+                                  repeats=args.repeats, max_model_len=args.max_model_len)
+    path = shape_probe.write_probe(rows, args.out, args.node)
+    print(f"wrote {path}: {len(rows)} requests to {args.node}")
+    return 0
 
 
 def _up(args: argparse.Namespace) -> int:

@@ -76,8 +76,9 @@ def create_node_app(service: NodeService) -> Quart:
             parsed = parse(body, chat)
             request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
             prepared = service.prepare(parsed, request_id)
-            if service.spec.frontend_request_s > 0:  # the modelled API server's time
-                await asyncio.sleep(service.spec.frontend_request_s)
+            frontend_s = service.spec.frontend_s(len(prepared.job.prompt_ids))
+            if frontend_s > 0:  # the modelled API server's time
+                await asyncio.sleep(frontend_s)
             running = service.start_job(prepared)
         except RequestError as exc:
             return _error(exc)

@@ -27,6 +27,12 @@ move it:
    with the shared-storage connector (`whole_prompt_transfer`) it loads the whole prompt's
    file, so the prompt is the size.
 
+With a shape probe (`ppd cluster probe`, `probe=`), step 1 is fitted on the probe's rows
+instead: the node's prefill time per request against the steps it took (chunks of the token
+budget), the tokens it computed and their attention over earlier context (tokens x mean
+context), by least squares - the one fit in which the per-token and the attention terms can
+be told apart (`fit_probe`).
+
 On a CPU the host and the compute of a step cannot be told apart (the same cores do both),
 so the compute terms go into the `LinearCost` kernel and the step constant into the host.
 """
@@ -37,6 +43,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -96,6 +103,13 @@ class Calibration:
     decode_points: int
     frontend_rows: int
     handoff_rows: int
+    # Share of turn 1's reply that turn 2 found in D's prefix cache (None: no local turn 2).
+    reply_hit_share: float | None = None
+
+    @property
+    def reply_retokenized(self) -> bool:
+        """Replies come back as other token ids: simulate with `--reply-retokenized`."""
+        return self.reply_hit_share is not None and self.reply_hit_share < 0.5
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -157,14 +171,54 @@ def huber_line(x: Sequence[float], y: Sequence[float], delta: float = 1.345,
     return float(intercept), float(slope)
 
 
+def fit_probe(rows: pd.DataFrame, token_budget: int) -> tuple[float, float, float]:
+    """(constant per step, ms per computed token, ms per computed token per thousand tokens
+    of mean context) of the prefill step, least squares over a shape probe's rows (medians
+    per shape first, so a stray slow request does not move the fit)."""
+    ids = rows[rows["kind"] != "text"]
+    shapes = ids.groupby(["kind", "prompt_tokens", "computed_tokens"], as_index=False)[
+        "prefill_ms"].median()
+    features, times = [], []
+    for shape in shapes.itertuples():
+        computed = max(int(shape.computed_tokens), 1)
+        context = max(int(shape.prompt_tokens) - computed, 0)
+        steps = tokens = pairs = 0.0
+        while computed > 0:  # chunked prefill: a step takes at most the budget
+            chunk = min(computed, token_budget)
+            steps, tokens = steps + 1, tokens + chunk
+            pairs += chunk * (context + chunk / 2) / 1000
+            context, computed = context + chunk, computed - chunk
+        features.append((steps, tokens, pairs))
+        times.append(float(shape.prefill_ms))
+    if len(features) < 3:
+        raise ValueError("the probe has fewer than 3 shapes: run `ppd cluster probe` with "
+                         "more --lengths")
+    coefficients, *_ = np.linalg.lstsq(np.asarray(features), np.asarray(times), rcond=None)
+    constant, per_token, attention = (max(float(c), 0.0) for c in coefficients)
+    return constant, per_token, attention
+
+
+def probe_frontend_per_token_us(rows: pd.DataFrame) -> float:
+    """The front end's per-prompt-token time (us) from a shape probe's text prompts: a Huber
+    line of what each took outside the engine (client - queue - prefill) against its tokens."""
+    text = rows[rows["kind"] == "text"]
+    if len(text) < MIN_RUNS or text["prompt_tokens"].nunique() < 2:
+        return 0.0
+    outside = text["client_ms"] - text["queue_ms"] - text["prefill_ms"]
+    _, slope = huber_line(text["prompt_tokens"].tolist(), outside.tolist())
+    return max(slope * 1000, 0.0)
+
+
 def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
               engine: dict[str, int] | None = None,
-              whole_prompt_transfer: bool = False) -> Calibration:
+              whole_prompt_transfer: bool = False,
+              probe: pd.DataFrame | None = None) -> Calibration:
     runs = [read_run(path) for path in paths]
     if len(runs) < MIN_RUNS:
         raise ValueError(f"give at least {MIN_RUNS} runs (different loads or workloads): "
                          "one run cannot separate a step's constant from its slopes")
-    # 1. prefill step from the nodes that prefill whole prompts (P, or replicas)
+    # 1. prefill step from the nodes that prefill whole prompts (P, or replicas), or from a
+    # shape probe of one
     px, py = [], []
     for run in runs:
         for node in run.nodes:
@@ -172,10 +226,16 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
             if node.role in ("prefill", "replica") and mean is not None and node.requests:
                 px.append(node.computed_prompt_tokens / node.requests)
                 py.append(mean)
-    if len(px) < MIN_RUNS:
+    attention = frontend_per_token_us = 0.0
+    if probe is not None:
+        frontend_per_token_us = probe_frontend_per_token_us(probe)
+        budget = (engine or {}).get("max_num_batched_tokens", 2048)
+        prefill_base, per_token, attention = fit_probe(probe, budget)
+    elif len(px) < MIN_RUNS:
         raise ValueError("no prefill timings: the runs need a P (or replica) node's metrics")
-    prefill_base, per_token = huber_line(px, py)
-    per_token = max(per_token, 0.0)
+    else:
+        prefill_base, per_token = huber_line(px, py)
+        per_token = max(per_token, 0.0)
     # 2. decode step from the nodes that decode
     dx, dy = [], []
     for run in runs:
@@ -185,6 +245,8 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
             if node.role not in ("decode", "replica") or itl is None or batch is None:
                 continue
             steps = node.values.get("inter_token_latency_seconds_count", 0.0) / batch
+            # (the attention of these prompt tokens is left in: D's counters do not say
+            # what context they attended to)
             prompt_per_step = node.computed_prompt_tokens / steps if steps else 0.0
             dx.append(batch)
             dy.append(itl - per_token * prompt_per_step)
@@ -196,12 +258,17 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
     per_prefill_request = max(prefill_base - step_base, 0.0)
     kernel = LinearCost(name=f"{name}-kernel", source="ppd sim calibrate (CPU: host and "
                         "compute share the cores; compute terms)", base_ms=0.0,
-                        per_prefill_token_ms=per_token, per_decode_seq_ms=per_decode)
+                        per_prefill_token_ms=per_token, per_decode_seq_ms=per_decode,
+                        per_prefill_attention_ms=attention)
 
-    def step_ms(prompt_tokens: float, decodes: float) -> float:
-        return (step_base + per_decode * decodes
-                + (per_prefill_request + per_token * prompt_tokens if prompt_tokens else 0.0))
+    def step_ms(prompt_tokens: float, decodes: float, context: float = 0.0) -> float:
+        prefill = (per_prefill_request + per_token * prompt_tokens
+                   + attention * prompt_tokens * (context + prompt_tokens / 2) / 1000
+                   if prompt_tokens else 0.0)
+        return step_base + per_decode * decodes + prefill
 
+    reply_share = reply_hit_share(runs, block_size)
+    reply_held = reply_share is None or reply_share >= 0.5
     # 3. front end: medians of per-row residuals of local turn-2 rows
     frontend_res: list[float] = []
     # (tokens D pulls, TTFT left after the model)
@@ -213,23 +280,25 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
         for (conversation, turn), row in turns.items():
             ttft_ms = float(row.ttft_s) * 1000
             previous = turns.get((conversation, turn - 1))
+            # the front ends' per-token part (each node tokenizes the whole prompt)
+            per_token_frontend = frontend_per_token_us * row.n_input_tokens / 1000
             if turn == 1 and row.route == "pd":
                 pd_rows.append((row.n_input_tokens, ttft_ms - step_ms(row.n_input_tokens, 0)
-                                - D_ALIGNMENT_STEPS * step_ms(0, batch)))
+                                - D_ALIGNMENT_STEPS * step_ms(0, batch)
+                                - 2 * per_token_frontend))
             if turn < 2 or previous is None:
                 continue
-            # D holds turn 1's prompt and reply (the last output is not fed back), P only
-            # its prompt; both in full blocks.
-            held_d = previous.n_input_tokens + previous.n_output_tokens - 1
-            uncached_d = row.n_input_tokens - (held_d // block_size) * block_size
+            held_d = _held_by_d(previous, block_size, reply_held)
+            uncached_d = row.n_input_tokens - held_d
             if row.route == "local":
-                frontend_res.append(ttft_ms - step_ms(max(uncached_d, 1), batch)
-                                    - step_ms(0, batch) / 2)
+                frontend_res.append(ttft_ms - step_ms(max(uncached_d, 1), batch, held_d)
+                                    - step_ms(0, batch) / 2 - per_token_frontend)
             elif row.route == "pd":
                 held_p = (previous.n_input_tokens // block_size) * block_size
                 pulled = row.n_input_tokens if whole_prompt_transfer else max(uncached_d, 1)
-                pd_rows.append((pulled, ttft_ms - step_ms(
-                    row.n_input_tokens - held_p, 0) - D_ALIGNMENT_STEPS * step_ms(0, batch)))
+                on_p = step_ms(row.n_input_tokens - held_p, 0, held_p)
+                pd_rows.append((pulled, ttft_ms - on_p - D_ALIGNMENT_STEPS * step_ms(0, batch)
+                                - 2 * per_token_frontend))
     if not frontend_res:
         raise ValueError("no local turn-2 rows: include a run with turn 2 forced local "
                          "(`ppd replay --force-route local`) to fit the front end")
@@ -245,18 +314,54 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
         handoff, per_token_us = max(handoff, 0.0), per_token_ms * 1000
     described = ", ".join(str(run.path) for run in runs)
     host = HostModel(
-        frontend_request_ms=round(frontend, 3), step_base_ms=round(step_base, 4),
+        frontend_request_ms=round(frontend, 3),
+        frontend_per_token_us=round(frontend_per_token_us, 3), step_base_ms=round(step_base, 4),
         step_per_prefill_ms=round(per_prefill_request, 4), kv_handoff_ms=round(handoff, 3),
         kv_per_token_us=round(per_token_us, 3),
         sources={"frontend_request_ms": f"median of {len(frontend_res)} local turn-2 rows",
+                 **({"frontend_per_token_us": "shape probe's text prompts"}
+                    if frontend_per_token_us else {}),
                  "step_base_ms": f"Huber line over {len(dx)} runs' decode ITL",
-                 "step_per_prefill_ms": "prefill line's constant - the decode base",
+                 "step_per_prefill_ms": ("shape probe's constant" if probe is not None
+                                         else "prefill line's constant") + " - the decode base",
                  "kv_handoff_ms": f"Huber line over {len(pd_rows)} P->D rows",
                  "kv_per_token_us": f"Huber line over {len(pd_rows)} P->D rows"})
     cost = HostedCost(name=name, kernel=kernel, host=host,
                       source=f"ppd sim calibrate on {described}",
                       engine={"block_size": block_size, **(engine or {})})
-    return Calibration(cost, len(runs), len(px), len(dx), len(frontend_res), len(pd_rows))
+    return Calibration(cost, len(runs), len(px), len(dx), len(frontend_res), len(pd_rows),
+                       reply_share)
+
+
+def _held_by_d(previous: Any, block_size: int, reply_held: bool) -> int:
+    """Tokens of a turn-2 prompt D holds in full blocks: turn 1's prompt, and its reply but
+    the last token (never fed back) when replies come back as the ids D generated."""
+    held = previous.n_input_tokens + (previous.n_output_tokens - 1 if reply_held else 0)
+    return (held // block_size) * block_size
+
+
+def reply_hit_share(runs: Sequence[CalibrationRun], block_size: int) -> float | None:
+    """How much of turn 1's reply turn 2 found in D's prefix cache, from D's counters on the
+    runs with turn 2 forced local: 1 when the reply's blocks hit, 0 when the next turn's prompt
+    carries the reply as other token ids (text that re-tokenizes differently: a model whose
+    output is not text the tokenizer would produce, or a template that rewrites history)."""
+    measured = with_reply = without_reply = 0.0
+    for run in runs:
+        rows = run.rows[run.rows["success"].astype(bool)]
+        turns = {(r.conversation_id, int(r.turn)): r for r in rows.itertuples()}
+        local = [(row, turns.get((cid, turn - 1))) for (cid, turn), row in turns.items()
+                 if turn >= 2 and row.route == "local"]
+        local = [(row, previous) for row, previous in local if previous is not None]
+        decode = [node for node in run.nodes if node.role == "decode"]
+        if not local or len(decode) != 1:
+            continue
+        measured += decode[0].computed_prompt_tokens
+        for row, previous in local:
+            with_reply += row.n_input_tokens - _held_by_d(previous, block_size, True)
+            without_reply += row.n_input_tokens - _held_by_d(previous, block_size, False)
+    if without_reply - with_reply <= 0:
+        return None
+    return float(np.clip((without_reply - measured) / (without_reply - with_reply), 0.0, 1.0))
 
 
 def _decode_batch(rows: pd.DataFrame) -> float | None:

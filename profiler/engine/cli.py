@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from profiler.engine.batch import BatchShape
 from profiler.engine.cost import LinearCost
@@ -84,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
                            help="the nodes' KV block size (vLLM-CPU: 128)")
     calibrate.add_argument("--max-model-len", type=int, default=4096,
                            help="the nodes' --max-model-len")
+    calibrate.add_argument("--model", default="tiny",
+                           help="the served model's KV shape, for the simulated transfers of "
+                           "the hand-off's second pass (`ppd sim presets` lists them)")
+    calibrate.add_argument("--probe", type=Path, default=None, metavar="CSV",
+                           help="a shape probe of a P or replica node (`ppd cluster probe`): "
+                                "fits the prefill step's per-token and attention terms, which "
+                                "replay runs cannot tell apart (default: a line over the runs)")
     calibrate.add_argument("--connector", choices=("nixl", "shared-storage"), default="nixl",
                            help="the cluster's KV connector: NIXL pulls only the blocks D lacks "
                                 "and leaves chunked prefill on (a step's token budget: vLLM-CPU's "
@@ -187,21 +195,72 @@ def run_calibrate(args: argparse.Namespace) -> str:
     # branch of the default max_num_batched_tokens, 0.32), when chunked prefill is on.
     budget = args.max_model_len if whole_prompt else min(VLLM_CPU_SERVER_TOKEN_BUDGET,
                                                          args.max_model_len)
+    probe = None
+    if args.probe is not None:
+        import pandas as pd
+
+        probe = pd.read_csv(args.probe)
     result = calibrate(args.runs, name=args.name or args.out.stem, block_size=args.block_size,
                        engine={"max_model_len": args.max_model_len,
                                "max_num_batched_tokens": budget},
-                       whole_prompt_transfer=whole_prompt)
+                       whole_prompt_transfer=whole_prompt, probe=probe)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(to_dict(result.cost), indent=2) + "\n")
-    cost, host = result.cost, result.cost.host
+    cost, settled = _settle_handoff(args, result)
+    host = cost.host
     kernel = cost.kernel
     assert isinstance(kernel, LinearCost)
     return (f"wrote {args.out} from {result.n_runs} runs\n"
             f"  step = {host.step_base_ms:.2f} ms + {kernel.per_decode_seq_ms:.3f} ms/decoding "
             f"request + ({host.step_per_prefill_ms:.2f} ms + "
-            f"{kernel.per_prefill_token_ms:.4f} ms/token) per prompt\n"
-            f"  front end {host.frontend_request_ms:.1f} ms per node request "
+            f"{kernel.per_prefill_token_ms:.4f} ms/token + "
+            f"{kernel.per_prefill_attention_ms:.4f} ms/token per 1k context) per prompt\n"
+            f"  front end {host.frontend_request_ms:.1f} ms + {host.frontend_per_token_us:.2f} "
+            "us/prompt token per node request "
             f"({result.frontend_rows} rows); P->D hand-off {host.kv_handoff_ms:.1f} ms + "
             f"{host.kv_per_token_us:.1f} us/token ({result.handoff_rows} rows)\n"
             f"  fitted on {result.prefill_points} prefill and {result.decode_points} decode "
-            "node-runs")
+            "node-runs" + _reply_line(result) + settled)
+
+
+def _settle_handoff(args: argparse.Namespace, result: Any) -> tuple[HostedCost, str]:
+    """Second pass: simulate every run on the written preset and move the P->D hand-off by
+    the median gap between real and simulated P->D TTFT, so the hand-off is measured against
+    the engine model's own step alignment rather than an assumed number of steps."""
+    import json
+    from dataclasses import replace
+
+    from profiler.engine.presets import to_dict
+    from profiler.simulator.replay_twin import pd_ttft_gap_ms, simulate_twin
+
+    gaps = []
+    for run in args.runs:
+        if not (run / "summary.json").is_file():
+            continue  # not a `ppd replay` directory: nothing to simulate it again from
+        simulated = simulate_twin(run, str(args.out), model=args.model,
+                                  reply_retokenized=result.reply_retokenized)
+        gap = pd_ttft_gap_ms(run, simulated)
+        if gap is not None:
+            gaps.append(gap)
+    if not gaps:
+        return result.cost, ""
+    gaps.sort()
+    gap = gaps[len(gaps) // 2]
+    host = result.cost.host
+    handoff = round(max(host.kv_handoff_ms + gap, 0.0), 3)
+    sources = {**host.sources, "kv_handoff_ms": f"{host.sources.get('kv_handoff_ms', '')}, "
+               f"then moved by the median P->D TTFT gap of {len(gaps)} simulated runs"}
+    cost = replace(result.cost, host=replace(host, kv_handoff_ms=handoff, sources=sources))
+    args.out.write_text(json.dumps(to_dict(cost), indent=2) + "\n")
+    return cost, (f"\n  P->D hand-off settled on the simulated runs: {gap:+.1f} ms (median "
+                  f"gap over {len(gaps)} runs) -> {handoff:.1f} ms")
+
+
+def _reply_line(result: Any) -> str:
+    share = result.reply_hit_share
+    if share is None:
+        return ""
+    hint = (": replies come back as other token ids; simulate with --reply-retokenized"
+            if result.reply_retokenized else "")
+    return (f"\n  turn 2 found {share:.0%} of turn 1's reply in D's prefix cache "
+            f"(D's counters){hint}")

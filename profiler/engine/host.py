@@ -7,6 +7,8 @@ on the critical path. Each term here is one named part of that, in vLLM's terms:
 - `frontend_request_ms`, once per request a node serves, before its engine sees it (on TTFT;
   twice on a P->D turn, on P and on D): the API server's HTTP parse, chat template, tokenize,
   hand-off to the engine core process, and the first output's way back (detokenize, SSE);
+- `frontend_per_token_us` x prompt tokens, with `frontend_request_ms`: what of the front end
+  grows with the prompt (tokenizing its text, the token ids' way to the engine core);
 - `frontend_finish_ms`, once per request after its last token: final detokenize, usage chunk,
   `[DONE]`;
 - `step_base_ms`, every step: the scheduler (`schedule()`, `update_from_output()`), input
@@ -57,6 +59,7 @@ class HostModel:
     """vLLM's host-side terms (see the module docstring); all zero = a kernel-only node."""
 
     frontend_request_ms: float = 0.0
+    frontend_per_token_us: float = 0.0
     frontend_finish_ms: float = 0.0
     step_base_ms: float = 0.0
     step_per_request_ms: float = 0.0
@@ -77,6 +80,12 @@ class HostModel:
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
                 raise ValueError(f"HostModel.{item.name} must be >= 0, got {value}")
         object.__setattr__(self, "cuda_graph_sizes", tuple(sorted(self.cuda_graph_sizes)))
+
+    def frontend_s(self, prompt_tokens: int) -> float:
+        """The API server's time on a request of this many prompt tokens before its engine
+        sees it."""
+        return (self.frontend_request_ms + self.frontend_per_token_us * prompt_tokens / 1000) \
+            / 1000
 
     def step_host_ms(self, shape: BatchShape) -> float:
         """Host CPU time of one step (scheduler, input preparation, sampling bookkeeping)."""

@@ -82,7 +82,8 @@ def run_main(argv: list[str]) -> int:
                    link=args.link, duration_s=args.duration, timeout_s=args.timeout,
                    seed=args.seed, max_turns=args.max_turns,
                    max_context_tokens=args.max_context_tokens, load_window_s=args.load_window,
-                   client_connections=args.client_connections)
+                   client_connections=args.client_connections,
+                   reply_retokenized=args.reply_retokenized)
     started = time.perf_counter()
     result = simulate(spec)
     elapsed = time.perf_counter() - started

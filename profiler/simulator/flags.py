@@ -29,3 +29,7 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
                         help="model the PPD paper's benchmark client: at most N requests in "
                         "flight, a turn due while all are busy waits and its TTFT counts the "
                         "wait (default: the ideal client, as ppd replay)")
+    parser.add_argument("--reply-retokenized", action="store_true",
+                        help="each reply comes back in the next turn as text the server "
+                        "tokenizes into other ids, so it misses the prefix cache (the tiny "
+                        "CPU model's replies do; default: replies hit, as on a real model)")

@@ -228,7 +228,8 @@ def main(argv: list[str]) -> int:
                    model=args.model, link=args.link, duration_s=args.duration,
                    timeout_s=args.timeout, seed=args.seed, max_turns=args.max_turns,
                    load_window_s=args.load_window, max_context_tokens=args.max_context_tokens,
-                   client_connections=args.client_connections)
+                   client_connections=args.client_connections,
+                   reply_retokenized=args.reply_retokenized)
 
     def table_for(layout: str) -> Path | None:
         if args.table is not None:

@@ -61,6 +61,7 @@ class RunSpec:
     forced_route: RouteKind | None = None  # turn 2+ forced, as the profiler's x-ppd-route
     load_window_s: float = DEFAULT_LOAD_WINDOW_S  # the proxy's --load-window
     client_connections: int | None = None  # the paper's capped client; None: ideal client
+    reply_retokenized: bool = False  # replies come back as other token ids (no cache hit)
 
     def __post_init__(self) -> None:
         if min(self.qps, self.duration_s, self.timeout_s, self.load_window_s) <= 0:
@@ -145,7 +146,7 @@ def setup_for(spec: RunSpec) -> SimSetup:
         kv_bytes_per_token=load_model_shape(spec.model_name).kv_bytes_per_token,
         engine=engine_config(spec.cost, spec.seed), timeout_s=spec.timeout_s,
         load_window_s=spec.load_window_s, client_connections=spec.client_connections,
-        forced=force if forced is not None else None)
+        reply_retokenized=spec.reply_retokenized, forced=force if forced is not None else None)
 
 
 def simulate(spec: RunSpec) -> SimResult:

@@ -75,6 +75,11 @@ class SimSetup:
     # is busy waits for one, and its TTFT clock runs from when it was due. None: the ideal
     # client (every turn is sent when it is due), as `ppd replay`.
     client_connections: int | None = None
+    # The next turn carries each reply as text that the server tokenizes again into other
+    # ids, so it misses the prefix cache past the previous prompt (the tiny CPU model's
+    # replies never round-trip: docs/engine-model.md). False: the reply's own token ids come
+    # back (a model whose text re-tokenizes to what it generated; the paper's assumption).
+    reply_retokenized: bool = False
 
 
 @dataclass(slots=True)
@@ -187,9 +192,7 @@ class Simulator:
         turn_spec = conversation.turns[index]
         history = self._history.setdefault(conversation.id, [])
         n_new = turn_spec.n_user + (conversation.n_system if index == 0 else 0)
-        first_id = self._next_user_token
-        self._next_user_token += n_new
-        prompt = history + list(range(first_id, first_id + n_new))
+        prompt = history + self._fresh_tokens(n_new)
         plan = self.proxy.begin(conversation.id, index + 1, n_new, turn_spec.max_tokens)
         request_id = f"{conversation.id}/{index + 1}"
         start = self.now if due is None else due  # the capped client's clock starts when due
@@ -209,9 +212,11 @@ class Simulator:
                                  prompt_token_ids=prompt))
 
     def _submit_via_frontend(self, turn: _Turn, url: str, request: Request) -> None:
-        """The node's API server takes frontend_request_ms before its engine sees the
+        """The node's API server takes its front-end time before its engine sees the
         request (HTTP, template, tokenize; the first output's way back is counted here)."""
-        delay = self.host.frontend_request_ms / 1000
+        tokens = (len(request.prompt_token_ids) if request.prompt_token_ids is not None
+                  else request.prompt_len or 0)
+        delay = self.host.frontend_s(tokens)
         if delay > 0:
             self._push(self.now + delay, _SUBMIT, (turn, url, request))
         else:
@@ -256,11 +261,20 @@ class Simulator:
         self.proxy.end(turn.plan, True, len(turn.prompt), len(outputs))
         history = self._history[turn.conversation.id]
         history[len(history):] = turn.prompt[len(history):]
-        history.extend(outputs)
+        if self.setup.reply_retokenized:
+            history.extend(self._fresh_tokens(len(outputs)))
+        else:
+            history.extend(outputs)
         if turn.index + 1 < len(turn.conversation.turns):
             self._push(end, _TURN, (turn.conversation, turn.index + 1))
         else:
             del self._history[turn.conversation.id]
+
+    def _fresh_tokens(self, count: int) -> list[int]:
+        """Token ids no other prompt or reply holds (a user message, a re-tokenized reply)."""
+        first = self._next_user_token
+        self._next_user_token += count
+        return list(range(first, first + count))
 
     def _fail(self, turn: _Turn, error: str, status: int | None) -> None:
         if turn.done:
@@ -356,7 +370,7 @@ class Simulator:
         if seq.first_token_time is None or seq.scheduled_time is None \
                 or seq.finish_time is None:
             return
-        frontend = self.host.frontend_request_ms / 1000
+        frontend = self.host.frontend_s(seq.num_prompt)
         n_out = len(seq.output_token_ids)
         metrics = self._metrics[node.spec.url]
         for name, value in (

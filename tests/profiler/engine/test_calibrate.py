@@ -5,11 +5,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from profiler.cli import main as ppd
 from profiler.engine import LinearCost, load_cost
-from profiler.engine.calibrate import calibrate, huber_line, parse_metrics
+from profiler.engine.calibrate import (
+    calibrate,
+    fit_probe,
+    huber_line,
+    parse_metrics,
+    probe_frontend_per_token_us,
+    read_run,
+    reply_hit_share,
+)
 from profiler.engine.host import HostedCost, HostModel
 from profiler.engine.presets import register, to_dict
 from profiler.replay.output import records_frame
@@ -47,13 +56,18 @@ def metrics_text(stats: dict[str, float]) -> str:
     return "\n".join(["# HELP vllm:x y", *lines]) + "\n"
 
 
-def make_run(root: Path, dataset: str, qps: float, route: RouteKind) -> Path:
+def make_run(root: Path, dataset: str, qps: float, route: RouteKind, *,
+             reply_retokenized: bool = False) -> Path:
     spec = RunSpec(layout="1P1D", dataset=dataset, qps=qps, cost="test-calibrate-truth",
-                   model="tiny", duration_s=30.0, seed=3, max_turns=2, forced_route=route)
+                   model="tiny", duration_s=30.0, seed=3, max_turns=2, forced_route=route,
+                   reply_retokenized=reply_retokenized)
     result = simulate(spec)
     out = root / f"{dataset.split(':')[1]}@{qps}-{route.value}"
     out.mkdir(parents=True)
     records_frame(result.records).to_csv(out / "requests.csv", index=False)
+    # what `ppd replay` writes and the hand-off's second pass simulates the run again from
+    (out / "summary.json").write_text(json.dumps({"dataset": dataset, "config": {
+        "qps": qps, "duration_s": 30.0, "timeout_s": 30.0, "seed": 3, "max_turns": 2}}))
     for node in Layout.parse("1P1D").nodes():
         name = f"{node.role.value}-{node.name}"
         (out / f"metrics-before-{name}.txt").write_text("")
@@ -130,3 +144,85 @@ def test_parse_metrics_sums_label_sets_and_skips_buckets() -> None:
 def test_to_dict_refuses_a_kernel_it_cannot_write(h100) -> None:
     with pytest.raises(ValueError, match="LinearCost"):
         to_dict(HostedCost("x", h100, HostModel()))
+
+
+# -- the shape probe's fit, reply re-tokenization, the hand-off's second pass -------------------
+
+def probe_rows(constant: float, per_token: float, attention: float, budget: int,
+               frontend_us: float = 0.0) -> pd.DataFrame:
+    """Probe rows as a node with this prefill step would time them (no noise)."""
+    def prefill(computed: int, context: int) -> float:
+        total = 0.0
+        while computed > 0:
+            chunk = min(computed, budget)
+            total += constant + per_token * chunk + attention * chunk * (context + chunk / 2) / 1000
+            context, computed = context + chunk, computed - chunk
+        return total
+
+    rows = []
+    for n in (128, 512, 1024, 2048, 3072):
+        for kind, prompt, computed in (("cold", n, n), ("hit", n, 128),
+                                       ("append", n + 256, 256), ("text", n, n)):
+            time_ms = prefill(computed, prompt - computed)
+            rows.append({"kind": kind, "prompt_tokens": prompt, "computed_tokens": computed,
+                         "prefill_ms": time_ms, "queue_ms": 0.1,
+                         "client_ms": 5.0 + frontend_us * prompt / 1000 + time_ms + 0.1})
+    return pd.DataFrame(rows)
+
+
+def test_fit_probe_separates_token_and_attention_terms_across_chunks() -> None:
+    constant, per_token, attention = fit_probe(probe_rows(6.0, 0.006, 0.008, 2048), 2048)
+    assert constant == pytest.approx(6.0, rel=0.01)
+    assert per_token == pytest.approx(0.006, rel=0.01)
+    assert attention == pytest.approx(0.008, rel=0.01)
+    # one chunk per prompt when the budget holds it: the fit must know the budget
+    wrong = fit_probe(probe_rows(6.0, 0.006, 0.008, 2048), 4096)
+    assert wrong[0] != pytest.approx(6.0, rel=0.01)
+
+
+def test_probe_frontend_slope_comes_from_the_text_prompts_only() -> None:
+    rows = probe_rows(6.0, 0.006, 0.008, 2048, frontend_us=2.5)
+    assert probe_frontend_per_token_us(rows) == pytest.approx(2.5, rel=0.01)
+    assert probe_frontend_per_token_us(rows[rows["kind"] != "text"]) == 0.0
+
+
+def test_host_frontend_grows_with_the_prompt() -> None:
+    host = HostModel(frontend_request_ms=10.0, frontend_per_token_us=2.0)
+    assert host.frontend_s(0) == pytest.approx(0.010)
+    assert host.frontend_s(1000) == pytest.approx(0.012)
+    assert HostModel.from_dict(host.to_dict()) == host
+
+
+def test_retokenized_replies_are_recomputed_and_calibrate_sees_it(tmp_path: Path) -> None:
+    # turn 1 of large-mid_bal replies 1,024 tokens: 8 blocks a turn 2 can hit or recompute
+    same = make_run(tmp_path / "same", "synthetic:large-mid_bal", 0.5, RouteKind.LOCAL)
+    other = make_run(tmp_path / "other", "synthetic:large-mid_bal", 0.5, RouteKind.LOCAL,
+                     reply_retokenized=True)
+    computed = {name: read_run(run).nodes for name, run in (("same", same), ("other", other))}
+    decode = {name: next(n for n in nodes if n.role == "decode").computed_prompt_tokens
+              for name, nodes in computed.items()}
+    # turn 2 recomputes turn 1's reply when it comes back as other ids
+    assert decode["other"] > decode["same"] * 1.5
+    assert reply_hit_share([read_run(same)], 128) == pytest.approx(1.0, abs=0.05)
+    assert reply_hit_share([read_run(other)], 128) == pytest.approx(0.0, abs=0.05)
+
+
+def test_calibrate_with_a_probe_and_the_second_pass(runs: list[Path], tmp_path: Path,
+                                                    capsys) -> None:
+    probe = tmp_path / "probe.csv"
+    # timed with the CLI's token budget for a NIXL cluster (vLLM-CPU's 2048)
+    probe_rows(22.0, 0.03, 0.0, 2048, frontend_us=1.0).to_csv(probe, index=False)
+    out = tmp_path / "probed.json"
+    assert ppd(["sim", "calibrate", *map(str, runs), "--probe", str(probe),
+                "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "settled on the simulated runs" in text
+    cost = load_cost(str(out))
+    assert isinstance(cost, HostedCost) and isinstance(cost.kernel, LinearCost)
+    assert cost.kernel.per_prefill_token_ms == pytest.approx(0.03, rel=0.01)
+    assert cost.host.frontend_per_token_us == pytest.approx(1.0, rel=0.01)
+    # the second pass leaves the simulated P->D TTFT where the runs have it
+    from profiler.simulator.replay_twin import pd_ttft_gap_ms, simulate_twin
+
+    gaps = sorted(pd_ttft_gap_ms(run, simulate_twin(run, str(out))) for run in runs)
+    assert abs(gaps[len(gaps) // 2]) < 10.0

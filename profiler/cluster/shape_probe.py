@@ -1,0 +1,139 @@
+"""What a node's prefill step costs by shape, timed by the node itself (`ppd cluster probe`).
+
+Replay runs cannot separate a prompt's per-token cost from its attention over earlier context:
+in a workload the tokens a turn computes and the context they attend to grow together. This
+probe varies them apart on an otherwise idle node, one request at a time (max_tokens 1, prompts
+of random token ids, so no tokenizer and no cache hit between requests):
+- **cold**: a prompt of N tokens, nothing cached (N tokens computed, no context);
+- **hit**: the same prompt again (vLLM recomputes its last block over the rest);
+- **append**: the prompt plus `append` new tokens (an append-prefill after N cached tokens);
+- **text**: a prompt of random words about N/4 long, as text: the node tokenizes it, so the
+  request's time outside the engine (client time - queue - prefill) shows the front end's
+  per-token part.
+
+Each request's step time is the node's own `vllm:request_prefill_time_seconds` (the change in
+its sum across the request); the tokens it computed come from the node's prompt and prefix-cache
+counters, not from assumptions about its block size. `ppd sim calibrate --probe FILE` fits the
+prefill step's constant, per-token and attention terms on the rows.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pandas as pd
+
+from profiler.engine.calibrate import parse_metrics
+
+DEFAULT_LENGTHS = (128, 512, 1024, 2048, 3072)
+DEFAULT_APPEND = 256
+DEFAULT_REPEATS = 5
+PROBE_FILE = "probe.csv"
+# Token ids drawn from here: above the special tokens of small vocabularies, inside any.
+_FIRST_ID, _LAST_ID = 10, 3000
+
+
+class ProbeError(Exception):
+    """The node cannot be probed; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeRow:
+    kind: str  # cold, hit, append or text
+    prompt_tokens: int  # from the node's counters
+    computed_tokens: int  # prompt - prefix-cache hits, from the node's counters
+    prefill_ms: float  # the node's vllm:request_prefill_time_seconds for this request
+    queue_ms: float  # its vllm:request_queue_time_seconds
+    client_ms: float  # the request as the probe saw it (HTTP, front end, queue, the step)
+
+
+def probe_node(url: str, *, lengths: Sequence[int] = DEFAULT_LENGTHS,
+               append: int = DEFAULT_APPEND, repeats: int = DEFAULT_REPEATS,
+               max_model_len: int = 4096, seed: int = 0, timeout_s: float = 120.0,
+               transport: httpx.BaseTransport | None = None) -> list[ProbeRow]:
+    """Probe one vLLM node (base URL, without /v1); it should serve nothing else meanwhile."""
+    usable = [n for n in lengths if n > 0 and n + append < max_model_len]
+    if not usable:
+        raise ProbeError(f"no prompt length fits --max-model-len {max_model_len} with "
+                         f"{append} appended tokens: give shorter --lengths")
+    rng = random.Random(seed)
+    rows: list[ProbeRow] = []
+    with httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s,
+                      transport=transport) as client:
+        model = _served_model(client)
+        for _ in range(repeats):
+            for length in usable:
+                prompt = [rng.randint(_FIRST_ID, _LAST_ID) for _ in range(length)]
+                extra = [rng.randint(_FIRST_ID, _LAST_ID) for _ in range(append)]
+                rows.append(_timed(client, model, "cold", prompt))
+                rows.append(_timed(client, model, "hit", prompt))
+                if append:
+                    rows.append(_timed(client, model, "append", prompt + extra))
+                words = " ".join(_word(rng) for _ in range(max(length // 4, 1)))
+                rows.append(_timed(client, model, "text", words))
+    return rows
+
+
+def _word(rng: random.Random) -> str:
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 7)))
+
+
+def write_probe(rows: Sequence[ProbeRow], out: Path, node: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / PROBE_FILE
+    frame = pd.DataFrame([{"node": node, **_as_dict(row)} for row in rows])
+    frame.to_csv(path, index=False)
+    return path
+
+
+def _as_dict(row: ProbeRow) -> dict[str, object]:
+    return {"kind": row.kind, "prompt_tokens": row.prompt_tokens,
+            "computed_tokens": row.computed_tokens, "prefill_ms": row.prefill_ms,
+            "queue_ms": row.queue_ms, "client_ms": row.client_ms}
+
+
+def _served_model(client: httpx.Client) -> str:
+    try:
+        response = client.get("/v1/models")
+        response.raise_for_status()
+        return str(response.json()["data"][0]["id"])
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+        raise ProbeError(f"{client.base_url}: no model list at /v1/models ({exc}); is it a "
+                         "vLLM server?") from exc
+
+
+def _counters(client: httpx.Client) -> dict[str, float]:
+    response = client.get("/metrics")
+    response.raise_for_status()
+    values = parse_metrics(response.text)
+    if "request_prefill_time_seconds_sum" not in values:
+        raise ProbeError(f"{client.base_url}/metrics has no vllm:request_prefill_time_seconds "
+                         "(a vLLM v1 server exports it)")
+    return values
+
+
+def _timed(client: httpx.Client, model: str, kind: str, prompt: list[int] | str) -> ProbeRow:
+    before = _counters(client)
+    started = time.perf_counter()
+    response = client.post("/v1/completions", json={
+        "model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0})
+    client_ms = (time.perf_counter() - started) * 1000
+    if response.status_code != 200:
+        raise ProbeError(f"{client.base_url}: a {kind} prompt of {len(prompt)} "
+                         f"{'characters' if isinstance(prompt, str) else 'tokens'} answered "
+                         f"{response.status_code}: {response.text[:300]}")
+    after = _counters(client)
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    computed = (delta("prompt_tokens_total") - delta("prefix_cache_hits_total")
+                - delta("external_prefix_cache_hits_total"))
+    return ProbeRow(kind, int(round(delta("prompt_tokens_total"))), int(round(computed)),
+                    delta("request_prefill_time_seconds_sum") * 1000,
+                    delta("request_queue_time_seconds_sum") * 1000, client_ms)

@@ -1,0 +1,51 @@
+"""A real replay run simulated again: same workload, rate, duration, seed and forced route.
+
+`ppd sim calibrate` uses it to settle the P->D hand-off against the engine model's own step
+alignment, and benchmarks/cpu_validation.py to put every run beside its prediction.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from profiler.simulator.run import RunSpec, SimResult, simulate
+from proxy.vocabulary import RouteKind
+
+
+def forced_route(run: Path) -> RouteKind:
+    """The route a calibration run forced on turn 2+ (`ppd replay --force-route`)."""
+    rows = pd.read_csv(run / "requests.csv")
+    routes = set(rows.loc[rows["turn"] >= 2, "route"].dropna())
+    if len(routes) != 1:
+        raise ValueError(f"{run}: turn 2 was not forced to one route ({sorted(routes)})")
+    return RouteKind(routes.pop())
+
+
+def twin_spec(run: Path, cost: str, *, layout: str = "1P1D", model: str = "tiny",
+              reply_retokenized: bool = False) -> RunSpec:
+    document = json.loads((run / "summary.json").read_text())
+    config = document["config"]
+    return RunSpec(layout=layout, dataset=document["dataset"], qps=float(config["qps"]),
+                   cost=cost, model=model, duration_s=float(config["duration_s"]),
+                   timeout_s=float(config["timeout_s"]), seed=int(config["seed"]),
+                   max_turns=config.get("max_turns"), forced_route=forced_route(run),
+                   reply_retokenized=reply_retokenized)
+
+
+def simulate_twin(run: Path, cost: str, **options: object) -> SimResult:
+    return simulate(twin_spec(run, cost, **options))  # type: ignore[arg-type]
+
+
+def pd_ttft_gap_ms(run: Path, result: SimResult) -> float | None:
+    """Median P->D TTFT of the real run less the simulated one (turn 1, and turn 2 when it
+    was forced P->D); None when the run has no P->D turn."""
+    rows = pd.read_csv(run / "requests.csv")
+    real = rows[rows["success"].astype(bool) & (rows["route"] == "pd")]["ttft_ms"].dropna()
+    simulated = [r.ttft_s * 1000 for r in result.records
+                 if r.success and r.route == RouteKind.PD.value and r.ttft_s is not None]
+    if real.empty or not simulated:
+        return None
+    return float(real.median()) - float(pd.Series(simulated).median())

@@ -1,0 +1,106 @@
+"""`ppd cluster probe` against a fake vLLM whose counters follow a known prefill step."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import httpx
+import pandas as pd
+import pytest
+
+from profiler.cli import main as ppd
+from profiler.cluster.shape_probe import ProbeError, probe_node, write_probe
+from profiler.engine.calibrate import fit_probe
+
+BLOCK = 128
+
+
+class FakeVllmWithCounters:
+    """Serves /v1/models, /v1/completions and /metrics; a completion advances the counters
+    as vLLM would: its prompt, its prefix-cache hit (full blocks it saw before, at least one
+    token computed) and a prefill time of 5 ms + 0.01 ms/token + 0.004 ms/token per 1k of
+    context, in one step (the fake has no token budget)."""
+
+    def __init__(self, status: int = 200, metrics: bool = True) -> None:
+        self.counters = {"prompt_tokens_total": 0.0, "prefix_cache_hits_total": 0.0,
+                         "request_prefill_time_seconds_sum": 0.0,
+                         "request_queue_time_seconds_sum": 0.0}
+        self.seen: set[tuple[int, ...]] = set()
+        self.status, self.metrics = status, metrics
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "tiny"}]})
+        if request.url.path == "/metrics":
+            if not self.metrics:
+                return httpx.Response(200, text="# nothing\n")
+            text = "".join(f'vllm:{k}{{engine="0"}} {v}\n' for k, v in self.counters.items())
+            return httpx.Response(200, text=text)
+        if self.status != 200:
+            return httpx.Response(self.status, json={"error": {"message": "too long"}})
+        prompt = json.loads(request.content)["prompt"]
+        ids = prompt if isinstance(prompt, list) else [hash(w) for w in prompt.split()] * 2
+        blocks = [tuple(ids[: (i + 1) * BLOCK]) for i in range(len(ids) // BLOCK)]
+        hit = 0
+        for block in blocks:
+            if block not in self.seen:
+                break
+            hit += BLOCK
+        hit = min(hit, (len(ids) - 1) // BLOCK * BLOCK)
+        self.seen.update(blocks)
+        computed = len(ids) - hit
+        step_ms = 5.0 + 0.01 * computed + 0.004 * computed * (hit + computed / 2) / 1000
+        self.counters["prompt_tokens_total"] += len(ids)
+        self.counters["prefix_cache_hits_total"] += hit
+        self.counters["request_prefill_time_seconds_sum"] += step_ms / 1000
+        return httpx.Response(200, json={"choices": [{"text": "x"}]})
+
+
+def test_probe_times_each_shape_from_the_node_counters() -> None:
+    rows = probe_node("http://node", lengths=(128, 512, 1024, 2048), repeats=2,
+                      transport=httpx.MockTransport(FakeVllmWithCounters()))
+    frame = pd.DataFrame([asdict(row) for row in rows])
+    assert set(frame["kind"]) == {"cold", "hit", "append", "text"}
+    hits = frame[frame["kind"] == "hit"]
+    assert (hits["computed_tokens"] == BLOCK).all()  # vLLM recomputes the last block
+    appends = frame[frame["kind"] == "append"]
+    assert (appends["computed_tokens"] == 256).all()
+    constant, per_token, attention = fit_probe(frame, token_budget=1 << 20)
+    assert constant == pytest.approx(5.0, rel=0.01)
+    assert per_token == pytest.approx(0.01, rel=0.01)
+    assert attention == pytest.approx(0.004, rel=0.01)
+
+
+def test_probe_refuses_a_node_without_prefill_metrics_or_that_answers_errors() -> None:
+    with pytest.raises(ProbeError, match="request_prefill_time_seconds"):
+        probe_node("http://node", lengths=(128,), repeats=1,
+                   transport=httpx.MockTransport(FakeVllmWithCounters(metrics=False)))
+    with pytest.raises(ProbeError, match="answered 400"):
+        probe_node("http://node", lengths=(128,), repeats=1,
+                   transport=httpx.MockTransport(FakeVllmWithCounters(status=400)))
+    with pytest.raises(ProbeError, match="max-model-len"):
+        probe_node("http://node", lengths=(4096,), max_model_len=4096,
+                   transport=httpx.MockTransport(FakeVllmWithCounters()))
+
+
+def test_probe_writes_a_csv_calibrate_reads(tmp_path) -> None:
+    rows = probe_node("http://node", lengths=(128, 1024), repeats=1,
+                      transport=httpx.MockTransport(FakeVllmWithCounters()))
+    path = write_probe(rows, tmp_path / "probe", "http://node")
+    frame = pd.read_csv(path)
+    assert {"kind", "prompt_tokens", "computed_tokens", "prefill_ms", "queue_ms",
+            "client_ms"} <= set(frame.columns)
+    assert len(frame) == len(rows)
+
+
+def test_probe_cli_errors_are_one_clear_line(tmp_path, capsys) -> None:
+    assert ppd(["cluster", "probe", "--out", str(tmp_path), "--node", "http://127.0.0.1:9",
+                "--lengths", "12x"]) == 1
+    assert "--lengths" in capsys.readouterr().err
+    assert ppd(["cluster", "probe", "--out", str(tmp_path), "--state",
+                str(tmp_path / "none")]) == 1
+    assert capsys.readouterr().err.strip()
+    assert ppd(["cluster", "probe", "--out", str(tmp_path), "--node",
+                "http://127.0.0.1:9"]) == 1
+    assert "/v1/models" in capsys.readouterr().err
