@@ -274,9 +274,8 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
     # (tokens D pulls, TTFT left after the model)
     pd_rows: list[tuple[float, float]] = []
     for run in runs:
-        rows = run.rows[run.rows["success"].astype(bool) & run.rows["ttft_s"].notna()]
         batch = _decode_batch(run.rows) or 1.0
-        turns = {(r.conversation_id, int(r.turn)): r for r in rows.itertuples()}
+        turns = _turns(run.rows[run.rows["ttft_s"].notna()])
         for (conversation, turn), row in turns.items():
             ttft_ms = float(row.ttft_s) * 1000
             previous = turns.get((conversation, turn - 1))
@@ -333,6 +332,12 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
                        reply_share)
 
 
+def _turns(rows: pd.DataFrame) -> dict[tuple[str, int], Any]:
+    """The successful rows by (conversation, turn)."""
+    ok = rows[rows["success"].astype(bool)]
+    return {(r.conversation_id, int(r.turn)): r for r in ok.itertuples()}
+
+
 def _held_by_d(previous: Any, block_size: int, reply_held: bool) -> int:
     """Tokens of a turn-2 prompt D holds in full blocks: turn 1's prompt, and its reply but
     the last token (never fed back) when replies come back as the ids D generated."""
@@ -347,8 +352,7 @@ def reply_hit_share(runs: Sequence[CalibrationRun], block_size: int) -> float | 
     output is not text the tokenizer would produce, or a template that rewrites history)."""
     measured = with_reply = without_reply = 0.0
     for run in runs:
-        rows = run.rows[run.rows["success"].astype(bool)]
-        turns = {(r.conversation_id, int(r.turn)): r for r in rows.itertuples()}
+        turns = _turns(run.rows)
         local = [(row, turns.get((cid, turn - 1))) for (cid, turn), row in turns.items()
                  if turn >= 2 and row.route == "local"]
         local = [(row, previous) for row, previous in local if previous is not None]

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from profiler.engine.batch import BatchShape
 from profiler.engine.cost import LinearCost
 from profiler.engine.host import HostedCost
 from profiler.engine.presets import load_cost
 from profiler.engine.transfer import LINKS, MODEL_SHAPES
+
+if TYPE_CHECKING:
+    from profiler.engine.calibrate import Calibration
 
 SIMULATOR_ACTIONS = ("run", "grid", "paper", "live-costs")
 
@@ -183,10 +186,7 @@ VLLM_CPU_SERVER_TOKEN_BUDGET = 2048
 
 
 def run_calibrate(args: argparse.Namespace) -> str:
-    import json
-
     from profiler.engine.calibrate import calibrate
-    from profiler.engine.presets import to_dict
 
     if args.block_size < 1 or args.max_model_len < 1:
         raise ValueError("--block-size and --max-model-len must be at least 1")
@@ -205,7 +205,7 @@ def run_calibrate(args: argparse.Namespace) -> str:
                                "max_num_batched_tokens": budget},
                        whole_prompt_transfer=whole_prompt, probe=probe)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(to_dict(result.cost), indent=2) + "\n")
+    _write_preset(args.out, result.cost)
     cost, settled = _settle_handoff(args, result)
     host = cost.host
     kernel = cost.kernel
@@ -223,14 +223,21 @@ def run_calibrate(args: argparse.Namespace) -> str:
             "node-runs" + _reply_line(result) + settled)
 
 
-def _settle_handoff(args: argparse.Namespace, result: Any) -> tuple[HostedCost, str]:
+def _write_preset(path: Path, cost: HostedCost) -> None:
+    import json
+
+    from profiler.engine.presets import to_dict
+
+    path.write_text(json.dumps(to_dict(cost), indent=2) + "\n")
+
+
+def _settle_handoff(args: argparse.Namespace,
+                    result: Calibration) -> tuple[HostedCost, str]:
     """Second pass: simulate every run on the written preset and move the P->D hand-off by
     the median gap between real and simulated P->D TTFT, so the hand-off is measured against
     the engine model's own step alignment rather than an assumed number of steps."""
-    import json
     from dataclasses import replace
 
-    from profiler.engine.presets import to_dict
     from profiler.simulator.replay_twin import pd_ttft_gap_ms, simulate_twin
 
     gaps = []
@@ -251,12 +258,12 @@ def _settle_handoff(args: argparse.Namespace, result: Any) -> tuple[HostedCost, 
     sources = {**host.sources, "kv_handoff_ms": f"{host.sources.get('kv_handoff_ms', '')}, "
                f"then moved by the median P->D TTFT gap of {len(gaps)} simulated runs"}
     cost = replace(result.cost, host=replace(host, kv_handoff_ms=handoff, sources=sources))
-    args.out.write_text(json.dumps(to_dict(cost), indent=2) + "\n")
+    _write_preset(args.out, cost)
     return cost, (f"\n  P->D hand-off settled on the simulated runs: {gap:+.1f} ms (median "
                   f"gap over {len(gaps)} runs) -> {handoff:.1f} ms")
 
 
-def _reply_line(result: Any) -> str:
+def _reply_line(result: Calibration) -> str:
     share = result.reply_hit_share
     if share is None:
         return ""
