@@ -62,6 +62,65 @@ SIM_TO_REAL_ITL_MS = (8.1, 8.9)
 SIM_TO_REAL_KERNEL_TTFT_MS = 10.8
 SIM_TO_REAL_KERNEL_ITL_MS = 6.9
 
+# inference-sim sim-to-real, per experiment and load stage (held out: no constant is set from
+# these). Measured means from results/cluster_2000req/error_records.csv (the same `actual` in
+# results_iter36/error_records.csv) of inference-sim/sim-to-real-accuracy-validation; the
+# workloads from inference-sim/tektonc-data-collection workloads.yaml (inference-perf
+# shared_prefix data, constant arrival rate, completions API, streaming, ignore_eos) and its
+# blis-inference-perf values.yaml (vLLM v0.15.1, max_model_len 4096, max_num_seqs 128, one
+# replica). H100 TP1 runs without KV offload only.
+SIM_TO_REAL_STAGES_SOURCE = (
+    "inference-sim/sim-to-real-accuracy-validation results/cluster_2000req/error_records.csv "
+    "(actuals); inference-sim/tektonc-data-collection workloads.yaml (workloads)")
+
+
+@dataclass(frozen=True, slots=True)
+class SimToRealStage:
+    """One load stage of one sim-to-real experiment: what ran and what vLLM measured."""
+
+    experiment: int
+    workload: str
+    max_num_batched_tokens: int
+    rate: float  # requests/s, constant inter-arrival
+    duration_s: float
+    system_groups: int  # shared system prompts (inference-perf num_groups)
+    system_tokens: int
+    question_tokens: int
+    output_tokens: int
+    ttft_mean_ms: float
+    e2e_mean_ms: float
+
+    @property
+    def tpot_mean_ms(self) -> float:
+        """(E2E - TTFT) / (outputs - 1) of the means (the study's own ITL column is
+        inference-perf's normalized time per output token, which includes the TTFT)."""
+        return (self.e2e_mean_ms - self.ttft_mean_ms) / (self.output_tokens - 1)
+
+
+def _stages(experiment: int, workload: str, mbt: int, shape: tuple[int, int, int, int],
+            *stages: tuple[float, float, float, float]) -> tuple[SimToRealStage, ...]:
+    groups, system, question, output = shape
+    return tuple(SimToRealStage(experiment, workload, mbt, rate, duration, groups, system,
+                                question, output, ttft, e2e)
+                 for rate, duration, ttft, e2e in stages)
+
+
+_GENERAL = (9, 100, 447, 248)
+SIM_TO_REAL_STAGES = (
+    *_stages(16, "general", 2048, _GENERAL, (8.0, 600, 25.226, 1892.699),
+             (20.0, 600, 29.875, 2278.060)),
+    *_stages(18, "codegen", 2048, (11, 100, 466, 247), (5.0, 600, 24.520, 1813.316),
+             (10.0, 600, 25.662, 1927.886)),
+    *_stages(19, "roleplay", 2048, (10, 150, 600, 251), (6.0, 1200, 25.999, 1884.778)),
+    *_stages(22, "general", 1024, _GENERAL, (8.0, 600, 26.028, 1984.922),
+             (20.0, 600, 33.321, 2581.890)),
+    *_stages(23, "general", 8192, _GENERAL, (8.0, 600, 25.645, 1884.858),
+             (20.0, 600, 30.413, 2236.197)),
+    *_stages(25, "general", 2048, _GENERAL, (8.0, 600, 25.183, 1898.597),
+             (20.0, 600, 29.395, 2229.931)),
+    *_stages(46, "reasoning", 2048, (23, 100, 934, 1448), (4.0, 1200, 50.083, 22753.015)),
+)
+
 NIXL_DESCRIPTORS_PER_TRANSFER = 1785
 NIXL_POST_MS_PER_TRANSFER = 6.7
 
