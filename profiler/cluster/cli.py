@@ -19,6 +19,7 @@ from profiler.cluster.launcher import (
     stop_cluster,
 )
 from profiler.cluster.plan import (
+    CLUSTER_FILE,
     DEFAULT_BASE_PORT,
     DEFAULT_PROXY_PORT,
     DEFAULT_STATE_DIR,
@@ -112,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="tokens appended after a cached prompt")
     probe.add_argument("--repeats", type=int, default=shape_probe.DEFAULT_REPEATS,
                        help="times each shape is sent")
+    probe.add_argument("--admin-key", default=None, metavar="K",
+                       help="the proxy's --admin-key: the front-end prompts go through the "
+                       "cluster's proxy forced onto a D, which needs it when the proxy has one")
     probe.add_argument("--max-model-len", type=int, default=4096,
                        help="the node's --max-model-len (longer shapes are left out)")
     return parser
@@ -143,13 +147,13 @@ def main(argv: list[str]) -> int:
 
 
 def _probe(args: argparse.Namespace) -> int:
+    cluster = load_cluster(args.state) if (args.state / CLUSTER_FILE).is_file() else None
+    nodes = {n.role.value: n.proc.url for n in reversed(cluster.nodes)} if cluster else {}
     if args.node is None:
-        nodes = load_cluster(args.state).nodes
-        pick = next((n for n in nodes if n.role.value == "prefill"), None) or next(
-            (n for n in nodes if n.role.value == "replica"), None)
-        if pick is None:
-            raise ClusterError(f"{args.state}: no P or replica node to probe (give --node URL)")
-        args.node = pick.proc.url
+        args.node = nodes.get("prefill") or nodes.get("replica")
+        if args.node is None:
+            raise ClusterError(f"{args.state}: no cluster with a P or replica node to probe "
+                               "(give --node URL, or --state of a running cluster)")
     try:
         lengths = [int(part) for part in args.lengths.split(",") if part.strip()]
     except ValueError:
@@ -158,8 +162,12 @@ def _probe(args: argparse.Namespace) -> int:
         raise ClusterError("--repeats must be at least 1 and --append at least 0")
     rows = shape_probe.probe_node(args.node, lengths=lengths, append=args.append,
                                   repeats=args.repeats, max_model_len=args.max_model_len)
-    path = shape_probe.write_probe(rows, args.out, args.node)
-    print(f"wrote {path}: {len(rows)} requests to {args.node}")
+    if cluster is not None and cluster.proxy is not None and "decode" in nodes:
+        rows += shape_probe.probe_frontend(nodes["decode"], cluster.proxy.url,
+                                           admin_key=args.admin_key, lengths=lengths,
+                                           repeats=args.repeats)
+    path = shape_probe.write_probe(rows, args.out)
+    print(f"wrote {path}: {len(rows)} requests")
     return 0
 
 

@@ -9,7 +9,11 @@ of random token ids, so no tokenizer and no cache hit between requests):
 - **append**: the prompt plus `append` new tokens (an append-prefill after N cached tokens);
 - **text**: a prompt of random words about N/4 long, as text: the node tokenizes it, so the
   request's time outside the engine (client time - queue - prefill) shows the front end's
-  per-token part.
+  per-token part;
+- **chat-via-proxy** (`probe_frontend`, when the cluster runs a proxy): the same kind of text
+  as one chat message through the proxy, forced onto a D (`x-ppd-route: local`) and timed by
+  that D's counters: the front end a replayed turn meets, the proxy's own per-token work
+  (parsing the body, counting the prompt's tokens) and the chat template included.
 
 Each request's step time is the node's own `vllm:request_prefill_time_seconds` (the change in
 its sum across the request); the tokens it computed come from the node's prompt and prefix-cache
@@ -22,7 +26,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
@@ -44,7 +48,8 @@ class ProbeError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ProbeRow:
-    kind: str  # cold, hit, append or text
+    node: str  # the node whose counters timed it
+    kind: str  # cold, hit, append, text or chat-via-proxy
     prompt_tokens: int  # from the node's counters
     computed_tokens: int  # prompt - prefix-cache hits, from the node's counters
     prefill_ms: float  # the node's vllm:request_prefill_time_seconds for this request
@@ -79,22 +84,39 @@ def probe_node(url: str, *, lengths: Sequence[int] = DEFAULT_LENGTHS,
     return rows
 
 
+def probe_frontend(node_url: str, proxy_url: str, *, admin_key: str | None = None,
+                   lengths: Sequence[int] = DEFAULT_LENGTHS, repeats: int = DEFAULT_REPEATS,
+                   seed: int = 0, timeout_s: float = 120.0,
+                   transport: httpx.BaseTransport | None = None) -> list[ProbeRow]:
+    """Text prompts as chat turns through the proxy, forced local onto the D at node_url
+    (each its own session), timed by that D's counters."""
+    rng = random.Random(seed + 1)
+    headers = {"x-ppd-route": "local"}
+    if admin_key:
+        headers["authorization"] = f"Bearer {admin_key}"
+    rows: list[ProbeRow] = []
+    with httpx.Client(base_url=node_url.rstrip("/"), timeout=timeout_s,
+                      transport=transport) as node, \
+            httpx.Client(base_url=proxy_url.rstrip("/"), timeout=timeout_s,
+                         transport=transport, headers=headers) as proxy:
+        model = _served_model(node)
+        for repeat in range(repeats):
+            for length in lengths:
+                words = " ".join(_word(rng) for _ in range(max(length // 4, 1)))
+                rows.append(_timed(node, model, "chat-via-proxy", words, via=proxy,
+                                   session=f"ppd-probe-{seed}-{repeat}-{length}"))
+    return rows
+
+
 def _word(rng: random.Random) -> str:
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 7)))
 
 
-def write_probe(rows: Sequence[ProbeRow], out: Path, node: str) -> Path:
+def write_probe(rows: Sequence[ProbeRow], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / PROBE_FILE
-    frame = pd.DataFrame([{"node": node, **_as_dict(row)} for row in rows])
-    frame.to_csv(path, index=False)
+    pd.DataFrame([asdict(row) for row in rows]).to_csv(path, index=False)
     return path
-
-
-def _as_dict(row: ProbeRow) -> dict[str, object]:
-    return {"kind": row.kind, "prompt_tokens": row.prompt_tokens,
-            "computed_tokens": row.computed_tokens, "prefill_ms": row.prefill_ms,
-            "queue_ms": row.queue_ms, "client_ms": row.client_ms}
 
 
 def _served_model(client: httpx.Client) -> str:
@@ -117,14 +139,23 @@ def _counters(client: httpx.Client) -> dict[str, float]:
     return values
 
 
-def _timed(client: httpx.Client, model: str, kind: str, prompt: list[int] | str) -> ProbeRow:
+def _timed(client: httpx.Client, model: str, kind: str, prompt: list[int] | str, *,
+           via: httpx.Client | None = None, session: str = "") -> ProbeRow:
+    """One request, timed by the counters of `client`'s node: sent to that node, or through
+    `via` (a proxy) as a chat turn of `session`."""
     before = _counters(client)
     started = time.perf_counter()
-    response = client.post("/v1/completions", json={
-        "model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0})
+    if via is None:
+        response = client.post("/v1/completions", json={
+            "model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0})
+    else:
+        response = via.post("/v1/chat/completions", headers={"x-session-id": session},
+                            json={"model": model, "max_tokens": 1, "temperature": 0,
+                                  "messages": [{"role": "user", "content": prompt}]})
     client_ms = (time.perf_counter() - started) * 1000
     if response.status_code != 200:
-        raise ProbeError(f"{client.base_url}: a {kind} prompt of {len(prompt)} "
+        target = (via or client).base_url
+        raise ProbeError(f"{target}: a {kind} prompt of {len(prompt)} "
                          f"{'characters' if isinstance(prompt, str) else 'tokens'} answered "
                          f"{response.status_code}: {response.text[:300]}")
     after = _counters(client)
@@ -134,6 +165,6 @@ def _timed(client: httpx.Client, model: str, kind: str, prompt: list[int] | str)
 
     computed = (delta("prompt_tokens_total") - delta("prefix_cache_hits_total")
                 - delta("external_prefix_cache_hits_total"))
-    return ProbeRow(kind, int(round(delta("prompt_tokens_total"))), int(round(computed)),
-                    delta("request_prefill_time_seconds_sum") * 1000,
+    return ProbeRow(str(client.base_url), kind, int(round(delta("prompt_tokens_total"))),
+                    int(round(computed)), delta("request_prefill_time_seconds_sum") * 1000,
                     delta("request_queue_time_seconds_sum") * 1000, client_ms)

@@ -175,7 +175,7 @@ def fit_probe(rows: pd.DataFrame, token_budget: int) -> tuple[float, float, floa
     """(constant per step, ms per computed token, ms per computed token per thousand tokens
     of mean context) of the prefill step, least squares over a shape probe's rows (medians
     per shape first, so a stray slow request does not move the fit)."""
-    ids = rows[rows["kind"] != "text"]
+    ids = rows[rows["kind"].isin(("cold", "hit", "append"))]
     shapes = ids.groupby(["kind", "prompt_tokens", "computed_tokens"], as_index=False)[
         "prefill_ms"].median()
     features, times = [], []
@@ -200,8 +200,11 @@ def fit_probe(rows: pd.DataFrame, token_budget: int) -> tuple[float, float, floa
 
 def probe_frontend_per_token_us(rows: pd.DataFrame) -> float:
     """The front end's per-prompt-token time (us) from a shape probe's text prompts: a Huber
-    line of what each took outside the engine (client - queue - prefill) against its tokens."""
-    text = rows[rows["kind"] == "text"]
+    line of what each took outside the engine (client - queue - prefill) against its tokens.
+    The prompts sent through the proxy when the probe has them (the path replayed turns take),
+    else those sent to the node."""
+    through_proxy = rows[rows["kind"] == "chat-via-proxy"]
+    text = through_proxy if len(through_proxy) else rows[rows["kind"] == "text"]
     if len(text) < MIN_RUNS or text["prompt_tokens"].nunique() < 2:
         return 0.0
     outside = text["client_ms"] - text["queue_ms"] - text["prefill_ms"]
@@ -318,7 +321,8 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
         step_per_prefill_ms=round(per_prefill_request, 4), kv_handoff_ms=round(handoff, 3),
         kv_per_token_us=round(per_token_us, 3),
         sources={"frontend_request_ms": f"median of {len(frontend_res)} local turn-2 rows",
-                 **({"frontend_per_token_us": "shape probe's text prompts"}
+                 **({"frontend_per_token_us": "shape probe's text prompts (through the "
+                                              "proxy when it has them)"}
                     if frontend_per_token_us else {}),
                  "step_base_ms": f"Huber line over {len(dx)} runs' decode ITL",
                  "step_per_prefill_ms": ("shape probe's constant" if probe is not None

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from profiler.cli import main as ppd
-from profiler.cluster.shape_probe import ProbeError, probe_node, write_probe
+from profiler.cluster.shape_probe import ProbeError, probe_frontend, probe_node, write_probe
 from profiler.engine.calibrate import fit_probe
 
 BLOCK = 128
@@ -28,6 +28,7 @@ class FakeVllmWithCounters:
                          "request_queue_time_seconds_sum": 0.0}
         self.seen: set[tuple[int, ...]] = set()
         self.status, self.metrics = status, metrics
+        self.forwarded: list[dict[str, str]] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
@@ -39,7 +40,12 @@ class FakeVllmWithCounters:
             return httpx.Response(200, text=text)
         if self.status != 200:
             return httpx.Response(self.status, json={"error": {"message": "too long"}})
-        prompt = json.loads(request.content)["prompt"]
+        body = json.loads(request.content)
+        if request.url.host == "proxy":  # a chat turn the proxy forwards to this node
+            self.forwarded.append(dict(request.headers))
+            prompt = body["messages"][0]["content"]
+        else:
+            prompt = body["prompt"]
         ids = prompt if isinstance(prompt, list) else [hash(w) for w in prompt.split()] * 2
         blocks = [tuple(ids[: (i + 1) * BLOCK]) for i in range(len(ids) // BLOCK)]
         hit = 0
@@ -87,9 +93,9 @@ def test_probe_refuses_a_node_without_prefill_metrics_or_that_answers_errors() -
 def test_probe_writes_a_csv_calibrate_reads(tmp_path) -> None:
     rows = probe_node("http://node", lengths=(128, 1024), repeats=1,
                       transport=httpx.MockTransport(FakeVllmWithCounters()))
-    path = write_probe(rows, tmp_path / "probe", "http://node")
+    path = write_probe(rows, tmp_path / "probe")
     frame = pd.read_csv(path)
-    assert {"kind", "prompt_tokens", "computed_tokens", "prefill_ms", "queue_ms",
+    assert {"node", "kind", "prompt_tokens", "computed_tokens", "prefill_ms", "queue_ms",
             "client_ms"} <= set(frame.columns)
     assert len(frame) == len(rows)
 
@@ -104,3 +110,15 @@ def test_probe_cli_errors_are_one_clear_line(tmp_path, capsys) -> None:
     assert ppd(["cluster", "probe", "--out", str(tmp_path), "--node",
                 "http://127.0.0.1:9"]) == 1
     assert "/v1/models" in capsys.readouterr().err
+
+
+def test_frontend_probe_goes_through_the_proxy_forced_local_and_reads_the_d() -> None:
+    fake = FakeVllmWithCounters()
+    rows = probe_frontend("http://d", "http://proxy", admin_key="ADMIN", lengths=(128, 1024),
+                          repeats=2, transport=httpx.MockTransport(fake))
+    assert [row.kind for row in rows] == ["chat-via-proxy"] * 4
+    assert {row.node for row in rows} == {"http://d"}
+    assert all(row.prompt_tokens > 0 and row.prefill_ms > 0 for row in rows)
+    assert all(h["x-ppd-route"] == "local" and h["authorization"] == "Bearer ADMIN"
+               for h in fake.forwarded)
+    assert len({h["x-session-id"] for h in fake.forwarded}) == 4  # one session per turn

@@ -184,6 +184,10 @@ def test_probe_frontend_slope_comes_from_the_text_prompts_only() -> None:
     rows = probe_rows(6.0, 0.006, 0.008, 2048, frontend_us=2.5)
     assert probe_frontend_per_token_us(rows) == pytest.approx(2.5, rel=0.01)
     assert probe_frontend_per_token_us(rows[rows["kind"] != "text"]) == 0.0
+    # prompts through the proxy, when the probe has them, are the path replayed turns take
+    proxied = rows[rows["kind"] == "text"].assign(
+        kind="chat-via-proxy", client_ms=lambda f: f["client_ms"] + 3.0 * f["prompt_tokens"] / 1000)
+    assert probe_frontend_per_token_us(pd.concat([rows, proxied])) == pytest.approx(5.5, rel=0.01)
 
 
 def test_host_frontend_grows_with_the_prompt() -> None:
