@@ -11,9 +11,10 @@ of random token ids, so no tokenizer and no cache hit between requests):
   request's time outside the engine (client time - queue - prefill) shows the front end's
   per-token part;
 - **chat-via-proxy** (`probe_frontend`, when the cluster runs a proxy): the same kind of text
-  as one chat message through the proxy, forced onto a D (`x-ppd-route: local`) and timed by
-  that D's counters: the front end a replayed turn meets, the proxy's own per-token work
-  (parsing the body, counting the prompt's tokens) and the chat template included.
+  as the second turn of a chat session through the proxy, forced onto its D (`x-ppd-route:
+  local`) and timed by that D's counters: the front end a replayed turn meets, the proxy's
+  own per-token work (parsing the body, counting the prompt's tokens) and the chat template
+  included.
 
 Each request's step time is the node's own `vllm:request_prefill_time_seconds` (the change in
 its sum across the request); the tokens it computed come from the node's prompt and prefix-cache
@@ -59,9 +60,11 @@ class ProbeRow:
 
 def probe_node(url: str, *, lengths: Sequence[int] = DEFAULT_LENGTHS,
                append: int = DEFAULT_APPEND, repeats: int = DEFAULT_REPEATS,
-               max_model_len: int = 4096, seed: int = 0, timeout_s: float = 120.0,
+               max_model_len: int = 4096, seed: int | None = None, timeout_s: float = 120.0,
                transport: httpx.BaseTransport | None = None) -> list[ProbeRow]:
-    """Probe one vLLM node (base URL, without /v1); it should serve nothing else meanwhile."""
+    """Probe one vLLM node (base URL, without /v1); it should serve nothing else meanwhile.
+    Prompts are drawn afresh on every run (seed None): a prompt an earlier probe sent would
+    hit the node's prefix cache and no longer be cold."""
     usable = [n for n in lengths if n > 0 and n + append < max_model_len]
     if not usable:
         raise ProbeError(f"no prompt length fits --max-model-len {max_model_len} with "
@@ -86,25 +89,36 @@ def probe_node(url: str, *, lengths: Sequence[int] = DEFAULT_LENGTHS,
 
 def probe_frontend(node_url: str, proxy_url: str, *, admin_key: str | None = None,
                    lengths: Sequence[int] = DEFAULT_LENGTHS, repeats: int = DEFAULT_REPEATS,
-                   seed: int = 0, timeout_s: float = 120.0,
+                   seed: int | None = None, timeout_s: float = 120.0,
                    transport: httpx.BaseTransport | None = None) -> list[ProbeRow]:
-    """Text prompts as chat turns through the proxy, forced local onto the D at node_url
-    (each its own session), timed by that D's counters."""
-    rng = random.Random(seed + 1)
-    headers = {"x-ppd-route": "local"}
-    if admin_key:
-        headers["authorization"] = f"Bearer {admin_key}"
+    """Text prompts as second chat turns through the proxy, forced local onto the D at
+    node_url and timed by that D's counters. Each session opens with a short first turn
+    (which the proxy sends P->D: a turn 1 has no D of its own yet), so the measured turn runs
+    on the D that holds it, as a replayed turn 2 does."""
+    rng = random.Random(seed)
+    nonce = rng.getrandbits(32)  # sessions of an earlier probe are not reused
+    auth = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
     rows: list[ProbeRow] = []
     with httpx.Client(base_url=node_url.rstrip("/"), timeout=timeout_s,
                       transport=transport) as node, \
             httpx.Client(base_url=proxy_url.rstrip("/"), timeout=timeout_s,
-                         transport=transport, headers=headers) as proxy:
+                         transport=transport, headers=auth) as proxy:
         model = _served_model(node)
         for repeat in range(repeats):
             for length in lengths:
+                session = f"ppd-probe-{nonce:08x}-{repeat}-{length}"
+                opening = [{"role": "user", "content": _word(rng)}]
+                first = proxy.post("/v1/chat/completions", headers={"x-session-id": session},
+                                   json={"model": model, "max_tokens": 1,
+                                         "messages": opening})
+                if first.status_code != 200:
+                    raise ProbeError(f"{proxy.base_url}: the probe's first turn answered "
+                                     f"{first.status_code}: {first.text[:300]}")
+                reply = first.json()["choices"][0]["message"].get("content") or ""
+                history = [*opening, {"role": "assistant", "content": reply}]
                 words = " ".join(_word(rng) for _ in range(max(length // 4, 1)))
                 rows.append(_timed(node, model, "chat-via-proxy", words, via=proxy,
-                                   session=f"ppd-probe-{seed}-{repeat}-{length}"))
+                                   session=session, history=history))
     return rows
 
 
@@ -140,18 +154,20 @@ def _counters(client: httpx.Client) -> dict[str, float]:
 
 
 def _timed(client: httpx.Client, model: str, kind: str, prompt: list[int] | str, *,
-           via: httpx.Client | None = None, session: str = "") -> ProbeRow:
+           via: httpx.Client | None = None, session: str = "",
+           history: Sequence[dict[str, str]] = ()) -> ProbeRow:
     """One request, timed by the counters of `client`'s node: sent to that node, or through
-    `via` (a proxy) as a chat turn of `session`."""
+    `via` (a proxy) as the next chat turn of `session`, forced local."""
     before = _counters(client)
     started = time.perf_counter()
     if via is None:
         response = client.post("/v1/completions", json={
             "model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0})
     else:
-        response = via.post("/v1/chat/completions", headers={"x-session-id": session},
-                            json={"model": model, "max_tokens": 1, "temperature": 0,
-                                  "messages": [{"role": "user", "content": prompt}]})
+        response = via.post(
+            "/v1/chat/completions", headers={"x-session-id": session, "x-ppd-route": "local"},
+            json={"model": model, "max_tokens": 1, "temperature": 0,
+                  "messages": [*history, {"role": "user", "content": prompt}]})
     client_ms = (time.perf_counter() - started) * 1000
     if response.status_code != 200:
         target = (via or client).base_url

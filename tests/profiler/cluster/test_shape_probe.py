@@ -28,7 +28,7 @@ class FakeVllmWithCounters:
                          "request_queue_time_seconds_sum": 0.0}
         self.seen: set[tuple[int, ...]] = set()
         self.status, self.metrics = status, metrics
-        self.forwarded: list[dict[str, str]] = []
+        self.forwarded: list[tuple[dict[str, str], list[dict[str, str]]]] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
@@ -42,8 +42,8 @@ class FakeVllmWithCounters:
             return httpx.Response(self.status, json={"error": {"message": "too long"}})
         body = json.loads(request.content)
         if request.url.host == "proxy":  # a chat turn the proxy forwards to this node
-            self.forwarded.append(dict(request.headers))
-            prompt = body["messages"][0]["content"]
+            self.forwarded.append((dict(request.headers), body["messages"]))
+            prompt = " ".join(message["content"] for message in body["messages"])
         else:
             prompt = body["prompt"]
         ids = prompt if isinstance(prompt, list) else [hash(w) for w in prompt.split()] * 2
@@ -60,7 +60,8 @@ class FakeVllmWithCounters:
         self.counters["prompt_tokens_total"] += len(ids)
         self.counters["prefix_cache_hits_total"] += hit
         self.counters["request_prefill_time_seconds_sum"] += step_ms / 1000
-        return httpx.Response(200, json={"choices": [{"text": "x"}]})
+        return httpx.Response(200, json={"choices": [{"text": "x",
+                                                      "message": {"content": "x"}}]})
 
 
 def test_probe_times_each_shape_from_the_node_counters() -> None:
@@ -119,6 +120,8 @@ def test_frontend_probe_goes_through_the_proxy_forced_local_and_reads_the_d() ->
     assert [row.kind for row in rows] == ["chat-via-proxy"] * 4
     assert {row.node for row in rows} == {"http://d"}
     assert all(row.prompt_tokens > 0 and row.prefill_ms > 0 for row in rows)
-    assert all(h["x-ppd-route"] == "local" and h["authorization"] == "Bearer ADMIN"
-               for h in fake.forwarded)
-    assert len({h["x-session-id"] for h in fake.forwarded}) == 4  # one session per turn
+    measured = [(h, messages) for h, messages in fake.forwarded if "x-ppd-route" in h]
+    assert len(fake.forwarded) == 8 and len(measured) == 4  # each session opens with a turn 1
+    assert all(h["authorization"] == "Bearer ADMIN" for h, _ in fake.forwarded)
+    assert all(h["x-ppd-route"] == "local" and len(messages) == 3 for h, messages in measured)
+    assert len({h["x-session-id"] for h, _ in measured}) == 4  # one session per measured turn
