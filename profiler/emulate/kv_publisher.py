@@ -7,16 +7,16 @@ batches are kept for the replay ROUTER socket, which answers `[b"", start_seq]` 
 `[b"", topic, seq, payload]` per buffered batch from start_seq on, then `[b"", b"", END_SEQ,
 b""]` - what a subscriber asks for when it saw a gap in the sequence.
 
-Publishing never blocks the engine loop: a send is one non-blocking call made after the
-step's tokens went out, and a subscriber whose queue (`send_hwm` batches) is full loses the
-batch - it sees the gap and replays - while the others get it, as from vLLM's PUB socket.
-A PUB drops without telling its sender, so the socket is an XPUB (the same to a SUB) that
-first sends with XPUB_NODROP: that send fails when a subscriber is full, which `dropped`
-counts, and the batch is sent again without NODROP to whoever has room. libzmq then stops
-writing to the full subscriber until it has drained half its queue, and the batches it
-misses meanwhile go uncounted: `dropped` counts the times a subscriber fell behind, a lower
-bound on the batches subscribers lost. The node's /metrics exports it. Replay requests are
-served by a task on the node's event loop.
+Publishing never blocks the engine loop: a send is one non-blocking call made after the step's
+tokens went out, and a subscriber whose queue (`send_hwm` batches) is full loses the batch -
+it sees the gap and replays - while the others get it, as from vLLM's PUB socket. A PUB drops
+without telling its sender, so the socket is an XPUB (the same to a SUB) that first sends with
+XPUB_NODROP: that send fails when a subscriber is full (checked again once the socket has
+caught up with what its subscribers read), which `dropped` counts, and the batch is sent again
+without NODROP to whoever has room. libzmq then stops writing to the full subscriber until it
+has drained half its queue, and the batches it misses meanwhile go uncounted: `dropped` counts
+the times a subscriber fell behind, a lower bound on the batches subscribers lost. The node's
+/metrics exports it. Replay requests are served by a task on the node's event loop.
 """
 
 from __future__ import annotations
@@ -105,9 +105,29 @@ class KvEventPublisher:
         frames = [TOPIC, encode_seq(seq), payload]
         try:
             self._pub.send_multipart(frames, flags=zmq.NOBLOCK)
-        except zmq.Again:  # a subscriber is full: it loses this one (kept for replay)
+        except zmq.Again:
+            if self._send_after_catching_up(frames):
+                return
+            # A subscriber is full: it loses this one (kept for replay).
             self.dropped += 1
             self._send_to_those_with_room(frames)
+
+    def _send_after_catching_up(self, frames: list[bytes]) -> bool:
+        """Send again once the socket knows what its subscribers have read; False if one is
+        still full.
+
+        A socket learns what a subscriber read from commands its I/O thread posts, and a send
+        handles those at most once a millisecond: publishing faster than that, a subscriber
+        that keeps up looks full. Reading ZMQ_EVENTS handles them all at once (libzmq's
+        socket_base_t::getsockopt), so only a subscriber that truly fell behind counts, and
+        the one that keeps up is not dropped with it."""
+        assert self._pub is not None
+        self._pub.getsockopt(zmq.EVENTS)
+        try:
+            self._pub.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
 
     def _send_to_those_with_room(self, frames: list[bytes]) -> None:
         assert self._pub is not None
