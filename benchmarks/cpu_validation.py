@@ -3,7 +3,9 @@
 Every run directory (a `ppd replay` of a 1P1D cluster with turn 2 forced local or P->D, as
 `scripts/calibration_runs.sh` makes them) is simulated again - same synthetic workload, rate,
 duration, seed and forced route - on the preset, and turn-2 TTFT p50 and turn-2 TPOT mean are
-printed side by side with the error. Runs the preset was fitted on are marked `fit`.
+printed side by side with the error. Runs the preset was fitted on are marked `fit`. With
+`--emulated DIR` (the same runs made against `ppd cluster up --emulate` nodes serving the
+preset), each cell also gives the emulated measurement and its error against the real one.
 
     python -m benchmarks.cpu_validation RUN... --cost cpu-tiny.json --fitted RUN1 RUN2
 """
@@ -55,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=Path, default=None,
                         help="a directory with the same runs made again: printed beside, so "
                         "the run-to-run spread of the measurement shows next to the error")
+    parser.add_argument("--emulated", type=Path, default=None,
+                        help="a directory with the same runs made against emulated nodes "
+                        "serving the preset: printed beside, with their error against real")
     parser.add_argument("--layout", default="1P1D")
     parser.add_argument("--model", default="tiny", help="KV shape for the transfer bytes")
     parser.add_argument("--reply-retokenized", action="store_true",
@@ -62,12 +67,13 @@ def main(argv: list[str] | None = None) -> int:
                         "`ppd sim calibrate` reports for the tiny CPU model)")
     args = parser.parse_args(argv)
     fitted = {path.resolve() for path in args.fitted}
-    again = "; again" if args.repeat else ""
+    again = ("; again" if args.repeat else "") + ("; emulated" if args.emulated else "")
     header = "| run | route | set | load | " + " | ".join(
         f"{label} real / sim ms (err){again}" for _, label in METRICS) + " |"
     print(header)
     print("|" + "---|" * (4 + len(METRICS)))
     errors: dict[str, list[float]] = {key: [] for key, _ in METRICS}
+    emulated_errors: dict[str, list[float]] = {key: [] for key, _ in METRICS}
     for run in args.runs:
         real, sim = predict(run, args.cost, args.layout, args.model,
                             args.reply_retokenized)
@@ -79,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
             load += f"; {_load(repeat)}"
         else:
             real_again = None
+        emulated = args.emulated / run.name if args.emulated else None
+        real_emulated = None
+        if emulated is not None and (emulated / "summary.json").is_file():
+            real_emulated, _ = predict(emulated, args.cost, args.layout, args.model,
+                                       args.reply_retokenized)
+            load += f"; {_load(emulated)}"
         role = "fit" if run.resolve() in fitted else "test"
         cells = []
         for key, _ in METRICS:
@@ -95,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
                 cell += f"; {second:.1f} ({(predicted - second) / second:+.0%})"
                 if role == "test":
                     errors[key].append(abs((predicted - second) / second))
+            if real_emulated is not None and real_emulated.get(key) is not None:
+                value = real_emulated[key]
+                cell += f"; {value:.1f} ({(value - measured) / measured:+.0%} vs real)"
+                emulated_errors[key].append(abs((value - measured) / measured))
             cells.append(cell)
         route = forced_route(run).value
         print(f"| {run.name} | {route} | {role} | {load.strip()} | " + " | ".join(cells) + " |")
@@ -104,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
             within = sum(v <= 0.15 for v in values)
             print(f"{label}: out-of-sample median |error| {values[len(values) // 2]:.0%}, "
                   f"{within} of {len(values)} within 15%")
+        values = sorted(emulated_errors[key])
+        if values:
+            within = sum(v <= 0.15 for v in values)
+            print(f"{label}: emulated against real, median |error| "
+                  f"{values[len(values) // 2]:.0%}, {within} of {len(values)} within 15%")
     return 0
 
 

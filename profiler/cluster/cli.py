@@ -116,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--admin-key", default=None, metavar="K",
                        help="the proxy's --admin-key: the front-end prompts go through the "
                        "cluster's proxy forced onto a D, which needs it when the proxy has one")
+    probe.add_argument("--busy", default=",".join(map(str, shape_probe.DEFAULT_BUSY)),
+                       metavar="N,N", help="requests kept decoding on the cluster's D while "
+                       "busy-text prompts are timed there, one level after another "
+                       "(\"\" leaves busy-text out)")
     probe.add_argument("--max-model-len", type=int, default=4096,
                        help="the node's --max-model-len (longer shapes are left out)")
     return parser
@@ -154,21 +158,31 @@ def _probe(args: argparse.Namespace) -> int:
         if args.node is None:
             raise ClusterError(f"{args.state}: no cluster with a P or replica node to probe "
                                "(give --node URL, or --state of a running cluster)")
-    try:
-        lengths = [int(part) for part in args.lengths.split(",") if part.strip()]
-    except ValueError:
-        raise ClusterError(f"--lengths {args.lengths!r}: give integers, e.g. 128,1024") from None
-    if args.repeats < 1 or args.append < 0:
-        raise ClusterError("--repeats must be at least 1 and --append at least 0")
+    lengths = _integers("--lengths", args.lengths)
+    busy = _integers("--busy", args.busy)
+    if args.repeats < 1 or args.append < 0 or any(level < 0 for level in busy):
+        raise ClusterError("--repeats must be at least 1, --append and --busy levels at "
+                           "least 0")
     rows = shape_probe.probe_node(args.node, lengths=lengths, append=args.append,
                                   repeats=args.repeats, max_model_len=args.max_model_len)
     if cluster is not None and cluster.proxy is not None and "decode" in nodes:
         rows += shape_probe.probe_frontend(nodes["decode"], cluster.proxy.url,
                                            admin_key=args.admin_key, lengths=lengths,
                                            repeats=args.repeats)
+    if busy and "decode" in nodes:
+        rows += shape_probe.probe_busy(
+            nodes["decode"], via_url=cluster.proxy.url if cluster and cluster.proxy else None,
+            admin_key=args.admin_key, levels=busy, repeats=args.repeats)
     path = shape_probe.write_probe(rows, args.out)
     print(f"wrote {path}: {len(rows)} requests")
     return 0
+
+
+def _integers(option: str, text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ClusterError(f"{option} {text!r}: give integers, e.g. 128,1024") from None
 
 
 def _up(args: argparse.Namespace) -> int:

@@ -52,7 +52,7 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
     (state_dir / PROXY_LOG).unlink(missing_ok=True)
     log = state_dir / HOST_LOG
     log.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "profiler.emulate.host", "--emulate", hardware,
+    argv = [sys.executable, "-m", "profiler.emulate.host", "--emulate", preset_argument(hardware),
             "--model", config.model, "--host", config.host, "--tokenizer", str(tokenizer),
             "--link", preset.link.name, "--max-model-len", str(preset.max_model_len),
             "--kv-events"]
@@ -83,6 +83,13 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
                        "backend": emulated_backend(preset.name), "tokenizer": str(tokenizer)}
     write_json(cluster.cluster_file, doc)
     return cluster
+
+
+def preset_argument(hardware: str) -> str:
+    """--emulate as the nodes' process gets it: a preset file by its absolute path (that
+    process runs in the state directory, where a relative path does not lead)."""
+    path = Path(hardware)
+    return str(path.resolve()) if path.is_file() else hardware
 
 
 def emulation_record(cluster_file: Path) -> dict[str, str] | None:

@@ -14,7 +14,12 @@ of random token ids, so no tokenizer and no cache hit between requests):
   as the second turn of a chat session through the proxy, forced onto its D (`x-ppd-route:
   local`) and timed by that D's counters: the front end a replayed turn meets, the proxy's
   own per-token work (parsing the body, counting the prompt's tokens) and the chat template
-  included.
+  included;
+- **busy-text** (`probe_busy`, `--busy`): text prompts sent to a D while it decodes other
+  requests (long streams kept running through the proxy, as a replay's are): what a request
+  waits outside the engine for each request the node is running. The node's API server
+  streams every running request's tokens on one event loop, and on a CPU node it shares the
+  engine's core; each row records the node's `vllm:num_requests_running` as it was sent.
 
 Each request's step time is the node's own `vllm:request_prefill_time_seconds` (the change in
 its sum across the request); the tokens it computed come from the node's prompt and prefix-cache
@@ -24,7 +29,9 @@ prefill step's constant, per-token and attention terms on the rows.
 
 from __future__ import annotations
 
+import contextlib
 import random
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -38,6 +45,11 @@ from profiler.engine.calibrate import parse_metrics
 DEFAULT_LENGTHS = (128, 512, 1024, 2048, 3072)
 DEFAULT_APPEND = 256
 DEFAULT_REPEATS = 5
+# requests kept decoding on the node while busy-text runs (0: the same prompts, idle)
+DEFAULT_BUSY = (0, 4, 12, 24)
+BUSY_LENGTHS = (256, 2048)  # busy-text prompt lengths (tokens, about)
+BUSY_OUTPUT = 2000  # tokens each background stream asks for: it outlasts a level's probes
+BUSY_SETTLE_S = 30.0  # longest wait for the background streams to be running
 PROBE_FILE = "probe.csv"
 # Token ids drawn from here: above the special tokens of small vocabularies, inside any.
 _FIRST_ID, _LAST_ID = 10, 3000
@@ -56,6 +68,7 @@ class ProbeRow:
     prefill_ms: float  # the node's vllm:request_prefill_time_seconds for this request
     queue_ms: float  # its vllm:request_queue_time_seconds
     client_ms: float  # the request as the probe saw it (HTTP, front end, queue, the step)
+    running: int = 0  # requests the node was running as it was sent (busy-text; else idle)
 
 
 def probe_node(url: str, *, lengths: Sequence[int] = DEFAULT_LENGTHS,
@@ -122,6 +135,79 @@ def probe_frontend(node_url: str, proxy_url: str, *, admin_key: str | None = Non
     return rows
 
 
+def probe_busy(node_url: str, *, via_url: str | None = None, admin_key: str | None = None,
+               levels: Sequence[int] = DEFAULT_BUSY, lengths: Sequence[int] = BUSY_LENGTHS,
+               repeats: int = DEFAULT_REPEATS, seed: int | None = None,
+               timeout_s: float = 120.0, settle_s: float = BUSY_SETTLE_S,
+               transport: httpx.BaseTransport | None = None) -> list[ProbeRow]:
+    """Text prompts to the node at node_url while `level` long requests decode on it, for
+    each level: the background streams go through `via_url` (the cluster's proxy, forced
+    local, so the proxy relays them as it relays a replay's) or straight to the node. A row is
+    kept only when its request was the only one to finish meanwhile (the node's prefill-time
+    histogram counts requests as they finish)."""
+    rng = random.Random(seed)
+    rows: list[ProbeRow] = []
+    with httpx.Client(base_url=node_url.rstrip("/"), timeout=timeout_s,
+                      transport=transport) as node:
+        model = _served_model(node)
+        for level in levels:
+            with _background_streams(via_url or node_url, model, level, admin_key,
+                                     timeout_s, transport):
+                _wait_running(node, level, settle_s)
+                for _ in range(repeats):
+                    for length in lengths:
+                        words = " ".join(_word(rng) for _ in range(max(length // 4, 1)))
+                        running = int(_counters(node).get("num_requests_running", 0.0))
+                        row, finished = _timed_counted(node, model, "busy-text", words)
+                        if finished == 1:
+                            rows.append(ProbeRow(**{**asdict(row), "running": running}))
+    return rows
+
+
+@contextlib.contextmanager
+def _background_streams(url: str, model: str, count: int, admin_key: str | None,
+                        timeout_s: float, transport: httpx.BaseTransport | None):
+    """`count` threads, each keeping one long streamed request running until the block ends
+    (a finished one is replaced)."""
+    stop = threading.Event()
+    headers = {"x-ppd-route": "local",
+               **({"authorization": f"Bearer {admin_key}"} if admin_key else {})}
+
+    def stream() -> None:
+        with httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s, transport=transport,
+                          headers=headers) as client:
+            while not stop.is_set():
+                with contextlib.suppress(httpx.HTTPError), client.stream(
+                        "POST", "/v1/chat/completions", json={
+                            "model": model, "max_tokens": BUSY_OUTPUT, "ignore_eos": True,
+                            "stream": True,
+                            "messages": [{"role": "user", "content": "count slowly"}]},
+                ) as response:
+                    for _ in response.iter_lines():
+                        if stop.is_set():
+                            break
+                stop.wait(0.05)  # a request that ended at once (an error) is not retried hot
+
+    threads = [threading.Thread(target=stream, daemon=True, name=f"probe-busy-{i}")
+               for i in range(count)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=timeout_s)
+
+
+def _wait_running(node: httpx.Client, level: int, settle_s: float) -> None:
+    deadline = time.monotonic() + settle_s
+    while _counters(node).get("num_requests_running", 0.0) < level:
+        if time.monotonic() > deadline:
+            return  # the node runs fewer at once (max_num_seqs): rows record what it ran
+        time.sleep(0.1)
+
+
 def _word(rng: random.Random) -> str:
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 7)))
 
@@ -158,6 +244,15 @@ def _timed(client: httpx.Client, model: str, kind: str, prompt: list[int] | str,
            history: Sequence[dict[str, str]] = ()) -> ProbeRow:
     """One request, timed by the counters of `client`'s node: sent to that node, or through
     `via` (a proxy) as the next chat turn of `session`, forced local."""
+    return _timed_counted(client, model, kind, prompt, via=via, session=session,
+                          history=history)[0]
+
+
+def _timed_counted(client: httpx.Client, model: str, kind: str, prompt: list[int] | str, *,
+                   via: httpx.Client | None = None, session: str = "",
+                   history: Sequence[dict[str, str]] = ()) -> tuple[ProbeRow, int]:
+    """`_timed`, and how many requests finished on the node meanwhile (its row is this
+    request's alone when that is 1)."""
     before = _counters(client)
     started = time.perf_counter()
     if via is None:
@@ -181,6 +276,7 @@ def _timed(client: httpx.Client, model: str, kind: str, prompt: list[int] | str,
 
     computed = (delta("prompt_tokens_total") - delta("prefix_cache_hits_total")
                 - delta("external_prefix_cache_hits_total"))
-    return ProbeRow(str(client.base_url), kind, int(round(delta("prompt_tokens_total"))),
-                    int(round(computed)), delta("request_prefill_time_seconds_sum") * 1000,
-                    delta("request_queue_time_seconds_sum") * 1000, client_ms)
+    row = ProbeRow(str(client.base_url), kind, int(round(delta("prompt_tokens_total"))),
+                   int(round(computed)), delta("request_prefill_time_seconds_sum") * 1000,
+                   delta("request_queue_time_seconds_sum") * 1000, client_ms)
+    return row, int(round(delta("request_prefill_time_seconds_count")))

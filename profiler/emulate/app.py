@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from typing import Any
 
@@ -67,6 +68,7 @@ def create_node_app(service: NodeService) -> Quart:
         return await _complete(chat=False)
 
     async def _complete(chat: bool) -> Response:
+        arrived = time.perf_counter()
         raw = await request.get_data()
         try:
             try:
@@ -76,9 +78,14 @@ def create_node_app(service: NodeService) -> Quart:
             parsed = parse(body, chat)
             request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
             prepared = service.prepare(parsed, request_id)
-            frontend_s = service.spec.frontend_s(len(prepared.job.prompt_ids))
-            if frontend_s > 0:  # the modelled API server's time
-                await asyncio.sleep(frontend_s)
+            frontend_s = service.spec.frontend_s(len(prepared.job.prompt_ids),
+                                                 service.node.engine.stats().running)
+            # The modelled API server's time, less what this request already took here
+            # (reading the body, parsing, tokenizing): those are part of what the model
+            # times, so sleeping the whole of it on top would count them twice.
+            remaining = frontend_s - (time.perf_counter() - arrived)
+            if remaining > 0:
+                await asyncio.sleep(remaining)
             running = service.start_job(prepared)
         except RequestError as exc:
             return _error(exc)

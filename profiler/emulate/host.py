@@ -68,6 +68,7 @@ def node_specs(preset: Preset, served_model: str, nodes: Sequence[tuple[Role, in
             link_latency_s=preset.link.latency_s, report_cached_tokens=report_cached_tokens,
             host=host, port=port, frontend_request_s=modelled.frontend_request_ms / 1000,
             frontend_per_token_s=modelled.frontend_per_token_us / 1e6,
+            frontend_per_running_s=modelled.frontend_per_running_ms / 1000,
             handoff_fixed_s=modelled.kv_handoff_ms / 1000,
             # NIXL's per-block descriptors, spread over the block's tokens
             handoff_per_token_s=(modelled.kv_per_token_us + modelled.kv_descriptor_us

@@ -51,13 +51,15 @@ class NodeSpec:
     # real HTTP and tokenizer) and D's per-transfer hand-off.
     frontend_request_s: float = 0.0
     frontend_per_token_s: float = 0.0
+    frontend_per_running_s: float = 0.0
     handoff_fixed_s: float = 0.0
     handoff_per_token_s: float = 0.0
     host: str = "127.0.0.1"
     port: int = 0
 
-    def frontend_s(self, prompt_tokens: int) -> float:
-        return self.frontend_request_s + self.frontend_per_token_s * prompt_tokens
+    def frontend_s(self, prompt_tokens: int, running: int = 0) -> float:
+        return (self.frontend_request_s + self.frontend_per_token_s * prompt_tokens
+                + self.frontend_per_running_s * running)
 
 
 @dataclass(slots=True)

@@ -212,6 +212,26 @@ def probe_frontend_per_token_us(rows: pd.DataFrame) -> float:
     return max(slope * 1000, 0.0)
 
 
+def probe_frontend_per_running_ms(rows: pd.DataFrame) -> float:
+    """What a request waits outside the engine per request its node is running (ms), from a
+    shape probe's busy-text rows: least squares of the time outside the engine (client -
+    queue - prefill) on prompt tokens and running requests, over the medians of each
+    (running, prompt length) cell so that one stray request does not move it. 0 without
+    busy-text rows at two or more levels."""
+    if "running" not in rows:
+        return 0.0
+    busy = rows[rows["kind"] == "busy-text"].assign(
+        outside=lambda d: d["client_ms"] - d["queue_ms"] - d["prefill_ms"],
+        size=lambda d: d["prompt_tokens"].round(-2))
+    if busy["running"].nunique() < 2 or len(busy) < MIN_RUNS:
+        return 0.0
+    cells = busy.groupby(["running", "size"], as_index=False)[["prompt_tokens",
+                                                                "outside"]].median()
+    design = np.column_stack([np.ones(len(cells)), cells["prompt_tokens"], cells["running"]])
+    (_, _, per_running), *_ = np.linalg.lstsq(design, cells["outside"].to_numpy(), rcond=None)
+    return max(float(per_running), 0.0)
+
+
 def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
               engine: dict[str, int] | None = None,
               whole_prompt_transfer: bool = False,
@@ -229,9 +249,10 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
             if node.role in ("prefill", "replica") and mean is not None and node.requests:
                 px.append(node.computed_prompt_tokens / node.requests)
                 py.append(mean)
-    attention = frontend_per_token_us = 0.0
+    attention = frontend_per_token_us = frontend_per_running_ms = 0.0
     if probe is not None:
         frontend_per_token_us = probe_frontend_per_token_us(probe)
+        frontend_per_running_ms = probe_frontend_per_running_ms(probe)
         budget = (engine or {}).get("max_num_batched_tokens", 2048)
         prefill_base, per_token, attention = fit_probe(probe, budget)
     elif len(px) < MIN_RUNS:
@@ -282,25 +303,28 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
         for (conversation, turn), row in turns.items():
             ttft_ms = float(row.ttft_s) * 1000
             previous = turns.get((conversation, turn - 1))
-            # the front ends' per-token part (each node tokenizes the whole prompt)
+            # the front ends' per-token part (each node tokenizes the whole prompt), and D's
+            # front end's wait behind the requests D runs (P runs few: left out)
             per_token_frontend = frontend_per_token_us * row.n_input_tokens / 1000
+            busy_frontend = frontend_per_running_ms * batch
             if turn == 1 and row.route == "pd":
                 pd_rows.append((row.n_input_tokens, ttft_ms - step_ms(row.n_input_tokens, 0)
                                 - D_ALIGNMENT_STEPS * step_ms(0, batch)
-                                - 2 * per_token_frontend))
+                                - 2 * per_token_frontend - busy_frontend))
             if turn < 2 or previous is None:
                 continue
             held_d = _held_by_d(previous, block_size, reply_held)
             uncached_d = row.n_input_tokens - held_d
             if row.route == "local":
                 frontend_res.append(ttft_ms - step_ms(max(uncached_d, 1), batch, held_d)
-                                    - step_ms(0, batch) / 2 - per_token_frontend)
+                                    - step_ms(0, batch) / 2 - per_token_frontend
+                                    - busy_frontend)
             elif row.route == "pd":
                 held_p = (previous.n_input_tokens // block_size) * block_size
                 pulled = row.n_input_tokens if whole_prompt_transfer else max(uncached_d, 1)
                 on_p = step_ms(row.n_input_tokens - held_p, 0, held_p)
                 pd_rows.append((pulled, ttft_ms - on_p - D_ALIGNMENT_STEPS * step_ms(0, batch)
-                                - 2 * per_token_frontend))
+                                - 2 * per_token_frontend - busy_frontend))
     if not frontend_res:
         raise ValueError("no local turn-2 rows: include a run with turn 2 forced local "
                          "(`ppd replay --force-route local`) to fit the front end")
@@ -317,13 +341,18 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
     described = ", ".join(str(run.path) for run in runs)
     host = HostModel(
         frontend_request_ms=round(frontend, 3),
-        frontend_per_token_us=round(frontend_per_token_us, 3), step_base_ms=round(step_base, 4),
+        frontend_per_token_us=round(frontend_per_token_us, 3),
+        frontend_per_running_ms=round(frontend_per_running_ms, 4),
+        step_base_ms=round(step_base, 4),
         step_per_prefill_ms=round(per_prefill_request, 4), kv_handoff_ms=round(handoff, 3),
         kv_per_token_us=round(per_token_us, 3),
         sources={"frontend_request_ms": f"median of {len(frontend_res)} local turn-2 rows",
                  **({"frontend_per_token_us": "shape probe's text prompts (through the "
                                               "proxy when it has them)"}
                     if frontend_per_token_us else {}),
+                 **({"frontend_per_running_ms": "shape probe's busy-text prompts (a D "
+                                                "decoding 0-N other requests)"}
+                    if frontend_per_running_ms else {}),
                  "step_base_ms": f"Huber line over {len(dx)} runs' decode ITL",
                  "step_per_prefill_ms": ("shape probe's constant" if probe is not None
                                          else "prefill line's constant") + " - the decode base",

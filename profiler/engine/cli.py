@@ -24,6 +24,7 @@ from profiler.engine.transfer import LINKS, MODEL_SHAPES
 
 if TYPE_CHECKING:
     from profiler.engine.calibrate import Calibration
+    from proxy.vocabulary import RouteKind
 
 SIMULATOR_ACTIONS = ("run", "grid", "paper", "live-costs")
 
@@ -206,7 +207,7 @@ def run_calibrate(args: argparse.Namespace) -> str:
                        whole_prompt_transfer=whole_prompt, probe=probe)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     _write_preset(args.out, result.cost)
-    cost, settled = _settle_handoff(args, result)
+    cost, settled = _settle_on_runs(args, result)
     host = cost.host
     kernel = cost.kernel
     assert isinstance(kernel, LinearCost)
@@ -216,8 +217,9 @@ def run_calibrate(args: argparse.Namespace) -> str:
             f"{kernel.per_prefill_token_ms:.4f} ms/token + "
             f"{kernel.per_prefill_attention_ms:.4f} ms/token per 1k context) per prompt\n"
             f"  front end {host.frontend_request_ms:.1f} ms + {host.frontend_per_token_us:.2f} "
-            "us/prompt token per node request "
-            f"({result.frontend_rows} rows); P->D hand-off {host.kv_handoff_ms:.1f} ms + "
+            f"us/prompt token + {host.frontend_per_running_ms:.2f} ms/running request per "
+            f"node request ({result.frontend_rows} rows); P->D hand-off "
+            f"{host.kv_handoff_ms:.1f} ms + "
             f"{host.kv_per_token_us:.1f} us/token ({result.handoff_rows} rows)\n"
             f"  fitted on {result.prefill_points} prefill and {result.decode_points} decode "
             "node-runs" + _reply_line(result) + settled)
@@ -231,14 +233,38 @@ def _write_preset(path: Path, cost: HostedCost) -> None:
     path.write_text(json.dumps(to_dict(cost), indent=2) + "\n")
 
 
-def _settle_handoff(args: argparse.Namespace,
+def _settle_on_runs(args: argparse.Namespace,
                     result: Calibration) -> tuple[HostedCost, str]:
-    """Second pass: simulate every run on the written preset and move the P->D hand-off by
-    the median gap between real and simulated P->D TTFT, so the hand-off is measured against
-    the engine model's own step alignment rather than an assumed number of steps."""
+    """Second pass: simulate every run on the written preset and move first the front end by
+    the median gap between real and simulated local turn-2 TTFT, then the P->D hand-off by
+    that of P->D TTFT. Both are then measured against the engine model's own dynamics (its
+    step alignment, the batch a request meets as it arrives) rather than the algebra of the
+    first pass."""
     from dataclasses import replace
 
-    from profiler.simulator.replay_twin import pd_ttft_gap_ms, simulate_twin
+    from proxy.vocabulary import RouteKind
+
+    cost, lines = result.cost, ""
+    for route, term, label in ((RouteKind.LOCAL, "frontend_request_ms", "front end"),
+                               (RouteKind.PD, "kv_handoff_ms", "P->D hand-off")):
+        gap, count = _median_gap(args, result, route)
+        if gap is None:
+            continue
+        host = cost.host
+        value = round(max(getattr(host, term) + gap, 0.0), 3)
+        sources = {**host.sources, term: f"{host.sources.get(term, '')}, then moved by the "
+                   f"median {route.value} TTFT gap of {count} simulated runs"}
+        cost = replace(cost, host=replace(host, **{term: value}, sources=sources))
+        _write_preset(args.out, cost)
+        lines += (f"\n  {label} settled on the simulated runs: {gap:+.1f} ms (median gap "
+                  f"over {count} runs) -> {value:.1f} ms")
+    return cost, lines
+
+
+def _median_gap(args: argparse.Namespace, result: Calibration,
+                route: RouteKind) -> tuple[float | None, int]:
+    """Median over the runs of (real - simulated) TTFT on `route`, on the preset as written."""
+    from profiler.simulator.replay_twin import simulate_twin, ttft_gap_ms
 
     gaps = []
     for run in args.runs:
@@ -246,21 +272,13 @@ def _settle_handoff(args: argparse.Namespace,
             continue  # not a `ppd replay` directory: nothing to simulate it again from
         simulated = simulate_twin(run, str(args.out), model=args.model,
                                   reply_retokenized=result.reply_retokenized)
-        gap = pd_ttft_gap_ms(run, simulated)
+        gap = ttft_gap_ms(run, simulated, route)
         if gap is not None:
             gaps.append(gap)
     if not gaps:
-        return result.cost, ""
+        return None, 0
     gaps.sort()
-    gap = gaps[len(gaps) // 2]
-    host = result.cost.host
-    handoff = round(max(host.kv_handoff_ms + gap, 0.0), 3)
-    sources = {**host.sources, "kv_handoff_ms": f"{host.sources.get('kv_handoff_ms', '')}, "
-               f"then moved by the median P->D TTFT gap of {len(gaps)} simulated runs"}
-    cost = replace(result.cost, host=replace(host, kv_handoff_ms=handoff, sources=sources))
-    _write_preset(args.out, cost)
-    return cost, (f"\n  P->D hand-off settled on the simulated runs: {gap:+.1f} ms (median "
-                  f"gap over {len(gaps)} runs) -> {handoff:.1f} ms")
+    return gaps[len(gaps) // 2], len(gaps)
 
 
 def _reply_line(result: Calibration) -> str:

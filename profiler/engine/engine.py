@@ -203,6 +203,10 @@ class Engine:
         `--policy live` reads it."""
         return self._scheduler.cache.longest_prefix(hashes) * self.config.block_size
 
+    def num_running(self) -> int:
+        """Requests in the running batch now (prefilling or decoding)."""
+        return len(self._scheduler.running)
+
     def running_output_lengths(self) -> list[int]:
         """max_tokens of each request in the running batch (what a proxy knows of its own
         requests on this node; `--policy live` reads it)."""

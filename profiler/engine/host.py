@@ -9,6 +9,10 @@ on the critical path. Each term here is one named part of that, in vLLM's terms:
   hand-off to the engine core process, and the first output's way back (detokenize, SSE);
 - `frontend_per_token_us` x prompt tokens, with `frontend_request_ms`: what of the front end
   grows with the prompt (tokenizing its text, the token ids' way to the engine core);
+- `frontend_per_running_ms` x the requests the node's engine is running when one arrives,
+  with `frontend_request_ms`: the API server's one event loop also streams every running
+  request's tokens (detokenize, SSE) and a new request waits its turn; on a CPU node it
+  shares the core with the engine as well (`ppd cluster probe --busy` measures it);
 - `frontend_finish_ms`, once per request after its last token: final detokenize, usage chunk,
   `[DONE]`;
 - `step_base_ms`, every step: the scheduler (`schedule()`, `update_from_output()`), input
@@ -60,6 +64,7 @@ class HostModel:
 
     frontend_request_ms: float = 0.0
     frontend_per_token_us: float = 0.0
+    frontend_per_running_ms: float = 0.0
     frontend_finish_ms: float = 0.0
     step_base_ms: float = 0.0
     step_per_request_ms: float = 0.0
@@ -81,11 +86,11 @@ class HostModel:
                 raise ValueError(f"HostModel.{item.name} must be >= 0, got {value}")
         object.__setattr__(self, "cuda_graph_sizes", tuple(sorted(self.cuda_graph_sizes)))
 
-    def frontend_s(self, prompt_tokens: int) -> float:
+    def frontend_s(self, prompt_tokens: int, running: int = 0) -> float:
         """The API server's time on a request of this many prompt tokens before its engine
-        sees it."""
-        return (self.frontend_request_ms + self.frontend_per_token_us * prompt_tokens / 1000) \
-            / 1000
+        sees it, with `running` requests in the engine's batch."""
+        return (self.frontend_request_ms + self.frontend_per_token_us * prompt_tokens / 1000
+                + self.frontend_per_running_ms * running) / 1000
 
     def step_host_ms(self, shape: BatchShape) -> float:
         """Host CPU time of one step (scheduler, input preparation, sampling bookkeeping)."""

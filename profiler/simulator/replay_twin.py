@@ -1,7 +1,7 @@
 """A real replay run simulated again: same workload, rate, duration, seed and forced route.
 
-`ppd sim calibrate` uses it to settle the P->D hand-off against the engine model's own step
-alignment, and benchmarks/cpu_validation.py to put every run beside its prediction.
+`ppd sim calibrate` uses it to settle the front end and the P->D hand-off against the engine
+model's own dynamics, and benchmarks/cpu_validation.py to put every run beside its prediction.
 """
 
 from __future__ import annotations
@@ -39,13 +39,15 @@ def simulate_twin(run: Path, cost: str, **options: object) -> SimResult:
     return simulate(twin_spec(run, cost, **options))  # type: ignore[arg-type]
 
 
-def pd_ttft_gap_ms(run: Path, result: SimResult) -> float | None:
-    """Median P->D TTFT of the real run less the simulated one (turn 1, and turn 2 when it
-    was forced P->D); None when the run has no P->D turn."""
+def ttft_gap_ms(run: Path, result: SimResult, route: RouteKind = RouteKind.PD) -> float | None:
+    """Median TTFT of the real run's turns on `route` less the simulated one's (P->D: turn
+    1, and turn 2 when it was forced P->D; local: turn 2 forced local); None when the run
+    has no such turn."""
     rows = pd.read_csv(run / "requests.csv")
-    real = rows[rows["success"].astype(bool) & (rows["route"] == "pd")]["ttft_ms"].dropna()
+    real = rows[rows["success"].astype(bool) & (rows["route"] == route.value)][
+        "ttft_ms"].dropna()
     simulated = [r.ttft_s * 1000 for r in result.records
-                 if r.success and r.route == RouteKind.PD.value and r.ttft_s is not None]
+                 if r.success and r.route == route.value and r.ttft_s is not None]
     if real.empty or not simulated:
         return None
     return float(real.median()) - float(pd.Series(simulated).median())

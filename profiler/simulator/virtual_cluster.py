@@ -216,7 +216,7 @@ class Simulator:
         request (HTTP, template, tokenize; the first output's way back is counted here)."""
         tokens = (len(request.prompt_token_ids) if request.prompt_token_ids is not None
                   else request.prompt_len or 0)
-        delay = self.host.frontend_s(tokens)
+        delay = self.host.frontend_s(tokens, self._nodes[url].engine.num_running())
         if delay > 0:
             self._push(self.now + delay, _SUBMIT, (turn, url, request))
         else:

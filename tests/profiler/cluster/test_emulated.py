@@ -96,3 +96,28 @@ def test_proxy_args_need_with_proxy(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert ppd(["cluster", "up", "--emulate", "linear", "--model", "llama-3.1-8b", "--layout",
                 "1P1D", "--proxy-args", "--w-tpot 3", "--state", str(tmp_path)]) != 0
     assert "--proxy-args need --with-proxy" in capsys.readouterr().err
+
+
+def test_a_preset_file_given_by_a_relative_path_reaches_the_nodes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the nodes' process runs in the state directory: a relative path must not lead there
+    monkeypatch.setenv("PPD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    Path("cpu.json").write_text(json.dumps({
+        "kind": "linear", "name": "cpu", "source": "a test", "base_ms": 2.0,
+        "per_prefill_token_ms": 0.02,
+        "per_decode_seq_ms": 0.05}))
+    state = tmp_path / "state"
+    config = ClusterConfig(model="tiny", layout=parse_layout("1P1D"),
+                           base_port=BASE_PORT + 10, state_dir=state)
+    cluster = start_emulated_cluster(config, "cpu.json", max_model_len=2048)
+    host = cluster.nodes[0].proc.process
+    assert host is not None
+    try:
+        card = httpx.get(f"http://127.0.0.1:{BASE_PORT + 11}/v1/models").json()["data"][0]
+        assert card["id"] == "tiny" and "cpu" in card["owned_by"]
+    finally:
+        with ThreadPoolExecutor(1) as pool:
+            code = pool.submit(host.wait, 20)
+            assert ppd(["cluster", "down", "--state", str(state)]) == 0
+    assert code.result() is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 
 import httpx
@@ -10,7 +11,13 @@ import pandas as pd
 import pytest
 
 from profiler.cli import main as ppd
-from profiler.cluster.shape_probe import ProbeError, probe_frontend, probe_node, write_probe
+from profiler.cluster.shape_probe import (
+    ProbeError,
+    probe_busy,
+    probe_frontend,
+    probe_node,
+    write_probe,
+)
 from profiler.engine.calibrate import fit_probe
 
 BLOCK = 128
@@ -125,3 +132,74 @@ def test_frontend_probe_goes_through_the_proxy_forced_local_and_reads_the_d() ->
     assert all(h["authorization"] == "Bearer ADMIN" for h, _ in fake.forwarded)
     assert all(h["x-ppd-route"] == "local" and len(messages) == 3 for h, messages in measured)
     assert len({h["x-session-id"] for h, _ in measured}) == 4  # one session per measured turn
+
+
+class OpenStream(httpx.SyncByteStream):
+    """A streamed answer that stays open until its client closes it; the fake counts it
+    running meanwhile."""
+
+    def __init__(self, fake: FakeBusyVllm) -> None:
+        self.fake = fake
+        fake.open += 1
+
+    def __iter__(self):  # noqa: ANN204
+        while not self.closed:
+            yield b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n'
+            time.sleep(0.01)
+
+    closed = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.fake.open -= 1
+
+
+class FakeBusyVllm(FakeVllmWithCounters):
+    """Also serves streamed chat turns that decode until closed, exports them as
+    vllm:num_requests_running, and counts each completion as one finished request (two for
+    every third, as if a background one ended meanwhile)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open = 0
+        self.completions = 0
+        self.counters["request_prefill_time_seconds_count"] = 0.0
+        self.streamed: list[tuple[str, dict[str, str]]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            self.counters["num_requests_running"] = float(self.open)
+        elif request.url.path.endswith("/completions") and json.loads(request.content).get(
+                "stream"):
+            self.streamed.append((request.url.host, dict(request.headers)))
+            return httpx.Response(200, stream=OpenStream(self),
+                                  headers={"content-type": "text/event-stream"})
+        elif request.url.path == "/v1/completions":
+            self.completions += 1
+            self.counters["request_prefill_time_seconds_count"] += (
+                2 if self.completions % 3 == 0 else 1)
+        return super().__call__(request)
+
+
+def test_busy_probe_times_prompts_while_background_streams_run_on_the_node() -> None:
+    fake = FakeBusyVllm()
+    rows = probe_busy("http://d", via_url="http://proxy", admin_key="ADMIN", levels=(0, 3),
+                      lengths=(128, 1024), repeats=3, settle_s=10,
+                      transport=httpx.MockTransport(fake))
+    # 6 prompts a level; every third shared its window with another finished request
+    assert [row.running for row in rows] == [0] * 4 + [3] * 4
+    assert {row.kind for row in rows} == {"busy-text"} and {row.node for row in rows} == {
+        "http://d"}
+    assert all(row.prompt_tokens > 0 and row.prefill_ms > 0 for row in rows)
+    # the background went through the proxy, forced local, with the admin key; all closed
+    assert len(fake.streamed) >= 3 and {host for host, _ in fake.streamed} == {"proxy"}
+    assert all(h["x-ppd-route"] == "local" and h["authorization"] == "Bearer ADMIN"
+               for _, h in fake.streamed)
+    assert fake.open == 0
+
+
+def test_busy_probe_cli_refuses_a_negative_level(tmp_path, capsys) -> None:
+    assert ppd(["cluster", "probe", "--out", str(tmp_path), "--node", "http://127.0.0.1:9",
+                "--busy", "0,-4"]) == 1
+    assert "--busy" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from profiler.engine.calibrate import (
     fit_probe,
     huber_line,
     parse_metrics,
+    probe_frontend_per_running_ms,
     probe_frontend_per_token_us,
     read_run,
     reply_hit_share,
@@ -190,10 +191,36 @@ def test_probe_frontend_slope_comes_from_the_text_prompts_only() -> None:
     assert probe_frontend_per_token_us(pd.concat([rows, proxied])) == pytest.approx(5.5, rel=0.01)
 
 
-def test_host_frontend_grows_with_the_prompt() -> None:
-    host = HostModel(frontend_request_ms=10.0, frontend_per_token_us=2.0)
+def busy_rows(per_running_ms: float) -> pd.DataFrame:
+    """busy-text rows of a D whose front end waits per_running_ms per request it runs, with
+    one slow outlier per cell that the cell medians must ignore."""
+    rows = []
+    for running in (0, 4, 12, 24):
+        for prompt in (256, 2048):
+            for repeat in range(5):
+                outside = 5.0 + 0.002 * prompt + per_running_ms * running + (
+                    40.0 if repeat == 0 else 0.1 * repeat)
+                rows.append({"kind": "busy-text", "prompt_tokens": prompt + repeat,
+                             "computed_tokens": prompt, "prefill_ms": 20.0, "queue_ms": 0.1,
+                             "client_ms": outside + 20.1, "running": running})
+    return pd.DataFrame(rows)
+
+
+def test_probe_per_running_slope_comes_from_busy_rows_at_several_levels() -> None:
+    assert probe_frontend_per_running_ms(busy_rows(0.7)) == pytest.approx(0.7, abs=0.02)
+    assert probe_frontend_per_running_ms(busy_rows(0.0)) == pytest.approx(0.0, abs=0.02)
+    idle = busy_rows(0.7)
+    assert probe_frontend_per_running_ms(idle[idle["running"] == 0]) == 0.0
+    # a probe file from before busy-text rows existed has no running column
+    assert probe_frontend_per_running_ms(probe_rows(6.0, 0.006, 0.008, 2048)) == 0.0
+
+
+def test_host_frontend_grows_with_the_prompt_and_the_running_batch() -> None:
+    host = HostModel(frontend_request_ms=10.0, frontend_per_token_us=2.0,
+                     frontend_per_running_ms=0.5)
     assert host.frontend_s(0) == pytest.approx(0.010)
     assert host.frontend_s(1000) == pytest.approx(0.012)
+    assert host.frontend_s(1000, running=8) == pytest.approx(0.016)
     assert HostModel.from_dict(host.to_dict()) == host
 
 
@@ -226,7 +253,23 @@ def test_calibrate_with_a_probe_and_the_second_pass(runs: list[Path], tmp_path: 
     assert cost.kernel.per_prefill_token_ms == pytest.approx(0.03, rel=0.01)
     assert cost.host.frontend_per_token_us == pytest.approx(1.0, rel=0.01)
     # the second pass leaves the simulated P->D TTFT where the runs have it
-    from profiler.simulator.replay_twin import pd_ttft_gap_ms, simulate_twin
+    from profiler.simulator.replay_twin import simulate_twin, ttft_gap_ms
 
-    gaps = sorted(pd_ttft_gap_ms(run, simulate_twin(run, str(out))) for run in runs)
+    gaps = sorted(ttft_gap_ms(run, simulate_twin(run, str(out))) for run in runs)
     assert abs(gaps[len(gaps) // 2]) < 10.0
+    assert "front end settled" in text and "P->D hand-off settled" in text
+
+
+def test_calibrate_reads_the_per_running_term_from_busy_rows(runs: list[Path],
+                                                             tmp_path: Path, capsys) -> None:
+    probe = tmp_path / "probe.csv"
+    pd.concat([probe_rows(22.0, 0.03, 0.0, 2048, frontend_us=1.0).assign(running=0),
+               busy_rows(0.8)]).to_csv(probe, index=False)
+    out = tmp_path / "busy.json"
+    assert ppd(["sim", "calibrate", *map(str, runs), "--probe", str(probe),
+                "--out", str(out)]) == 0
+    assert "0.80 ms/running request" in capsys.readouterr().out
+    cost = load_cost(str(out))
+    assert isinstance(cost, HostedCost)
+    assert cost.host.frontend_per_running_ms == pytest.approx(0.8, abs=0.02)
+    assert "busy-text" in cost.host.sources["frontend_per_running_ms"]

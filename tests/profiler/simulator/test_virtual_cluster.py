@@ -140,3 +140,23 @@ def test_a_timeout_during_a_requests_last_step_fails_the_turn(
         [Arrival(0.0, conv)])
     (record,) = result.records
     assert not record.success and record.error == "timeout after 0.015 s"
+
+
+def test_a_request_waits_in_the_front_end_per_request_its_node_runs(
+        hand_cost: LinearCost) -> None:
+    from profiler.engine.host import HostedCost, HostModel
+
+    def second_ttft(per_running_ms: float) -> float:
+        cost = HostedCost("busy", hand_cost, HostModel(frontend_request_ms=2.0,
+                                                       frontend_per_running_ms=per_running_ms))
+        long = _conversation("long", (100, 200))
+        late = _conversation("late", (100, 3))
+        records = Simulator(_setup(cost, "1R", kind=Policy.REPLICA)).run(  # type: ignore[arg-type]
+            [Arrival(0.0, long), Arrival(0.5, late)]).records
+        return next(r.ttft_s for r in records if r.conversation_id == "late")
+
+    # The late turn arrives while the long one decodes: one running request, so its front
+    # end takes 11 ms more - one decode step (10 ms + 1 ms per request), so that it meets
+    # the steps at the same point and the TTFT grows by exactly that.
+    assert second_ttft(11.0) - second_ttft(0.0) == pytest.approx(0.011, abs=1e-9)
+    assert second_ttft(0.0) < second_ttft(5.0) <= second_ttft(11.0)  # (it waits for a step)
