@@ -58,6 +58,7 @@ def node_specs(preset: Preset, served_model: str, nodes: Sequence[tuple[Role, in
     """One NodeSpec per (role, port); names are role-index as the launcher names nodes."""
     specs: list[NodeSpec] = []
     modelled = host_of(preset.cost)
+    node_side = modelled.node_side()  # the proxy and client in front pay the rest for real
     for role, port in nodes:
         index = sum(1 for s in specs if s.role is role)
         specs.append(NodeSpec(
@@ -66,8 +67,8 @@ def node_specs(preset: Preset, served_model: str, nodes: Sequence[tuple[Role, in
             kv_bytes_per_token=preset.model.kv_bytes_per_token,
             link_bandwidth_bytes_s=preset.link.bandwidth_bytes_per_s,
             link_latency_s=preset.link.latency_s, report_cached_tokens=report_cached_tokens,
-            host=host, port=port, frontend_request_s=modelled.frontend_request_ms / 1000,
-            frontend_per_token_s=modelled.frontend_per_token_us / 1e6,
+            host=host, port=port, frontend_request_s=node_side.frontend_request_ms / 1000,
+            frontend_per_token_s=node_side.frontend_per_token_us / 1e6,
             frontend_per_running_s=modelled.frontend_per_running_ms / 1000,
             handoff_fixed_s=modelled.kv_handoff_ms / 1000,
             # NIXL's per-block descriptors, spread over the block's tokens

@@ -232,6 +232,18 @@ def probe_frontend_per_running_ms(rows: pd.DataFrame) -> float:
     return max(float(per_running), 0.0)
 
 
+def probe_node_frontend(rows: pd.DataFrame) -> tuple[float, float]:
+    """(ms per request, us per prompt token) a node itself spends outside its engine, from a
+    shape probe's text prompts sent straight to it (no proxy, no replay client): a Huber line
+    of client - queue - prefill against the prompt's tokens. (0, 0) without them."""
+    text = rows[rows["kind"] == "text"]
+    if len(text) < MIN_RUNS or text["prompt_tokens"].nunique() < 2:
+        return 0.0, 0.0
+    outside = text["client_ms"] - text["queue_ms"] - text["prefill_ms"]
+    constant, per_token = huber_line(text["prompt_tokens"].tolist(), outside.tolist())
+    return max(constant, 0.0), max(per_token * 1000, 0.0)
+
+
 def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
               engine: dict[str, int] | None = None,
               whole_prompt_transfer: bool = False,
@@ -250,9 +262,11 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
                 px.append(node.computed_prompt_tokens / node.requests)
                 py.append(mean)
     attention = frontend_per_token_us = frontend_per_running_ms = 0.0
+    node_frontend = (0.0, 0.0)
     if probe is not None:
         frontend_per_token_us = probe_frontend_per_token_us(probe)
         frontend_per_running_ms = probe_frontend_per_running_ms(probe)
+        node_frontend = probe_node_frontend(probe)
         budget = (engine or {}).get("max_num_batched_tokens", 2048)
         prefill_base, per_token, attention = fit_probe(probe, budget)
     elif len(px) < MIN_RUNS:
@@ -343,6 +357,8 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
         frontend_request_ms=round(frontend, 3),
         frontend_per_token_us=round(frontend_per_token_us, 3),
         frontend_per_running_ms=round(frontend_per_running_ms, 4),
+        frontend_node_ms=round(node_frontend[0], 3),
+        frontend_node_per_token_us=round(node_frontend[1], 3),
         step_base_ms=round(step_base, 4),
         step_per_prefill_ms=round(per_prefill_request, 4), kv_handoff_ms=round(handoff, 3),
         kv_per_token_us=round(per_token_us, 3),
@@ -353,6 +369,10 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
                  **({"frontend_per_running_ms": "shape probe's busy-text prompts (a D "
                                                 "decoding 0-N other requests)"}
                     if frontend_per_running_ms else {}),
+                 **({"frontend_node_ms": "shape probe's text prompts sent straight to the "
+                                         "node (Huber line: constant)",
+                     "frontend_node_per_token_us": "the same line's slope"}
+                    if any(node_frontend) else {}),
                  "step_base_ms": f"Huber line over {len(dx)} runs' decode ITL",
                  "step_per_prefill_ms": ("shape probe's constant" if probe is not None
                                          else "prefill line's constant") + " - the decode base",

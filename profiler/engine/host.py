@@ -13,6 +13,11 @@ on the critical path. Each term here is one named part of that, in vLLM's terms:
   with `frontend_request_ms`: the API server's one event loop also streams every running
   request's tokens (detokenize, SSE) and a new request waits its turn; on a CPU node it
   shares the core with the engine as well (`ppd cluster probe --busy` measures it);
+- `frontend_node_ms`, `frontend_node_per_token_us`: of the two above, what the node itself
+  spends when the preset was fitted from client-side TTFTs, which also hold the proxy's hop
+  and the client (a CPU calibration's); emulated nodes sleep only this part, since the proxy
+  and client in front of them pay the rest for real (`node_side`). 0: all of it is the node's
+  (the GPU presets' front end is the API server alone);
 - `frontend_finish_ms`, once per request after its last token: final detokenize, usage chunk,
   `[DONE]`;
 - `step_base_ms`, every step: the scheduler (`schedule()`, `update_from_output()`), input
@@ -65,6 +70,8 @@ class HostModel:
     frontend_request_ms: float = 0.0
     frontend_per_token_us: float = 0.0
     frontend_per_running_ms: float = 0.0
+    frontend_node_ms: float = 0.0
+    frontend_node_per_token_us: float = 0.0
     frontend_finish_ms: float = 0.0
     step_base_ms: float = 0.0
     step_per_request_ms: float = 0.0
@@ -91,6 +98,16 @@ class HostModel:
         sees it, with `running` requests in the engine's batch."""
         return (self.frontend_request_ms + self.frontend_per_token_us * prompt_tokens / 1000
                 + self.frontend_per_running_ms * running) / 1000
+
+    def node_side(self) -> HostModel:
+        """The front end the node itself spends (what an emulated node sleeps): the node's
+        parts when the preset has them, never more than the whole."""
+        if not (self.frontend_node_ms or self.frontend_node_per_token_us):
+            return self
+        return replace(self,
+                       frontend_request_ms=min(self.frontend_node_ms, self.frontend_request_ms),
+                       frontend_per_token_us=min(self.frontend_node_per_token_us,
+                                                 self.frontend_per_token_us))
 
     def step_host_ms(self, shape: BatchShape) -> float:
         """Host CPU time of one step (scheduler, input preparation, sampling bookkeeping)."""

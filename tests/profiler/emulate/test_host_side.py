@@ -31,3 +31,15 @@ def test_kernels_only_and_linear_nodes_add_nothing() -> None:
         (spec,) = node_specs(preset, "llama-3.1-8b", [(Role.DECODE, 0)])
         assert spec.frontend_request_s == 0.0
         assert spec.handoff_fixed_s == spec.handoff_per_token_s == 0.0
+
+
+def test_nodes_of_a_preset_fitted_at_the_client_sleep_only_the_node_part() -> None:
+    preset = resolve("h100", "llama-3.1-8b")
+    cost = preset.cost
+    host = replace(cost.host, frontend_node_ms=4.0,  # type: ignore[attr-defined]
+                   frontend_node_per_token_us=1.0, frontend_per_token_us=3.0)
+    fitted = replace(preset, cost=replace(cost, host=host))  # type: ignore[type-var]
+    (spec,) = node_specs(fitted, "llama-3.1-8b", [(Role.DECODE, 0)])
+    # the proxy and the client in front of an emulated node pay the rest for real
+    assert spec.frontend_request_s == pytest.approx(0.004)
+    assert spec.frontend_per_token_s == pytest.approx(1.0e-6)

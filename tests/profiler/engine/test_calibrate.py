@@ -17,6 +17,7 @@ from profiler.engine.calibrate import (
     parse_metrics,
     probe_frontend_per_running_ms,
     probe_frontend_per_token_us,
+    probe_node_frontend,
     read_run,
     reply_hit_share,
 )
@@ -215,6 +216,20 @@ def test_probe_per_running_slope_comes_from_busy_rows_at_several_levels() -> Non
     assert probe_frontend_per_running_ms(probe_rows(6.0, 0.006, 0.008, 2048)) == 0.0
 
 
+def test_the_node_part_of_the_front_end_comes_from_prompts_sent_straight_to_it() -> None:
+    rows = probe_rows(6.0, 0.006, 0.008, 2048, frontend_us=2.5)
+    constant, per_token = probe_node_frontend(rows)
+    assert constant == pytest.approx(5.0, rel=0.01) and per_token == pytest.approx(2.5, rel=0.01)
+    assert probe_node_frontend(rows[rows["kind"] != "text"]) == (0.0, 0.0)
+    # what a node sleeps when emulated: its part, never more than the whole
+    host = HostModel(frontend_request_ms=9.0, frontend_per_token_us=3.0, frontend_node_ms=5.0,
+                     frontend_node_per_token_us=2.5)
+    assert host.node_side().frontend_s(1000) == pytest.approx(0.0075)
+    assert HostModel(frontend_request_ms=4.0, frontend_node_ms=5.0).node_side(
+        ).frontend_request_ms == 4.0
+    assert HostModel(frontend_request_ms=9.0).node_side().frontend_request_ms == 9.0
+
+
 def test_host_frontend_grows_with_the_prompt_and_the_running_batch() -> None:
     host = HostModel(frontend_request_ms=10.0, frontend_per_token_us=2.0,
                      frontend_per_running_ms=0.5)
@@ -252,6 +267,7 @@ def test_calibrate_with_a_probe_and_the_second_pass(runs: list[Path], tmp_path: 
     assert isinstance(cost, HostedCost) and isinstance(cost.kernel, LinearCost)
     assert cost.kernel.per_prefill_token_ms == pytest.approx(0.03, rel=0.01)
     assert cost.host.frontend_per_token_us == pytest.approx(1.0, rel=0.01)
+    assert cost.host.frontend_node_ms == pytest.approx(5.0, rel=0.01)
     # the second pass leaves the simulated P->D TTFT where the runs have it
     from profiler.simulator.replay_twin import simulate_twin, ttft_gap_ms
 
