@@ -140,14 +140,13 @@ class OpenStream(httpx.SyncByteStream):
 
     def __init__(self, fake: FakeBusyVllm) -> None:
         self.fake = fake
+        self.closed = False
         fake.open += 1
 
     def __iter__(self):  # noqa: ANN204
         while not self.closed:
             yield b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n'
             time.sleep(0.01)
-
-    closed = False
 
     def close(self) -> None:
         if not self.closed:
