@@ -38,6 +38,8 @@ from proxy.discovery import Discovery
 from proxy.endpoints import CompletionsApp, bearer_matches
 from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
 from proxy.health import HealthMonitor
+from proxy.kv_health import KvEventCollector
+from proxy.kv_health import health as kv_health
 from proxy.live import StepCosts
 from proxy.live_view import LiveRuntime
 from proxy.load_meter import RateMeter
@@ -93,8 +95,11 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
     router = Router(pool, sessions, policy, token_counter(config.tokenizer), metrics, load, clock,
                     config.max_in_flight, config.request_timeout)
     metrics.watch(pool.snapshot, lambda: router.admission.open)
-    live = (LiveRuntime(pool, config.kv_events, config.metrics_interval, clock)
+    live = (LiveRuntime(pool, config.kv_events, config.metrics_interval, clock,
+                        config.kv_blocks)
             if config.policy.kind is Policy.LIVE else None)
+    if live is not None:
+        metrics.registry.register(KvEventCollector(live.subscribers.subscribers))
     router.view = live.view if live is not None else None
     discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock,
                            config.discovery_token) if config.discovery else None)
@@ -184,7 +189,9 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
         return {**state.metrics.stats(), "sessions_live": state.sessions.live(),
                 "request_rate": rate, "request_rate_unit": "requests (turns)/s",
                 "qps": rate,  # deprecated name of request_rate
-                "backends": state.pool.snapshot()}
+                "backends": state.pool.snapshot(),
+                **({"kv_events": kv_health(state.live.subscribers.subscribers)}
+                   if state.live is not None else {})}
 
     @app.get("/sessions")
     async def sessions() -> dict[str, Any]:

@@ -29,6 +29,7 @@ from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.logs import LogFormat, LogLevel
 from proxy.options import add_flags, option, option_fields
 from proxy.redact import redacted_url
+from proxy.residency import DEFAULT_KV_BLOCKS
 from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S
 from proxy.table import DEFAULT_SUCCESS_MARGIN
 from proxy.vocabulary import Role
@@ -164,6 +165,10 @@ class ProxyConfig:
     health_interval: float = option(5.0, "seconds between health checks", metavar="S")
     metrics_interval: float = option(
         1.0, "policy live: seconds between scrapes of every node's /metrics", metavar="S")
+    kv_blocks: int | None = option(
+        None, "policy live: every D/R node's KV cache capacity in blocks, bounding its "
+        f"residency index (default: each node's vllm:cache_config_info num_gpu_blocks, else "
+        f"{DEFAULT_KV_BLOCKS})", metavar="N")
     load_window: float = option(
         DEFAULT_LOAD_WINDOW_S, "sliding window of the turns-per-second load meter, seconds",
         metavar="S")
@@ -198,6 +203,8 @@ class ProxyConfig:
         _check_scale_out(self.session_store, self.workers, self.discovery)
         if self.max_body_bytes < 1:
             raise ConfigError("--max-body-bytes must be >= 1")
+        if self.kv_blocks is not None and self.kv_blocks < 1:
+            raise ConfigError("--kv-blocks must be >= 1")
         if self.max_in_flight is not None and self.max_in_flight < 1:
             raise ConfigError("--max-in-flight must be >= 1")
         roles: dict[str, Role] = {}

@@ -31,11 +31,17 @@ from proxy.kv_events import (
     parse_message,
     parse_seq,
 )
-from proxy.residency import NodeResidency
+from proxy.residency import NodeResidency, Rejection
 
 log = logging.getLogger("ppd.proxy.residency")
 
 REPLAY_TIMEOUT_S = 1.0
+# The largest message read (ZMQ drops a longer one; the gap then forgets the index): a
+# batch of one 128k-token prompt's blocks, token ids included, is under 1 MB.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# Events applied between two yields to the event loop: a huge batch never blocks the
+# request path for longer than a slice (benchmarks/kv_events.py measures both).
+SLICE_EVENTS = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +56,9 @@ class KvEventSource:
 @dataclass(slots=True)
 class SubscriberStats:
     batches: int = 0
+    events: int = 0  # events in the batches applied
     gaps: int = 0
+    gaps_replayed: int = 0  # gaps the replay socket filled (the others forgot: `resets`)
     replayed: int = 0  # batches recovered by replay
     resets: int = 0  # gaps that forgot the index
     bad_messages: int = 0
@@ -73,9 +81,24 @@ class NodeSubscriber:
         return None if last is None else last + 1
 
     def apply(self, batch: EventBatch) -> None:
-        for event in batch.events:
-            self.index.apply(event)
+        # A rejected event (proxy.residency.Rejection) forgets the index and is counted
+        # there; the batch still counts as received, and its number as the last one seen.
+        self.index.apply_all(batch.events)
+        self._applied(batch)
+
+    async def apply_sliced(self, batch: EventBatch) -> None:
+        """`apply`, yielding to the event loop every SLICE_EVENTS events."""
+        events = batch.events
+        for start in range(0, len(events), SLICE_EVENTS):
+            if start:
+                await asyncio.sleep(0)
+            if self.index.apply_all(events[start:start + SLICE_EVENTS]) is not None:
+                break  # rejected: the index was forgotten, the rest builds on nothing
+        self._applied(batch)
+
+    def _applied(self, batch: EventBatch) -> None:
         self.stats.batches += 1
+        self.stats.events += len(batch.events)
         self.stats.last_seq = batch.seq
         self.stats.last_ts = batch.ts
         self.stats.last_event_at = time.monotonic()
@@ -117,16 +140,20 @@ class NodeSubscriber:
             filled = False
             if self.source.replay is not None:
                 filled = await self._replay(ctx, expected, batch.seq)
-            if not filled and not catching_up:
-                self.forget()
+            if not catching_up:
+                if filled:
+                    self.stats.gaps_replayed += 1
+                else:
+                    self.forget()
         if self.stats.last_seq is None or batch.seq > self.stats.last_seq:
-            self.apply(batch)
+            await self.apply_sliced(batch)
 
     async def _replay(self, ctx: zmq.asyncio.Context, start: int, until: int) -> bool:
         """Ask the node's replay socket for batches start..until-1; True iff all applied."""
         assert self.source.replay is not None
         socket = ctx.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         try:
             socket.connect(self.source.replay)
             await socket.send_multipart([b"", encode_seq(start)])
@@ -143,8 +170,10 @@ class NodeSubscriber:
                     continue
                 if batch.seq != expected:
                     return False  # the replay buffer no longer holds what was missed
-                self.apply(batch)
+                await self.apply_sliced(batch)
                 self.stats.replayed += 1
+                if batch.seq + 1 >= until:
+                    break  # all that was missed: a replay that goes on is not waited for
             reached = self.expected()
             return reached is not None and reached >= until
         except (zmq.ZMQError, KvEventError) as exc:
@@ -157,6 +186,7 @@ class NodeSubscriber:
         """Subscribe and apply batches until cancelled."""
         socket = ctx.socket(zmq.SUB)
         socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         socket.setsockopt(zmq.SUBSCRIBE, b"")  # every topic: one node publishes one stream
         socket.connect(self.source.endpoint)
         try:
@@ -166,9 +196,16 @@ class NodeSubscriber:
                     batch = parse_message(frames)
                 except KvEventError as exc:
                     self.stats.bad_messages += 1
-                    log.warning("bad KV event message from %s: %s", self.source.url, exc)
+                    self.index.rejected[Rejection.MALFORMED] += 1
+                    if self.stats.bad_messages & (self.stats.bad_messages - 1) == 0:
+                        # 1st, 2nd, 4th, 8th...: a flood of junk cannot flood the log.
+                        log.warning("bad KV event message from %s: %s (%d so far)",
+                                    self.source.url, exc, self.stats.bad_messages)
                     continue
                 await self.handle(batch, ctx)
+                # A receive that finds a message queued does not yield: without this a
+                # flood would keep the loop from every request until the queue drained.
+                await asyncio.sleep(0)
         finally:
             socket.close()
 

@@ -131,10 +131,13 @@ class RoutingPolicy:
             if prior.reason is Reason.TABLE:
                 return prior
         prediction = predict(workload, state, self.costs)
+        # Without residency (no KV events for this session on its D) live is blind to
+        # eviction: its own reason says so (docs/live-routing.md).
+        live = Reason.LIVE if held is not None else Reason.LIVE_BLIND
         if self.scorer.score(prediction) > 0:
-            return Decision(RouteKind.LOCAL, Reason.LIVE)
+            return Decision(RouteKind.LOCAL, live)
         return Decision(RouteKind.PD, Reason.EVICTED if prediction.missing_tokens > 0
-                        else Reason.LIVE)
+                        else live)
 
     def _place_live(self, workload: Workload, state: TurnState) -> Decision:
         """A conversation without a home, in a hybrid pool: a replica or P->D."""

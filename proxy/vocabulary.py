@@ -58,6 +58,7 @@ class Reason(enum.StrEnum):
     FORCED = "forced"
     REPLICA = "replica"
     LIVE = "live"
+    LIVE_BLIND = "live_blind"  # live decided without residency: no KV events for the session
     EVICTED = "evicted"
     REPLICA_LIVE = "replica_live"  # live placed the conversation on a replica (hybrid pool)
     REPLICA_HOME = "replica_home"  # a later turn of a conversation live placed on a replica
