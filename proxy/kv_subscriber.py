@@ -16,7 +16,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -26,10 +28,12 @@ from proxy.kv_events import (
     AllBlocksCleared,
     EventBatch,
     KvEventError,
+    RawBatch,
     encode_seq,
-    parse_batch,
-    parse_message,
+    parse_events,
     parse_seq,
+    read_batch,
+    read_message,
 )
 from proxy.residency import NodeResidency, Rejection
 
@@ -38,10 +42,10 @@ log = logging.getLogger("ppd.proxy.residency")
 REPLAY_TIMEOUT_S = 1.0
 # The largest message read (ZMQ drops a longer one; the gap then forgets the index): a
 # batch of one 128k-token prompt's blocks, token ids included, is under 1 MB.
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # Events applied between two yields to the event loop: a huge batch never blocks the
 # request path for longer than a slice (benchmarks/kv_events.py measures both).
-SLICE_EVENTS = 2048
+SLICE_EVENTS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,27 +84,36 @@ class NodeSubscriber:
         last = self.stats.last_seq
         return None if last is None else last + 1
 
+    async def apply_sliced(self, batch: EventBatch | RawBatch) -> None:
+        """`apply`, yielding to the event loop every SLICE_EVENTS events (a RawBatch's
+        events are decoded a slice at a time too; a malformed one rejects the rest)."""
+        raw = isinstance(batch, RawBatch)
+        events: Sequence[Any] = batch.raw_events if raw else batch.events  # type: ignore[union-attr]
+        for start in range(0, len(events), SLICE_EVENTS):
+            if start:
+                await asyncio.sleep(0)
+            chunk = events[start:start + SLICE_EVENTS]
+            if raw:
+                try:
+                    chunk = parse_events(chunk)
+                except KvEventError:
+                    self.index.reject(Rejection.MALFORMED)
+                    break
+            if self.index.apply_all(chunk) is not None:
+                break  # rejected: the index was forgotten, the rest builds on nothing
+        self._applied(batch.seq, batch.ts, len(events))
+
     def apply(self, batch: EventBatch) -> None:
         # A rejected event (proxy.residency.Rejection) forgets the index and is counted
         # there; the batch still counts as received, and its number as the last one seen.
         self.index.apply_all(batch.events)
-        self._applied(batch)
+        self._applied(batch.seq, batch.ts, len(batch.events))
 
-    async def apply_sliced(self, batch: EventBatch) -> None:
-        """`apply`, yielding to the event loop every SLICE_EVENTS events."""
-        events = batch.events
-        for start in range(0, len(events), SLICE_EVENTS):
-            if start:
-                await asyncio.sleep(0)
-            if self.index.apply_all(events[start:start + SLICE_EVENTS]) is not None:
-                break  # rejected: the index was forgotten, the rest builds on nothing
-        self._applied(batch)
-
-    def _applied(self, batch: EventBatch) -> None:
+    def _applied(self, seq: int, ts: float, events: int) -> None:
         self.stats.batches += 1
-        self.stats.events += len(batch.events)
-        self.stats.last_seq = batch.seq
-        self.stats.last_ts = batch.ts
+        self.stats.events += events
+        self.stats.last_seq = seq
+        self.stats.last_ts = ts
         self.stats.last_event_at = time.monotonic()
 
     def forget(self) -> None:
@@ -115,7 +128,7 @@ class NodeSubscriber:
         stats = SubscriberStats(last_seq=-1) if source.replay is not None else SubscriberStats()
         return cls(source, index, stats)
 
-    async def handle(self, batch: EventBatch, ctx: zmq.asyncio.Context) -> None:
+    async def handle(self, batch: EventBatch | RawBatch, ctx: zmq.asyncio.Context) -> None:
         """One published batch: apply it, after replaying (or forgetting) what was missed."""
         expected = self.expected()
         if expected is not None and batch.seq < expected:
@@ -164,7 +177,7 @@ class NodeSubscriber:
                 frames = await socket.recv_multipart()
                 if len(frames) != 4 or frames[2] == END_SEQ:
                     break
-                batch = parse_batch(parse_seq(frames[2]), frames[3])
+                batch = read_batch(parse_seq(frames[2]), frames[3])
                 expected = self.expected()
                 if expected is not None and batch.seq < expected:
                     continue
@@ -193,7 +206,7 @@ class NodeSubscriber:
             while True:
                 frames = await socket.recv_multipart()
                 try:
-                    batch = parse_message(frames)
+                    batch = read_message(frames)
                 except KvEventError as exc:
                     self.stats.bad_messages += 1
                     self.index.rejected[Rejection.MALFORMED] += 1

@@ -291,19 +291,21 @@ class NodeResidency:
 
     def _bound(self) -> None:
         """Evict resident blocks past the capacity, forget removed ones past it, and forget
-        the least recently stored sessions past their bound."""
+        the least recently stored sessions past their bound (each a no-op when within)."""
         capacity = self.capacity
-        if len(self._resident) > capacity:
-            while len(self._resident) > capacity:
-                block, record = self._resident.popitem(last=False)
-                self._gone[block] = record
+        resident, gone, sessions = self._resident, self._gone, self._sessions
+        if len(resident) > capacity:
+            while len(resident) > capacity:
+                block, record = resident.popitem(last=False)
+                gone[block] = record
                 self.evicted += 1
             self._epoch += 1
-        while len(self._gone) > capacity:
-            self._gone.popitem(last=False)
-        sessions = min(self.max_sessions, capacity)
-        while len(self._sessions) > sessions:
-            self._sessions.popitem(last=False)
+        while len(gone) > capacity:
+            gone.popitem(last=False)
+        if len(sessions) > capacity or len(sessions) > self.max_sessions:
+            bound = min(self.max_sessions, capacity)
+            while len(sessions) > bound:
+                sessions.popitem(last=False)
 
 
 class Residency:
