@@ -74,13 +74,13 @@ class Rejection(enum.StrEnum):
     MALFORMED = "malformed"  # not a KV event batch at all (counted by the subscriber)
 
 
-@dataclass(slots=True)
-class _Block:
-    parent: BlockHash | None
-    depth: int  # 1-based position in its chain; 0: an orphan (its chain's start is unknown)
-    anchor: BlockHash | None = None  # an orphan's: the unknown hash its branch hangs from
-    memo_epoch: int = -1  # the epoch `memo_held` was counted in
-    memo_held: int = 0  # leading resident blocks of the path from the root to this block
+# A block's record: (parent hash, depth, anchor). Depth is the 1-based position in its chain,
+# 0 for an orphan (its chain's start is unknown), whose anchor is the unknown hash its branch
+# hangs from. A plain tuple of hashes and ints: the garbage collector untracks it, so a full
+# collection never walks the index (a class instance per block made gen-2 collections over a
+# full index take hundreds of ms, benchmarks/kv_events.py).
+_Block = tuple[BlockHash | None, int, BlockHash | None]
+_PARENT, _DEPTH, _ANCHOR = 0, 1, 2
 
 
 @dataclass(slots=True)
@@ -106,6 +106,9 @@ class NodeResidency:
     evicted: int = 0  # resident blocks dropped because the index was over capacity
     rejected: Counter[Rejection] = field(default_factory=Counter)
     _epoch: int = 0  # bumped whenever a block stops (or starts again) being resident
+    # Per block, its leading resident count (of the path from the root to it) in _memo_epoch.
+    _memo: dict[BlockHash, int] = field(default_factory=dict)
+    _memo_epoch: int = -1
 
     @property
     def num_blocks(self) -> int:
@@ -174,6 +177,7 @@ class NodeResidency:
         self._resident.clear()
         self._gone.clear()
         self._sessions.clear()
+        self._memo.clear()
         self.resets += 1
         self._epoch += 1
 
@@ -199,29 +203,32 @@ class NodeResidency:
     def _leading(self, tip: BlockHash, depth: int) -> int:
         """Leading resident blocks of the chain ending in tip (at depth): walked up to the
         first block counted in this epoch, then counted down again, remembering each."""
-        epoch = self._epoch
-        path: list[tuple[_Block, bool]] = []
+        if self._memo_epoch != self._epoch:
+            self._memo, self._memo_epoch = {}, self._epoch
+        memo, resident_blocks, gone = self._memo, self._resident, self._gone
+        path: list[tuple[BlockHash, int, bool]] = []
         block: BlockHash | None = tip
         count = 0
         while depth > 0:
-            record = self._resident.get(block)  # type: ignore[arg-type]
+            record = resident_blocks.get(block)  # type: ignore[arg-type]
             resident = record is not None
             if record is None:
-                record = self._gone.get(block)  # type: ignore[arg-type]
-            if record is None or record.depth != depth:
+                record = gone.get(block)  # type: ignore[arg-type]
+            if record is None or record[_DEPTH] != depth:
                 # Forgotten (or stored again elsewhere): not held, and what is above it can
                 # no longer be reached - count nothing rather than guess.
                 count = 0
                 break
-            if record.memo_epoch == epoch:
-                count = record.memo_held
+            known = memo.get(block)  # type: ignore[arg-type]
+            if known is not None:
+                count = known
                 break
-            path.append((record, resident))
-            block, depth = record.parent, depth - 1
-        for record, resident in reversed(path):
-            if resident and count == record.depth - 1:
+            path.append((block, depth, resident))  # type: ignore[arg-type]
+            block, depth = record[_PARENT], depth - 1
+        for block, depth, resident in reversed(path):
+            if resident and count == depth - 1:
                 count += 1
-            record.memo_epoch, record.memo_held = epoch, count
+            memo[block] = count
         return count
 
     def _stored(self, event: BlockStored) -> Rejection | None:
@@ -239,18 +246,18 @@ class NodeResidency:
             base = 0
         elif (above := self._record(parent)) is None:
             base, anchor = -1, parent  # an orphan: hangs from a block never seen
-        elif above.depth == 0:
-            base, anchor = -1, above.anchor
+        elif above[_DEPTH] == 0:
+            base, anchor = -1, above[_ANCHOR]
             if anchor in hashes:  # the branch hangs from one of these: a loop of parents
                 return Rejection.CYCLE
         else:
-            base = above.depth
+            base = above[_DEPTH]
         if base + n > self.capacity:
             return Rejection.TOO_LONG
         link = parent
         for block in hashes:
             known = self._record(block)
-            if known is not None and known.parent != link:
+            if known is not None and known[_PARENT] != link:
                 return Rejection.PARENT_CONFLICT
             link = block
         self._link(hashes, parent, base, anchor)
@@ -269,23 +276,20 @@ class NodeResidency:
               anchor: BlockHash | None) -> None:
         """Record the blocks (checked) as resident, newest last - and within the event the
         tail before the head, so over capacity a chain loses its tail first, as in vLLM."""
-        records = []
-        link, depth = parent, base
-        for block in hashes:
-            depth = depth + 1 if base >= 0 else 0
-            records.append((block, _Block(link, depth, anchor if base < 0 else None)))
-            link = block
+        resident, gone = self._resident, self._gone
         changed = False
-        for block, record in reversed(records):
-            old = self._resident.pop(block, None)
+        links = (parent, *hashes[:-1])
+        for i in range(len(hashes) - 1, -1, -1):
+            block = hashes[i]
+            record: _Block = ((links[i], base + i + 1, None) if base >= 0
+                              else (links[i], 0, anchor))
+            old = resident.pop(block, None)
             if old is None:
-                old = self._gone.pop(block, None)
+                old = gone.pop(block, None)
                 changed |= old is not None  # resident again: counts may grow
-            if old is not None and old.depth == record.depth and old.anchor == record.anchor:
-                record = old  # the same place: keep its remembered count
-            elif old is not None:
+            if old is not None and old != record:
                 changed = True  # the same block at another depth: descendants recount
-            self._resident[block] = record
+            resident[block] = record
         if changed:
             self._epoch += 1
 
