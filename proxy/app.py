@@ -102,7 +102,8 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
         metrics.registry.register(KvEventCollector(live.subscribers.subscribers))
     router.view = live.view if live is not None else None
     discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock,
-                           config.discovery_token) if config.discovery else None)
+                           config.discovery_token, insecure=config.discovery_insecure)
+                 if config.discovery else None)
     return ProxyState(config, pool, sessions, router, metrics, load, discovery, transport,
                       live=live)
 
