@@ -58,12 +58,12 @@ def proxy_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         env.setenv("PPD_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
         running: Cluster = start_emulated_cluster(config, "h100")
     with running:
-        yield running.start_proxy("pd", port=PROXY_PORT)
+        yield running.start_proxy("pd", port=PROXY_PORT, extra_args=["--admin-key", "adm"])
 
 
 def _emulated(url: str, route: RouteKind, seed: int) -> list[RequestRecord]:
     conversations = named_workload("small-mid_paste", CONVERSATIONS, seed=seed)
-    forced = {"x-ppd-route": route.value}
+    forced = {"x-ppd-route": route.value, "authorization": "Bearer adm"}
     config = ReplayConfig(target=url, qps=QPS, duration_s=DURATION_S, max_turns=2, seed=seed,
                           max_conversations=CONVERSATIONS,
                           headers_for_turn=lambda turn: forced if turn >= 2 else {})
