@@ -33,7 +33,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from proxy.backends import BackendPool
 from proxy.breaker import Breaker
-from proxy.config import Policy, ProxyConfig
+from proxy.config import ProxyConfig
 from proxy.discovery import Discovery
 from proxy.endpoints import CompletionsApp, bearer_matches
 from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
@@ -97,7 +97,7 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
     metrics.watch(pool.snapshot, lambda: router.admission.open)
     live = (LiveRuntime(pool, config.kv_events, config.metrics_interval, clock,
                         config.kv_blocks)
-            if config.policy.kind is Policy.LIVE else None)
+            if policy.spec.needs.live_view else None)
     if live is not None:
         metrics.registry.register(KvEventCollector(live.subscribers.subscribers))
     router.view = live.view if live is not None else None

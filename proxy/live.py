@@ -1,6 +1,6 @@
 """`--policy live`: each turn 2+ routed from what D still holds and how busy the nodes are now.
 
-Pure: `decide_live(workload, state, costs, w_ttft, w_tpot)` reads no clock and does no I/O.
+Pure: `predict` and `LiveScorer` read no clock and do no I/O; the policy is `proxy.policies.live`.
 For the turn it predicts, with a linear step-cost model (`StepCosts`):
 
 - local (append-prefill on the session's D): D must prefill the tokens it no longer holds
@@ -34,14 +34,14 @@ The costs are a cost file (`--live-costs`: a `ppd sim fit` preset, or `ppd sim l
 fitted to a GPU preset): a model of the node's step, not of a cell, so it predicts states a
 table never measured (a half-evicted D, a batch twice the profiled one) and needs no served
 turns to start from. A decision table, when given, is the prior for the state it measured:
-when D holds the whole history the table's verdict for the cell stands (see `RoutingPolicy`).
+when D holds the whole history the table's verdict for the cell stands (`proxy.policies.live`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from proxy.vocabulary import Workload
@@ -240,6 +240,7 @@ def _pd_ttft_ms(workload: Workload, state: TurnState, context: int,
 _MIN_TURN1_SHARE = 0.05
 
 
+@dataclass(frozen=True, slots=True)
 class LiveScorer:
     """The decision table's score for one turn, against the cluster's typical turn.
 
@@ -250,7 +251,9 @@ class LiveScorer:
     batch's sum of 1/(n_out - 1) is used when known (`NodeState.tpot_sensitivity`); else, as
     a request sits in a batch for a time proportional to its output, B / (mean n_out). The
     means are exponentially weighted over the turns decided so far (the policy's own inputs
-    and predictions: no clock, no I/O), starting from this turn's own values.
+    and predictions: no clock, no I/O), starting from this turn's own values. The scorer is
+    immutable: `counted` and `scored` hand back the moved means, which the policy's caller
+    keeps (`proxy.policies.registry.RoutingPolicy`).
 
     A turn-1 placement (a hybrid pool: a replica or P->D) is scored the same way against the
     mean turn-1 TTFT, kept apart (a whole prompt's P->D TTFT is not a follow-up's), with the
@@ -274,26 +277,35 @@ class LiveScorer:
     and charged, turn by turn).
     """
 
-    def __init__(self, w_ttft: float, w_tpot: float, halflife_turns: float = 200.0) -> None:
-        self.w_ttft, self.w_tpot = w_ttft, w_tpot
-        self._alpha = 1.0 - 0.5 ** (1.0 / halflife_turns)
-        self.ttft_pd_ms: float | None = None
-        self.ttft_pd_first_ms: float | None = None  # turn-1 placements' reference
-        self.step_ms: float | None = None
-        self.n_out: float | None = None
-        self.followup_share = 0.5
+    w_ttft: float
+    w_tpot: float
+    halflife_turns: float = 200.0
+    ttft_pd_ms: float | None = None
+    ttft_pd_first_ms: float | None = None  # turn-1 placements' reference
+    step_ms: float | None = None
+    n_out: float | None = None
+    followup_share: float = 0.5
 
-    def count_turn(self, workload: Workload) -> None:
-        """Every decided turn (turn 1 too): the share of requests that are turn 2+, and the
-        mean output length."""
-        self.followup_share += self._alpha * (float(workload.turn > 1) - self.followup_share)
-        self._mean("n_out", float(max(workload.n_out, 1)))
+    @property
+    def _alpha(self) -> float:
+        return 1.0 - 0.5 ** (1.0 / self.halflife_turns)
 
-    def score(self, prediction: Prediction, first_turn: bool = False) -> float:
-        """> 0: local (or, placing turn 1, the replica) is better by the table's weights."""
-        ttft_ref = self._mean("ttft_pd_first_ms" if first_turn else "ttft_pd_ms",
-                              prediction.ttft_pd_ms)
-        step_ref = self._mean("step_ms", prediction.decode_step_ms)
+    def counted(self, workload: Workload) -> LiveScorer:
+        """The means with one more decided turn (turn 1 too): the share of requests that are
+        turn 2+, and the mean output length."""
+        alpha = self._alpha
+        share = self.followup_share + alpha * (float(workload.turn > 1) - self.followup_share)
+        return replace(self, followup_share=share,
+                       n_out=_moved(self.n_out, float(max(workload.n_out, 1)), alpha))
+
+    def scored(self, prediction: Prediction,
+               first_turn: bool = False) -> tuple[float, LiveScorer]:
+        """The score (> 0: local - or, placing turn 1, the replica - is better by the table's
+        weights) and the means with this prediction counted."""
+        alpha = self._alpha
+        ttft_name = "ttft_pd_first_ms" if first_turn else "ttft_pd_ms"
+        ttft_ref = _moved(getattr(self, ttft_name), prediction.ttft_pd_ms, alpha)
+        step_ref = _moved(self.step_ms, prediction.decode_step_ms, alpha)
         gain = (prediction.ttft_pd_ms - prediction.ttft_local_ms) / ttft_ref
         if prediction.tpot_sensitivity is not None:  # the batch's own output lengths
             delayed = prediction.delay_ms * prediction.tpot_sensitivity
@@ -306,7 +318,12 @@ class LiveScorer:
                 self.membership_ms(prediction.joins_local)
                 - self.membership_ms(prediction.joins_pd))
         tpot_loss = summed / step_ref if step_ref > 0 else 0.0
-        return self.w_ttft * gain - self.w_tpot * tpot_loss
+        score = self.w_ttft * gain - self.w_tpot * tpot_loss
+        return score, replace(self, **{ttft_name: ttft_ref}, step_ms=step_ref)
+
+    def score(self, prediction: Prediction, first_turn: bool = False) -> float:
+        """`scored`'s score alone."""
+        return self.scored(prediction, first_turn)[0]
 
     def membership_ms(self, join: Membership) -> float:
         """One request of the conversation decoding in a node's batch, in summed TPOT: its
@@ -330,8 +347,8 @@ class LiveScorer:
         # of turns: bound the turns left at 20.
         return self.followup_share / max(1.0 - self.followup_share, _MIN_TURN1_SHARE)
 
-    def _mean(self, name: str, value: float) -> float:
-        old = getattr(self, name)
-        new = value if old is None else old + self._alpha * (value - old)
-        setattr(self, name, new)
-        return new
+
+
+def _moved(mean: float | None, value: float, alpha: float) -> float:
+    """An exponentially weighted mean moved by one value (the value itself to start)."""
+    return value if mean is None else mean + alpha * (value - mean)

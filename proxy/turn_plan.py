@@ -12,10 +12,11 @@ Node order (docs/architecture.md, "Request flow"): a replica turn goes to the se
 replica first, else the least-loaded one; a local turn goes to the session's D only, and when
 that D cannot take it now the turn falls back to P->D; a P->D turn picks its D first (the
 session's, else the least loaded), then its P (the session's, else the least loaded).
-In a hybrid pool under policy live, a conversation live placed on a replica goes back to that
-replica alone, falling back to P->D when it cannot take the turn (as a local turn does); one
-placed there anew goes to the least-loaded replica. Live is told whether P->D can run at all
-(a usable P and D), so with every P or every D down it serves from replicas and Ds alone.
+In a hybrid pool under a policy that places (live), a conversation it placed on a replica
+goes back to that replica alone, falling back to P->D when it cannot take the turn (as a
+local turn does); one placed there anew goes to the least-loaded replica. Live is told
+whether P->D can run at all (a usable P and D), so with every P or every D down it serves
+from replicas and Ds alone.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.backends import BackendPool
-from proxy.config import Policy
 from proxy.live import TurnState
 from proxy.policies import RoutingPolicy
 from proxy.sessions.session import Lookup, Session
@@ -77,12 +77,13 @@ def plan_turn(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload
     session = lookup.session
     can_local = lookup.continuation and pool.is_usable(session.decode, Role.DECODE)
     replica_home = lookup.continuation and pool.is_usable(session.decode, Role.REPLICA)
-    if forced is None or policy.kind is Policy.REPLICA:
-        # Policy live places a homeless conversation when the pool has a replica to offer.
-        placing = (policy.kind is Policy.LIVE and not can_local and not replica_home
+    places = policy.spec.places
+    if forced is None or policy.spec.ignores_forcing:
+        # A placing policy (live) places a homeless conversation when the pool has a replica.
+        placing = (places and not can_local and not replica_home
                    and pool.candidate(Role.REPLICA) is not None)
         state = observe(session) if observe is not None and (can_local or placing) else None
-        can_pd = policy.kind is not Policy.LIVE or (
+        can_pd = not places or (
             pool.candidate(Role.DECODE) is not None and pool.candidate(Role.PREFILL) is not None)
         decision = policy.decide(workload, session.id, can_local, state,
                                  replica_home=replica_home, can_pd=can_pd)

@@ -41,7 +41,6 @@ from profiler.simulator.cluster_state import observer
 from profiler.simulator.layout import Layout, SimNode
 from profiler.simulator.sim_proxy import Plan, SimProxy
 from profiler.simulator.workload import Arrival, SimConversation
-from proxy.config import Policy
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.policies import RoutingPolicy
 from proxy.vocabulary import Role, RouteKind
@@ -136,7 +135,7 @@ class Simulator:
         self.proxy = SimProxy([(url, n.spec.role) for url, n in self._nodes.items()],
                               setup.policy, lambda: self.now,
                               load_window_s=setup.load_window_s, forced=setup.forced)
-        if setup.policy.kind is Policy.LIVE:
+        if setup.policy.spec.needs.live_view:
             self.proxy.observe_with(observer({url: n.engine for url, n in self._nodes.items()},
                                              self.proxy.pool, lambda cid: self._history.get(cid)))
         self._turns: dict[str, _Turn] = {}  # request id (D's / R's) -> turn

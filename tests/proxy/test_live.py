@@ -192,8 +192,7 @@ def test_placement_charges_each_route_for_the_batch_it_joins() -> None:
     assert on_replica.per_step_ms == pytest.approx(0.032)
     assert on_replica.own_step_ms == pytest.approx(6.0 + 41 * 0.032)  # step(B + 1 decodes)
     assert on_d.own_step_ms == pytest.approx(6.0 + 11 * 0.032)
-    scorer = LiveScorer(1.0, 1.0)
-    scorer.n_out = 200.0  # the mean output so far
+    scorer = LiveScorer(1.0, 1.0, n_out=200.0)  # the mean output so far
     # The replica's 40 others: min(1, 100 / 199) of their tokens each, from their lengths
     # (100 x 40 / 199 = 20.1 requests' worth); D's 10: min(1, 100 / 200) from the mean.
     m_replica = 6.0 + 41 * 0.032 + 0.032 * 100 * 40 / 199
@@ -213,10 +212,9 @@ def test_placement_charges_each_route_for_the_batch_it_joins() -> None:
 
 
 def test_membership_weight_is_one_for_turn_one_and_the_turns_left_for_a_replacement() -> None:
-    scorer = LiveScorer(1.0, 1.0)
-    scorer.followup_share = 0.75  # conversations of four turns on average
+    scorer = LiveScorer(1.0, 1.0, followup_share=0.75)  # conversations of four turns on average
     assert scorer.membership_weight(first_turn=True) == 1.0
     # Per turn-2+ decision (share 0.75), a re-placed conversation has four turns left.
     assert scorer.membership_weight(first_turn=False) == pytest.approx(0.75 * 4)
-    scorer.followup_share = 1.0  # only re-placements seen: bounded, not infinite
+    scorer = replace(scorer, followup_share=1.0)  # only re-placements seen: bounded
     assert scorer.membership_weight(first_turn=False) == pytest.approx(20.0)

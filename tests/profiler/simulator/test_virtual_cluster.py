@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import proxy.policies
+import proxy.policies.fixed
 from profiler.engine import LinearCost
 from profiler.engine.transfer import SharedLink, load_link, load_model_shape
 from profiler.simulator.layout import Layout
@@ -104,9 +104,9 @@ def test_a_policy_change_in_proxy_policies_changes_the_simulated_routes(
 
     assert 0.0 < local_share() < 1.0
     # The fixed policy's draw lives in proxy.policies; the simulator runs that very code.
-    monkeypatch.setattr(proxy.policies, "stable_fraction", lambda session, turn: 0.0)
+    monkeypatch.setattr(proxy.policies.fixed, "stable_fraction", lambda session, turn: 0.0)
     assert local_share() == 1.0
-    monkeypatch.setattr(proxy.policies, "stable_fraction", lambda session, turn: 0.99)
+    monkeypatch.setattr(proxy.policies.fixed, "stable_fraction", lambda session, turn: 0.99)
     assert local_share() == 0.0
 
 
