@@ -28,6 +28,9 @@ from typing import Any
 
 from proxy.validate import Endpoint
 
+# vLLM's default decoder_kv_blocks_ttl (nixl/base_scheduler.py): how long D keeps a finished
+# turn's blocks when bidirectional transfer is on.
+VLLM_DECODER_BLOCKS_TTL_S = 480
 # vLLM's default kv_recompute_threshold (nixl/base_scheduler.py): P recomputes a remote span
 # shorter than this rather than read it, so a shorter match is not worth a readback.
 MIN_READBACK_TOKENS = 64

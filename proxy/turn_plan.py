@@ -91,10 +91,10 @@ def plan_turn(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload
     elif forced in (RouteKind.LOCAL, RouteKind.READBACK) and not can_local:
         # Nothing to append to or read back (turn 1, or the session's D is gone): P->D.
         decision = Decision(RouteKind.PD, Reason.NO_HOME)
-    elif forced is RouteKind.READBACK and readback is not None:
-        decision = Decision(RouteKind.PD, readback)  # no blocks to read: P->D says why
     else:
         decision = Decision(forced, Reason.FORCED)
+    if decision.kind is RouteKind.READBACK and readback is not None:
+        decision = Decision(RouteKind.PD, readback)  # no blocks to read: P->D says why
     pd = Attempt(RouteKind.PD, (Pick(Role.DECODE, session.decode),
                                 Pick(Role.PREFILL, session.prefill)))
     if decision.reason is Reason.REPLICA_HOME:

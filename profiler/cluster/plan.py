@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from profiler.cluster.kv_events import REPLAY_PORT_OFFSET, kv_event_keys, kv_events_args
+from proxy.readback import VLLM_DECODER_BLOCKS_TTL_S
 from proxy.vocabulary import Role
 
 DEFAULT_STATE_DIR = Path(".ppd-cluster")
@@ -35,9 +36,7 @@ HIGHEST_PORT_OFFSET = max(NIXL_SIDE_CHANNEL_OFFSET, REPLAY_PORT_OFFSET)
 # memory and loopback within one (the set that starts on the CPU with the PyPI nixl wheels).
 CPU_UCX_TLS = "tcp,self,sm"
 MAX_NODES = 16
-# vLLM's own default for decoder_kv_blocks_ttl (nixl/base_scheduler.py): how long D keeps a
-# finished turn's blocks for a readback when bidirectional transfer is on.
-DEFAULT_KV_READBACK_TTL_S = 480
+DEFAULT_KV_READBACK_TTL_S = VLLM_DECODER_BLOCKS_TTL_S  # vLLM's own default
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 _LAYOUT_RE = re.compile(r"^(?:\d+[PDR])+$", re.IGNORECASE)
