@@ -21,7 +21,7 @@ placed there anew goes to the least-loaded replica. Live is told whether P->D ca
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy.backends import BackendPool
 from proxy.config import Policy
@@ -84,6 +84,8 @@ def plan_turn(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload
         placing = (policy.kind is Policy.LIVE and not can_local and not replica_home
                    and pool.candidate(Role.REPLICA) is not None)
         state = observe(session) if observe is not None and (can_local or placing) else None
+        if state is not None and can_local and readback is None:
+            state = replace(state, readback=True)  # live prices the readback too
         can_pd = policy.kind is not Policy.LIVE or (
             pool.candidate(Role.DECODE) is not None and pool.candidate(Role.PREFILL) is not None)
         decision = policy.decide(workload, session.id, can_local, state,
