@@ -68,6 +68,10 @@ async def test_turn2_reads_back_ds_blocks_then_hands_its_own_to_d() -> None:
     stats = h.router.metrics.stats()
     assert stats["routes"] == {"pd": 1, "readback": 1}
     assert stats["readback"] == {"served": 1, "tokens": held_tokens, "fallbacks": {}}
+    exposition = h.router.metrics.exposition().decode()
+    assert f"ppd_readback_tokens_total {float(held_tokens)}" in exposition
+    assert ('ppd_requests_total{context_class="",endpoint="chat",qps="",reason="forced",'
+            'route="readback",workload=""} 1.0') in exposition
 
 
 async def test_the_client_never_sees_the_ids_and_blocks_the_proxy_asked_for() -> None:
@@ -121,6 +125,7 @@ async def test_expired_blocks_go_pd_with_reason_expired_and_no_tokenize() -> Non
     assert reply.status == 200 and reply.headers["x-ppd-route"] == "pd"
     assert "/tokenize" not in paths
     assert reasons(h)["readback_expired"] == 1
+    assert h.router.metrics.stats()["readback"]["fallbacks"] == {"readback_expired": 1}
 
 
 async def test_blocks_are_read_once_a_second_turn_on_the_same_history_goes_pd() -> None:
