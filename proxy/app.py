@@ -47,6 +47,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.policies import RoutingPolicy
 from proxy.router import Router
 from proxy.sessions.open_store import open_store
+from proxy.sessions.readback_book import ReadbackBook
 from proxy.sessions.store import SessionStore, watch_store
 from proxy.table import DecisionTable
 from proxy.tokens import token_counter
@@ -94,6 +95,9 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
     load = RateMeter(config.load_window, clock)
     router = Router(pool, sessions, policy, token_counter(config.tokenizer), metrics, load, clock,
                     config.max_in_flight, config.request_timeout)
+    if config.kv_readback_ttl is not None:
+        router.readback = ReadbackBook(config.max_sessions, clock)
+        router.readback_ttl = config.kv_readback_ttl
     metrics.watch(pool.snapshot, lambda: router.admission.open)
     live = (LiveRuntime(pool, config.kv_events, config.metrics_interval, clock,
                         config.kv_blocks)
