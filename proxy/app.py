@@ -33,7 +33,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from proxy.backends import BackendPool
 from proxy.breaker import Breaker
-from proxy.config import Policy, ProxyConfig
+from proxy.config import ProxyConfig
 from proxy.discovery import Discovery
 from proxy.endpoints import CompletionsApp, bearer_matches
 from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
@@ -47,6 +47,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.policies import RoutingPolicy
 from proxy.router import Router
 from proxy.sessions.open_store import open_store
+from proxy.sessions.readback_book import ReadbackBook
 from proxy.sessions.store import SessionStore, watch_store
 from proxy.table import DecisionTable
 from proxy.tokens import token_counter
@@ -94,10 +95,13 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
     load = RateMeter(config.load_window, clock)
     router = Router(pool, sessions, policy, token_counter(config.tokenizer), metrics, load, clock,
                     config.max_in_flight, config.request_timeout)
+    if config.kv_readback_ttl is not None:
+        router.readback = ReadbackBook(config.max_sessions, clock)
+        router.readback_ttl = config.kv_readback_ttl
     metrics.watch(pool.snapshot, lambda: router.admission.open)
     live = (LiveRuntime(pool, config.kv_events, config.metrics_interval, clock,
                         config.kv_blocks)
-            if config.policy.kind is Policy.LIVE else None)
+            if policy.spec.needs.live_view else None)
     if live is not None:
         metrics.registry.register(KvEventCollector(live.subscribers.subscribers))
     router.view = live.view if live is not None else None

@@ -40,7 +40,7 @@ ASGIApp = Callable[..., Awaitable[None]]
 
 log = logging.getLogger("ppd.proxy")
 
-FORCIBLE = {RouteKind.PD.value: RouteKind.PD, RouteKind.LOCAL.value: RouteKind.LOCAL}
+FORCIBLE = {route.value: route for route in (RouteKind.PD, RouteKind.LOCAL, RouteKind.READBACK)}
 _PATHS = {endpoint.value: endpoint for endpoint in Endpoint}
 _WANTED = (b"authorization", b"x-ppd-route", b"x-session-id", b"content-length")
 # Every request's header lines together (names and values): past this, 431 (nginx's
