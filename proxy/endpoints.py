@@ -22,9 +22,9 @@ from proxy.errors import BadRequest, MethodNotAllowed, PayloadTooLarge, ProxyErr
 from proxy.logs import AccessEntry
 from proxy.relay import Relay
 from proxy.router import Incoming, Reply, Router
+from proxy.routes import FORCIBLE
 from proxy.server import DISCONNECT_EXTENSION, HEAD_WITH_BODY_EXTENSION, DisconnectSignal
 from proxy.validate import Endpoint, parse_json_object, validate_body
-from proxy.vocabulary import RouteKind
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -33,7 +33,6 @@ ASGIApp = Callable[..., Awaitable[None]]
 
 log = logging.getLogger("ppd.proxy")
 
-FORCIBLE = {RouteKind.PD.value: RouteKind.PD, RouteKind.LOCAL.value: RouteKind.LOCAL}
 _PATHS = {endpoint.value: endpoint for endpoint in Endpoint}
 _WANTED = (b"authorization", b"x-ppd-route", b"x-session-id", b"content-length")
 
