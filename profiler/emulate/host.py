@@ -29,7 +29,6 @@ from profiler.emulate.kv_publisher import KvEventPublisher
 from profiler.emulate.presets import Preset, resolve
 from profiler.emulate.service import NodeService, NodeSpec, Peers
 from profiler.emulate.vocab import Vocabulary, tokenizer_dir
-from profiler.engine import NodeRole
 from profiler.engine.host import host_of
 from proxy.server import running
 from proxy.vocabulary import Role
@@ -95,7 +94,7 @@ async def hosted(preset: Preset, nodes: Sequence[tuple[Role, int]], *,
         out: list[HostedNode] = []
         for spec in specs:
             publisher = _publisher(spec) if kv_events and publishes(spec.role) else None
-            engine = preset.make_engine(NodeRole(spec.role.value),
+            engine = preset.make_engine(spec.role,
                                         kv_events=publisher is not None)
             service = NodeService(spec, engine, vocab, peers, publisher)
             server = await stack.enter_async_context(

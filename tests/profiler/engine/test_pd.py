@@ -10,12 +10,12 @@ from profiler.engine import (
     Engine,
     EngineConfig,
     Link,
-    NodeRole,
     Request,
     SharedLink,
     load_link,
     load_model_shape,
 )
+from proxy.vocabulary import Role
 
 TURN1_IN, TURN1_OUT, TURN2_IN = 1024, 64, 1024
 
@@ -33,8 +33,8 @@ def run_until_token(engine: Engine, request_id: str, now: float) -> float:
 
 def turn2_ttft(cost, link: Link, *, local: bool) -> float:
     bytes_per_token = load_model_shape("llama-3.1-8b").kv_bytes_per_token
-    prefill = Engine(EngineConfig(role=NodeRole.PREFILL), cost)
-    decode = Engine(EngineConfig(role=NodeRole.DECODE), cost)
+    prefill = Engine(EngineConfig(role=Role.PREFILL), cost)
+    decode = Engine(EngineConfig(role=Role.DECODE), cost)
     wire = SharedLink(link)
 
     def p_to_d(rid: str, prompt: list[int], max_tokens: int, now: float) -> float:
