@@ -29,7 +29,7 @@ from profiler.cluster.plan import ClusterConfig, ClusterError, cluster_document
 from profiler.cluster.procs import ManagedProcess, StartupError
 from profiler.emulate.label import emulated_backend
 from profiler.emulate.presets import PresetError, resolve
-from profiler.emulate.vocab import tokenizer_dir
+from profiler.emulate.tokenizer import tokenizer_dir
 
 HOST_LOG = "emulated-nodes.log"
 

@@ -27,7 +27,7 @@ from profiler.emulate.app import create_node_app
 from profiler.emulate.kv_publisher import KvEventPublisher
 from profiler.emulate.presets import Preset, resolve
 from profiler.emulate.service import NodeService, NodeSpec, Peers
-from profiler.emulate.vocab import Vocabulary, tokenizer_dir
+from profiler.emulate.tokenizer import Vocabulary, tokenizer_dir
 from profiler.engine.host import host_of
 from profiler.node_kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET, publishes
 from proxy.server import running

@@ -19,7 +19,7 @@ from profiler.emulate.host import node_specs
 from profiler.emulate.kv_publisher import KvEventPublisher
 from profiler.emulate.presets import resolve
 from profiler.emulate.service import NodeService
-from profiler.emulate.vocab import Vocabulary
+from profiler.emulate.tokenizer import Vocabulary
 from proxy.kv_events import BlockRemoved, parse_seq
 from proxy.server import running
 from proxy.vocabulary import Role
