@@ -4,10 +4,10 @@
     with ServerThread(create_app(config)) as server: ...  # server.url
 """
 
-from proxy.app import create_app
+from proxy.app import create_app, serve
 from proxy.config import ConfigError, NodeSpec, Policy, PolicyConfig, ProxyConfig, config_from_args
 from proxy.errors import ProxyError
-from proxy.server import Server, ServerThread, running, serve
+from proxy.server import Server, ServerThread, running
 from proxy.table import TABLE_COLUMNS, DecisionTable, TableError
 from proxy.vocabulary import Role, RouteKind, Workload
 

@@ -46,6 +46,7 @@ from proxy.load_meter import RateMeter
 from proxy.metrics import ProxyMetrics
 from proxy.policies import RoutingPolicy
 from proxy.router import Router
+from proxy.server import serve_app
 from proxy.sessions.open_store import open_store
 from proxy.sessions.readback_book import ReadbackBook
 from proxy.sessions.store import SessionStore, watch_store
@@ -244,3 +245,8 @@ def _register_error_handlers(app: Quart) -> None:
     async def unexpected(exc: Exception) -> Response:
         log.exception("unexpected error: %s", exc)
         return _error(ProxyError(f"internal proxy error: {type(exc).__name__}"))
+
+
+def serve(config: ProxyConfig) -> None:
+    """Run the proxy on config.host:config.port until SIGINT or SIGTERM (blocking)."""
+    serve_app(create_app(config), config.host, config.port, config.shutdown_grace)

@@ -34,7 +34,7 @@ from profiler.emulate.link import SharedLink
 from profiler.emulate.metrics import NodeMetrics
 from profiler.emulate.openai_format import DONE, Envelope, Parsed, RequestError, sse, usage
 from profiler.emulate.runtime import EmulatedNode, EngineFailed, Stream
-from profiler.emulate.vocab import Vocabulary
+from profiler.emulate.tokenizer import Vocabulary
 from proxy.vocabulary import Role
 
 

@@ -29,6 +29,7 @@ from profiler.simulator.flags import add_cluster_flags
 from profiler.simulator.live_costs import main as live_costs_main
 from profiler.simulator.paper import coverage_notes, load_grid
 from profiler.simulator.paper_report import write_report
+from profiler.simulator.replay_twin import twin_ttft_gap_ms
 from profiler.simulator.run import (
     RunSpec,
     policy_label,
@@ -109,7 +110,7 @@ def main(argv: list[str]) -> int:
                  "live-costs": live_costs_main}
     if argv and argv[0] in simulator:
         return simulator[argv[0]](argv[1:])
-    return engine_cli.main(argv)
+    return engine_cli.main(argv, twin_gap=twin_ttft_gap_ms)
 
 
 def grid_main(argv: list[str]) -> int:

@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from profiler.simulator.flags import add_cluster_flags
-from profiler.simulator.layout import Layout
 from profiler.simulator.run import RunSpec, policy_label, run_summary, simulate
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import PAPER_CONTEXTS, WORKLOAD_SHAPES
 from proxy.policies import registry
+from proxy.vocabulary import Layout
 
 PAPER_QPS = (0.5, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0)
 PAPER_LAYOUTS = ("4R", "1P3D", "2P2D", "3P1D")

@@ -27,7 +27,6 @@ from profiler.replay.output import (
     plot_ttft_cdf,
     records_frame,
 )
-from profiler.simulator.layout import Layout
 from profiler.simulator.live_costs import step_costs_for
 from profiler.simulator.virtual_cluster import DEFAULT_TIMEOUT_S, SimResult, SimSetup, Simulator
 from profiler.simulator.workload import arrivals, conversations_needed, load_conversations
@@ -37,7 +36,7 @@ from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.policies import RoutingPolicy, registry
 from proxy.policies.base import Need
 from proxy.table import DecisionTable
-from proxy.vocabulary import Role, RouteKind
+from proxy.vocabulary import Layout, Role, RouteKind
 
 DEFAULT_COST = "h100:llama-3.1-8b"
 DEFAULT_LINK = "nvlink"

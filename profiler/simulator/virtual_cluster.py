@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from profiler.engine.config import EngineConfig, NodeRole
+from profiler.engine.config import EngineConfig
 from profiler.engine.cost import CostModel
 from profiler.engine.engine import Engine, StepResult
 from profiler.engine.host import host_of
@@ -44,16 +44,14 @@ from profiler.engine.requests import Request, RequestRejected
 from profiler.engine.transfer import Link, SharedLink
 from profiler.replay.client import RequestRecord
 from profiler.simulator.cluster_state import observer
-from profiler.simulator.layout import Layout, SimNode
+from profiler.simulator.layout import SimNode, sim_nodes
 from profiler.simulator.sim_proxy import Plan, SimProxy
 from profiler.simulator.workload import Arrival, SimConversation
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.policies import RoutingPolicy
 from proxy.readback import MIN_READBACK_TOKENS, VLLM_DECODER_BLOCKS_TTL_S, matched_tokens
-from proxy.vocabulary import Reason, Role, RouteKind
+from proxy.vocabulary import Layout, Reason, Role, RouteKind
 
-_ENGINE_ROLE = {Role.PREFILL: NodeRole.PREFILL, Role.DECODE: NodeRole.DECODE,
-                Role.REPLICA: NodeRole.REPLICA}
 # User-message token ids start here: far above any vocabulary, so they never equal a sampled
 # output token, and every (conversation, turn) gets its own range (no cross-conversation hits).
 _USER_TOKEN_BASE = 1 << 40
@@ -137,7 +135,7 @@ class Simulator:
         self._events: list[tuple[float, int, int, Any]] = []
         self._sequence = itertools.count()
         self._nodes: dict[str, _Node] = {}
-        for spec in setup.layout.nodes():
+        for spec in sim_nodes(setup.layout):
             config = _node_config(setup.engine, spec)
             node = _Node(spec, Engine(config, setup.cost))
             if spec.role is Role.PREFILL or (spec.role is Role.DECODE
@@ -475,7 +473,7 @@ class Simulator:
 
 
 def _node_config(base: EngineConfig, spec: SimNode) -> EngineConfig:
-    return replace(base, role=_ENGINE_ROLE[spec.role], seed=hash_seed(base.seed, spec.name))
+    return replace(base, role=spec.role, seed=hash_seed(base.seed, spec.name))
 
 
 def hash_seed(seed: int, name: str) -> int:

@@ -216,7 +216,7 @@ def test_membership_weight_is_one_for_turn_one_and_the_turns_left_for_a_replacem
     assert scorer.membership_weight(first_turn=True) == 1.0
     # Per turn-2+ decision (share 0.75), a re-placed conversation has four turns left.
     assert scorer.membership_weight(first_turn=False) == pytest.approx(0.75 * 4)
-    scorer = replace(scorer, followup_share=1.0)  # only re-placements seen: bounded
+    scorer = scorer._replace(followup_share=1.0)  # only re-placements seen: bounded
     assert scorer.membership_weight(first_turn=False) == pytest.approx(20.0)
 
 

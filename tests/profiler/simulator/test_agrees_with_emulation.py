@@ -27,7 +27,6 @@ from profiler.cluster.launcher import Cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.engine.transfer import load_link, load_model_shape
 from profiler.replay.client import ReplayConfig, RequestRecord, arrival_times, replay
-from profiler.simulator.layout import Layout
 from profiler.simulator.run import cost_model, engine_config
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, to_sim
@@ -35,7 +34,7 @@ from profiler.traces.synthetic import named_workload
 from proxy.config import Policy, PolicyConfig
 from proxy.policies import RoutingPolicy
 from proxy.tokens import EstimateTokenCounter
-from proxy.vocabulary import RouteKind
+from proxy.vocabulary import Layout, RouteKind
 
 pytest.importorskip("aiconfigurator_core", reason="the h100 preset needs ppd[sim]")
 
