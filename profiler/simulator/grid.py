@@ -32,7 +32,7 @@ from typing import Any
 from profiler.simulator.flags import add_cluster_flags
 from profiler.simulator.layout import Layout
 from profiler.simulator.run import RunSpec, policy_label, run_summary, simulate
-from proxy.config import Policy, PolicyConfig
+from proxy.config import ConfigError, Policy, PolicyConfig, parse_policy_name
 from proxy.discretize import PAPER_CONTEXTS, WORKLOAD_SHAPES
 
 PAPER_QPS = (0.5, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0)
@@ -79,10 +79,10 @@ def parse_policy(label: str, table: Path | None = None) -> PolicyConfig:
         return PolicyConfig(kind=Policy.LIVE, table=table if match["table"] else None,
                             w_tpot=float(match["tpot"]) if match["tpot"] else 1.0)
     try:
-        return PolicyConfig(kind=Policy(label))
-    except ValueError:
-        raise ValueError(f"unknown policy {label!r}: use pd, local, replica, x=F, ppd, "
-                         "ppd-wtpotW or threshold-N") from None
+        return PolicyConfig(kind=parse_policy_name(label))
+    except ConfigError as exc:
+        raise ValueError(f"{exc}; in a grid also x=F, ppd-wtpotW, threshold-N, live-wtpotW, "
+                         "live-table") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -418,9 +418,11 @@ def test_cli_bad_layout_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> 
     assert "bad layout '3X'" in capsys.readouterr().err
 
 
-def test_cli_down_without_cluster_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(ClusterError, match="no cluster in .*cluster.json not found"):
-        cluster_cli.main(["down", "--state", str(tmp_path)])
+def test_cli_down_without_cluster_says_so_and_succeeds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Cleanup scripts run `down` whether or not a cluster is up: exit 0, saying so.
+    assert cluster_cli.main(["down", "--state", str(tmp_path)]) == 0
+    assert "nothing was running" in capsys.readouterr().out
 
 
 def test_cli_policy_needs_with_proxy(tmp_path: Path) -> None:
