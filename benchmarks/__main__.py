@@ -3,6 +3,8 @@
 - `decision`: the routing decision's cost against a proxied request's (microseconds).
 - `proxy_overhead`: requests/s, TTFT and CPU through the proxy against direct
   (`benchmarks/proxy_overhead`).
+- `cli_startup`: seconds `ppd` takes to answer --help and usage errors
+  (`benchmarks/cli_startup.py`).
 
 Every number is measured in one run, side by side, so ratios between rows are meaningful on
 this machine even though absolute numbers are not portable.
@@ -17,9 +19,9 @@ import sys
 
 import numpy as np
 
-from benchmarks import bench_decision, proxy_overhead
+from benchmarks import bench_decision, cli_startup, proxy_overhead
 
-BENCHMARKS = ("decision", "proxy_overhead")
+BENCHMARKS = ("decision", "proxy_overhead", "cli_startup")
 
 
 def render(rows: list[tuple[str, np.ndarray]], baseline: str) -> str:
@@ -58,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=BENCHMARKS, help="run this benchmark only")
     parser.add_argument("--decisions", type=int, default=20_000, help="policy calls timed")
     parser.add_argument("--requests", type=int, default=200, help="HTTP requests timed per row")
+    parser.add_argument("--startup-runs", type=int, default=5,
+                        help="cli_startup: processes timed per command line")
     proxy_overhead.add_arguments(parser)
     args = parser.parse_args(argv)
     command = shlex.join(["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None
@@ -67,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         status |= run_decision(args)
     if args.only in (None, "proxy_overhead"):
         status |= proxy_overhead.run(args, command)
+    if args.only in (None, "cli_startup"):
+        status |= cli_startup.main(["--runs", str(args.startup_runs)])
     return status
 
 

@@ -19,25 +19,12 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import pandas as pd
-
-from profiler.engine import cli as engine_cli
-from profiler.replay.cli import default_label
-from profiler.replay.output import summary_table
-from profiler.simulator import grid
 from profiler.simulator.flags import add_cluster_flags
-from profiler.simulator.live_costs import main as live_costs_main
-from profiler.simulator.paper import coverage_notes, load_grid
-from profiler.simulator.paper_report import write_report
-from profiler.simulator.run import (
-    RunSpec,
-    policy_label,
-    run_summary,
-    simulate,
-    write_sim_run,
-)
 from proxy.config import ConfigError, PolicyConfig
 from proxy.options import add_flags, option_fields
+
+# The simulator, pandas and the engine model are imported by each action once its flags are
+# parsed: a usage error or --help returns without them (benchmarks/cli_startup.py).
 
 
 def build_run_parser() -> argparse.ArgumentParser:
@@ -77,6 +64,10 @@ def policy_from_args(args: argparse.Namespace) -> PolicyConfig:
 
 def run_main(argv: list[str]) -> int:
     args = build_run_parser().parse_args(argv)
+    from profiler.replay.cli import default_label
+    from profiler.replay.output import summary_table
+    from profiler.simulator.run import RunSpec, policy_label, run_summary, simulate, write_sim_run
+
     spec = RunSpec(layout=args.layout, dataset=args.dataset, qps=args.qps,
                    policy=policy_from_args(args), cost=args.cost, model=args.model,
                    link=args.link, duration_s=args.duration, timeout_s=args.timeout,
@@ -109,11 +100,21 @@ def main(argv: list[str]) -> int:
                  "live-costs": live_costs_main}
     if argv and argv[0] in simulator:
         return simulator[argv[0]](argv[1:])
+    from profiler.engine import cli as engine_cli
+
     return engine_cli.main(argv)
 
 
 def grid_main(argv: list[str]) -> int:
+    from profiler.simulator import grid
+
     return grid.main(argv)
+
+
+def live_costs_main(argv: list[str]) -> int:
+    from profiler.simulator.live_costs import main
+
+    return main(argv)
 
 
 def build_paper_parser() -> argparse.ArgumentParser:
@@ -131,6 +132,11 @@ def build_paper_parser() -> argparse.ArgumentParser:
 
 def paper_main(argv: list[str]) -> int:
     args = build_paper_parser().parse_args(argv)
+    import pandas as pd
+
+    from profiler.simulator.paper import coverage_notes, load_grid
+    from profiler.simulator.paper_report import write_report
+
     frame = pd.concat([load_grid(path) for path in args.grid], ignore_index=True)
     for note in coverage_notes(frame):
         print(f"ppd sim paper: warning: {note}", file=sys.stderr)

@@ -27,13 +27,15 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profiler.simulator.flags import add_cluster_flags
 from profiler.simulator.layout import Layout
-from profiler.simulator.run import RunSpec, policy_label, run_summary, simulate
 from proxy.config import ConfigError, Policy, PolicyConfig, parse_policy_name
 from proxy.discretize import PAPER_CONTEXTS, WORKLOAD_SHAPES
+
+if TYPE_CHECKING:  # the simulator (numpy, the engine model) is imported when a grid runs
+    from profiler.simulator.run import RunSpec
 
 PAPER_QPS = (0.5, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0)
 PAPER_LAYOUTS = ("4R", "1P3D", "2P2D", "3P1D")
@@ -128,6 +130,8 @@ def grid_cells(layouts: Sequence[str], datasets: Sequence[str], qps: Sequence[fl
 def run_cell(cell: GridCell) -> dict[str, Any]:
     """One cell's row (what a worker process returns)."""
     started = time.perf_counter()
+    from profiler.simulator.run import run_summary, simulate
+
     result = simulate(cell.spec)
     summary = run_summary(cell.spec, result)
     row = cell.row()
@@ -224,6 +228,8 @@ def main(argv: list[str]) -> int:
         qps = [float(q) for q in _split(args.qps)]
     except ValueError:
         raise ValueError(f"--qps takes numbers, got {args.qps!r}") from None
+    from profiler.simulator.run import RunSpec
+
     base = RunSpec(layout="1P1D", dataset=datasets[0], qps=1.0, cost=args.cost,
                    model=args.model, link=args.link, duration_s=args.duration,
                    timeout_s=args.timeout, seed=args.seed, max_turns=args.max_turns,
@@ -263,4 +269,4 @@ def _split(text: str) -> list[str]:
 
 
 __all__ = ["HYBRID_LAYOUTS", "GridCell", "expand_layouts", "grid_cells", "paper_datasets",
-           "parse_policy", "policy_label", "run_grid"]
+           "parse_policy", "run_grid"]

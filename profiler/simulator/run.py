@@ -27,6 +27,7 @@ from profiler.replay.output import (
     plot_ttft_cdf,
     records_frame,
 )
+from profiler.simulator.flags import DEFAULT_COST, DEFAULT_LINK
 from profiler.simulator.layout import Layout
 from profiler.simulator.live_costs import step_costs_for
 from profiler.simulator.virtual_cluster import DEFAULT_TIMEOUT_S, SimResult, SimSetup, Simulator
@@ -37,9 +38,6 @@ from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.policies import RoutingPolicy
 from proxy.table import DecisionTable
 from proxy.vocabulary import Role, RouteKind
-
-DEFAULT_COST = "h100:llama-3.1-8b"
-DEFAULT_LINK = "nvlink"
 
 
 @dataclass(frozen=True, slots=True)
