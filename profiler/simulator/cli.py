@@ -66,7 +66,14 @@ def run_main(argv: list[str]) -> int:
     args = build_run_parser().parse_args(argv)
     from profiler.replay.cli import default_label
     from profiler.replay.output import summary_table
-    from profiler.simulator.run import RunSpec, policy_label, run_summary, simulate, write_sim_run
+    from profiler.simulator.run import (
+        RunSpec,
+        policy_label,
+        run_summary,
+        simulate,
+        simulated_setup,
+        write_sim_run,
+    )
 
     spec = RunSpec(layout=args.layout, dataset=args.dataset, qps=args.qps,
                    policy=policy_from_args(args), cost=args.cost, model=args.model,
@@ -88,6 +95,7 @@ def run_main(argv: list[str]) -> int:
              f"{args.dataset}")
     print(summary_table({**summary, "conversation_rate": spec.qps}, title=title))
     print(f"  {'KV moved P->D':<33} {result.kv_bytes_moved / 1e9:.2f} GB")
+    print(simulated_setup(spec).line())
     print(f"simulated {result.wall_time_s:.1f} s of cluster time in {elapsed:.2f} s; "
           f"outputs in {out}/")
     return 0
@@ -136,11 +144,24 @@ def paper_main(argv: list[str]) -> int:
 
     from profiler.simulator.paper import coverage_notes, load_grid
     from profiler.simulator.paper_report import write_report
+    from profiler.simulator.provenance import paper_differences, report_preface, setup_of_grid
+    from profiler.simulator.verdict import verdict_lines
 
     frame = pd.concat([load_grid(path) for path in args.grid], ignore_index=True)
+    setups = setup_of_grid(args.grid, frame)
     for note in coverage_notes(frame):
         print(f"ppd sim paper: warning: {note}", file=sys.stderr)
-    written = write_report(frame, args.out, source=" + ".join(map(str, args.grid)))
+    differences = paper_differences(setups)
+    if differences:
+        print(f"ppd sim paper: warning: not the paper's setup ({'; '.join(differences)}): "
+              "tables.md says so before setting its figures beside the paper's",
+              file=sys.stderr)
+    verdict = verdict_lines(frame)
+    written = write_report(frame, args.out, source=" + ".join(map(str, args.grid)),
+                           preface=report_preface(setups),
+                           closing=["## Verdict", "\n".join(f"- {line}" for line in verdict)])
     print("\n".join(f"wrote {path}" for path in written))
+    print("\n".join(setup.line() for setup in setups))
+    print("\n".join(verdict))
     return 0
 

@@ -20,6 +20,7 @@ the others they stay idle. `--layouts hybrids` names the paper's 4-node hybrids
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import re
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from profiler.simulator.flags import add_cluster_flags
 from profiler.simulator.layout import Layout
+from profiler.simulator.provenance import METADATA_KEY, SimulatedSetup, describe, sidecar_path
 from proxy.config import ConfigError, Policy, PolicyConfig, parse_policy_name
 from proxy.discretize import PAPER_CONTEXTS, WORKLOAD_SHAPES
 
@@ -170,15 +172,29 @@ def run_grid(cells: Sequence[GridCell], processes: int,
     return [row for row in rows if row is not None]
 
 
-def write_rows(rows: Iterable[dict[str, Any]], out: Path) -> Path:
+def write_rows(rows: Iterable[dict[str, Any]], out: Path,
+               setup: SimulatedSetup | None = None) -> Path:
+    """The grid table; with `setup`, its record in the Parquet metadata and a sidecar
+    (`provenance.sidecar_path`)."""
     import pandas as pd
 
     frame = pd.DataFrame(list(rows))
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".csv":
         frame.to_csv(out, index=False)
-    else:
+    elif setup is None:
         frame.to_parquet(out, index=False)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        metadata = {**(table.schema.metadata or {}),
+                    METADATA_KEY: json.dumps(setup.as_dict()).encode()}
+        pq.write_table(table.replace_schema_metadata(metadata), out)
+    if setup is not None:
+        sidecar_path(out).write_text(json.dumps({"setup": setup.as_dict(), "rows": len(frame)},
+                                                indent=2) + "\n")
     return out
 
 
@@ -257,10 +273,21 @@ def main(argv: list[str]) -> int:
             print(f"  {done}/{total} runs, {time.perf_counter() - started:.0f} s", flush=True)
 
     rows = run_grid(cells, args.processes, progress)
-    write_rows(rows, args.out)
+    layouts = list(dict.fromkeys(cell.spec.layout for cell in cells))
+    tables = {cell.spec.layout: cell.spec.policy.table for cell in cells
+              if cell.spec.policy.table is not None}
+    # The preset is loaded here only now that the workers are gone (see run_grid).
+    setup = describe(args.cost, args.link, base.model_name, layouts, tables)
+    write_rows(rows, args.out, setup)
     elapsed = time.perf_counter() - started
     print(f"simulated {len(rows)} runs in {elapsed:.1f} s with {args.processes} processes "
-          f"-> {args.out}")
+          f"-> {args.out} (setup in {sidecar_path(args.out)})")
+    print(setup.line())
+    import pandas as pd
+
+    from profiler.simulator.verdict import verdict_lines
+
+    print("\n".join(verdict_lines(pd.DataFrame(rows))))
     return 0
 
 
