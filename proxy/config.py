@@ -14,12 +14,11 @@ import contextlib
 import enum
 import ipaddress
 import json
-import math
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import yaml
 
@@ -29,10 +28,12 @@ from proxy.kv_subscriber import KvEventSource
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.logs import LogFormat, LogLevel
 from proxy.options import add_flags, option, option_fields
+from proxy.policies import registry
+from proxy.policies.base import Need
 from proxy.redact import redacted_url
+from proxy.residency import DEFAULT_KV_BLOCKS
 from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S
 from proxy.suggest import unknown_name
-from proxy.table import DEFAULT_SUCCESS_MARGIN
 from proxy.vocabulary import Role
 
 
@@ -40,21 +41,24 @@ class ConfigError(ValueError):
     """The configuration is invalid; the message says what to fix."""
 
 
-class Policy(enum.StrEnum):
-    """The routing policies (docs/architecture.md, "Request flow")."""
+def _policy_enum() -> type[enum.StrEnum]:
+    """The routing policies, one member per module of `proxy.policies` (its registry)."""
+    return enum.StrEnum(  # type: ignore[return-value]
+        "Policy", {name.upper().replace("-", "_"): name for name in registry.names()},
+        module=__name__)
 
-    PD = "pd"
-    LOCAL = "local"
-    FIXED = "fixed"
-    PPD = "ppd"
-    THRESHOLD = "threshold"
-    REPLICA = "replica"
-    LIVE = "live"
+
+if TYPE_CHECKING:
+    class Policy(enum.StrEnum):
+        """The routing policies (a member per `proxy.policies` module)."""
+
+else:
+    Policy = _policy_enum()
 
 
 def policy_names() -> tuple[str, ...]:
-    """Every routing policy's name, from the one place that lists them (the Policy enum)."""
-    return tuple(policy.value for policy in Policy)
+    """Every routing policy's name, from the one place that lists them (the registry)."""
+    return registry.names()
 
 
 def parse_policy_name(name: str) -> Policy:
@@ -62,6 +66,7 @@ def parse_policy_name(name: str) -> Policy:
     if name in policy_names():
         return Policy(name)
     raise ConfigError(unknown_name("policy", str(name), policy_names()))
+
 
 def _is_loopback_endpoint(endpoint: str) -> bool:
     """True iff a tcp://HOST:PORT endpoint is reachable from this host only."""
@@ -92,45 +97,47 @@ class NodeSpec:
                               "/v1/... and /health itself")
 
 
-@dataclass(frozen=True, slots=True)
-class PolicyConfig:
-    """Which policy decides routes, with its parameters."""
+@dataclass(frozen=True)
+class _PolicyKind:
+    kind: Policy = option(Policy("pd"), "routing policy", flag="policy", parse=parse_policy_name)
 
-    kind: Policy = option(Policy.PD, "routing policy", flag="policy", parse=parse_policy_name)
-    x: float | None = option(None, "policy fixed: share of turn 2+ run locally, in [0, 1]",
-                             metavar="F")
-    table: Path | None = option(None, "policy ppd: decision table (CSV or Parquet)",
-                                metavar="PATH")
-    w_ttft: float = option(1.0, "policies ppd and live: weight of the turn's TTFT change",
-                           metavar="W")
-    w_tpot: float = option(1.0, "policies ppd and live: weight of the TPOT change",
-                           metavar="W")
-    non_cached_tokens: int | None = option(
-        None, "policy threshold: local iff the uncached suffix has <= N tokens", metavar="N")
-    live_costs: Path | None = option(
-        None, "policy live: step-cost file (JSON; `ppd sim live-costs` writes one)",
-        metavar="PATH")
-    success_margin: float = option(
-        DEFAULT_SUCCESS_MARGIN, "policy ppd: a route whose success rate trails the other's by "
-        "more than M loses", metavar="M")
 
-    def __post_init__(self) -> None:
-        if self.kind is Policy.FIXED and self.x is None:
-            raise ConfigError("policy fixed needs --x F (the share of turn 2+ run locally)")
-        if self.x is not None and not (0.0 <= self.x <= 1.0):
-            raise ConfigError(f"--x must be in [0, 1], got {self.x}")
-        if self.kind is Policy.PPD and self.table is None:
-            raise ConfigError("policy ppd needs --table PATH (a decision table, CSV or Parquet)")
-        if self.kind is Policy.THRESHOLD and self.non_cached_tokens is None:
-            raise ConfigError("policy threshold needs --non-cached-tokens N")
-        if self.non_cached_tokens is not None and self.non_cached_tokens < 0:
-            raise ConfigError("--non-cached-tokens must be >= 0")
-        for name in ("w_ttft", "w_tpot"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be a finite number >= 0")
-        if not (0.0 <= self.success_margin <= 1.0):
-            raise ConfigError("success margin must be in [0, 1]")
+def _check_policy(config: Any) -> None:
+    """Every policy's flag values, then what the chosen policy needs."""
+    try:
+        if not isinstance(config.kind, Policy):
+            object.__setattr__(config, "kind", Policy(registry.get(config.kind).name))
+        for spec in registry.policies().values():
+            spec.check_flags(config)
+        spec = registry.get(config.kind)
+        spec.check(config)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if spec.needs.table is Need.REQUIRED and config.table is None:
+        raise ConfigError(f"policy {spec.name} needs --table PATH (a decision table, CSV or "
+                          "Parquet)")
+
+
+def _policy_config() -> type:
+    """`PolicyConfig`: `kind` (`--policy`), then every policy module's Flags."""
+    cls = make_dataclass("PolicyConfig", [], bases=(*registry.flag_classes(), _PolicyKind),
+                         frozen=True, namespace={"__post_init__": _check_policy,
+                                                 "__module__": __name__})
+    cls.__doc__ = "Which policy decides routes, with every policy's parameters."
+    return cls
+
+
+if TYPE_CHECKING:
+    class PolicyConfig:
+        """Which policy decides routes, with every policy's parameters (their Flags)."""
+
+        kind: Policy
+
+        def __init__(self, kind: Policy | str = ..., **flags: Any) -> None: ...
+        def __getattr__(self, name: str) -> Any: ...
+
+else:
+    PolicyConfig = _policy_config()
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +187,10 @@ class ProxyConfig:
     health_interval: float = option(5.0, "seconds between health checks", metavar="S")
     metrics_interval: float = option(
         1.0, "policy live: seconds between scrapes of every node's /metrics", metavar="S")
+    kv_blocks: int | None = option(
+        None, "policy live: every D/R node's KV cache capacity in blocks, bounding its "
+        f"residency index (default: each node's vllm:cache_config_info num_gpu_blocks, else "
+        f"{DEFAULT_KV_BLOCKS})", metavar="N")
     load_window: float = option(
         DEFAULT_LOAD_WINDOW_S, "sliding window of the turns-per-second load meter, seconds",
         metavar="S")
@@ -192,6 +203,10 @@ class ProxyConfig:
     breaker_cooldown: float = option(
         DEFAULT_COOLDOWN_S, "seconds an open circuit waits before one probe request",
         metavar="S")
+    kv_readback_ttl: float | None = option(
+        None, "seconds the D nodes keep a finished turn's KV for P to read back (vLLM's "
+        "decoder_kv_blocks_ttl with bidirectional_kv_xfer; a cluster.json from `ppd cluster "
+        "up` sets it); unset: no readback route (docs/readback.md)", metavar="S")
     log_level: LogLevel = option(LogLevel.INFO, "log level (info: one access line per request)")
     log_format: LogFormat = option(LogFormat.TEXT, "log format: text, or one JSON object a line")
 
@@ -203,6 +218,8 @@ class ProxyConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
+        if self.kv_readback_ttl is not None and not self.kv_readback_ttl > 0:
+            raise ConfigError("--kv-readback-ttl must be > 0")
         if not self.shutdown_grace >= 0:
             raise ConfigError("--shutdown-grace must be >= 0")
         if self.breaker_failures < 1:
@@ -214,6 +231,8 @@ class ProxyConfig:
         _check_scale_out(self.session_store, self.workers, self.discovery)
         if self.max_body_bytes < 1:
             raise ConfigError("--max-body-bytes must be >= 1")
+        if self.kv_blocks is not None and self.kv_blocks < 1:
+            raise ConfigError("--kv-blocks must be >= 1")
         if self.max_in_flight is not None and self.max_in_flight < 1:
             raise ConfigError("--max-in-flight must be >= 1")
         roles: dict[str, Role] = {}
@@ -221,8 +240,9 @@ class ProxyConfig:
             if roles.setdefault(node.url, node.role) is not node.role:
                 raise ConfigError(f"node {node.url} is listed with two roles "
                                   f"({roles[node.url]} and {node.role})")
-        if self.policy.kind is Policy.LIVE and self.policy.live_costs is None:
-            raise ConfigError("policy live needs --live-costs PATH (a step-cost file): "
+        spec = registry.get(self.policy.kind)
+        if spec.needs.costs is Need.REQUIRED and self.policy.live_costs is None:
+            raise ConfigError(f"policy {spec.name} needs --live-costs PATH (a step-cost file): "
                               f"{live_costs_hint(None)}")
         if self.discovery is not None and not self.discovery.startswith("tcp://"):
             raise ConfigError(f"--discovery must look like tcp://HOST:PORT, got {self.discovery!r}")
@@ -233,16 +253,15 @@ class ProxyConfig:
                               "--discovery-token T (nodes register with --token T), bind "
                               "127.0.0.1, or pass --insecure-discovery")
         if self.discovery is None and not self._servable():
-            need = ("--replica" if self.policy.kind is Policy.REPLICA
+            need = ("--replica" if spec.replicas_only
                     else "at least one --prefill and one --decode")
             raise ConfigError(f"no route can be served: policy {self.policy.kind} needs {need} "
                               "(or --cluster FILE, or --discovery for registered nodes)")
 
     def _servable(self) -> bool:
+        """The nodes listed can start the policy: one of each role of its first role set."""
         roles = {node.role for node in self.nodes}
-        if self.policy.kind is Policy.REPLICA:
-            return Role.REPLICA in roles
-        return Role.PREFILL in roles and Role.DECODE in roles
+        return set(registry.get(self.policy.kind).roles[0]) <= roles
 
 
 def _check_scale_out(store: str, workers: int, discovery: str | None) -> None:
@@ -340,14 +359,30 @@ def load_config_file(path: Path) -> dict[str, Any]:
     return out
 
 
-def load_cluster_file(path: Path) -> list[NodeSpec]:
-    """Nodes from a cluster.json (`{"nodes": [{"role": ..., "url": ...}, ...]}`)."""
+def _read_cluster_file(path: Path) -> Any:
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except OSError as exc:
         raise ConfigError(f"cannot read cluster file {path}: {exc.strerror or exc}") from exc
     except json.JSONDecodeError as exc:
         raise ConfigError(f"cluster file {path} is not valid JSON: {exc}") from exc
+
+
+def cluster_readback_ttl(path: Path) -> float | None:
+    """How long a cluster.json's D nodes keep a turn's KV for a readback (None: not offered)."""
+    data = _read_cluster_file(path)
+    ttl = data.get("kv_readback_ttl_s") if isinstance(data, dict) else None
+    if ttl is None:
+        return None
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
+        raise ConfigError(f"cluster file {path}: kv_readback_ttl_s must be a positive number "
+                          f"of seconds or null, got {ttl!r}")
+    return float(ttl)
+
+
+def load_cluster_file(path: Path) -> list[NodeSpec]:
+    """Nodes from a cluster.json (`{"nodes": [{"role": ..., "url": ...}, ...]}`)."""
+    data = _read_cluster_file(path)
     nodes = data.get("nodes") if isinstance(data, dict) else None
     if not isinstance(nodes, list):
         raise ConfigError(f"cluster file {path} has no 'nodes' list")
@@ -413,6 +448,8 @@ def config_from_namespace(args: argparse.Namespace) -> ProxyConfig:
     if cluster is not None:
         nodes += load_cluster_file(cluster)
         kv_events += kv_sources.from_cluster_file(cluster)
+        if settings.get("kv_readback_ttl") is None:
+            settings["kv_readback_ttl"] = cluster_readback_ttl(cluster)
     try:
         kv_events += [kv_sources.parse_flag(value) for value in args.kv_events]
     except kv_sources.KvSourceError as exc:
@@ -422,8 +459,9 @@ def config_from_namespace(args: argparse.Namespace) -> ProxyConfig:
     unique = tuple(dict.fromkeys(nodes))  # keep order, drop repeats
     policy = PolicyConfig(**{o.name: settings.pop(o.key) for o in option_fields(PolicyConfig)
                              if o.key in settings})
-    if policy.kind is Policy.LIVE and policy.live_costs is None:
-        raise ConfigError(f"policy live needs --live-costs PATH (a step-cost file): "
+    spec = registry.get(policy.kind)
+    if spec.needs.costs is Need.REQUIRED and policy.live_costs is None:
+        raise ConfigError(f"policy {spec.name} needs --live-costs PATH (a step-cost file): "
                           f"{live_costs_hint(cluster)}")
     return ProxyConfig(nodes=unique, policy=policy, kv_events=kv_sources.merge(kv_events),
                        **settings)

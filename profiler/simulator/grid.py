@@ -23,18 +23,19 @@ import argparse
 import json
 import multiprocessing
 import os
-import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profiler.simulator.flags import add_cluster_flags
 from profiler.simulator.layout import Layout
 from profiler.simulator.provenance import METADATA_KEY, SimulatedSetup, describe, sidecar_path
-from proxy.config import ConfigError, Policy, PolicyConfig, parse_policy_name
+from proxy.config import Policy, PolicyConfig
 from proxy.discretize import PAPER_CONTEXTS, WORKLOAD_SHAPES
+from proxy.policies import registry
 
 if TYPE_CHECKING:  # the simulator (numpy, the engine model) is imported when a grid runs
     from profiler.simulator.run import RunSpec
@@ -51,8 +52,6 @@ SUMMARY_COLUMNS = (
     "total_tok_s", "requests_s", "local_share", "replica_share", "kv_bytes_moved",
     "wall_time_s",
 )
-_PPD = re.compile(r"^ppd(?:-wtpot(?P<tpot>[\d.]+))?$")
-_LIVE = re.compile(r"^live(?P<table>-table)?(?:-wtpot(?P<tpot>[\d.]+))?$")
 
 
 def paper_datasets() -> list[str]:
@@ -62,31 +61,10 @@ def paper_datasets() -> list[str]:
 
 
 def parse_policy(label: str, table: Path | None = None) -> PolicyConfig:
-    """A policy label (see the module docstring) as the proxy's PolicyConfig."""
-    label = label.strip()
-    if label.startswith("x="):
-        try:
-            x = float(label[2:])
-        except ValueError:
-            raise ValueError(f"bad policy {label!r}: x=F wants a number in [0, 1]") from None
-        return PolicyConfig(kind=Policy.FIXED, x=x)
-    if label.startswith("threshold-") and label[10:].isdigit():
-        return PolicyConfig(kind=Policy.THRESHOLD, non_cached_tokens=int(label[10:]))
-    if (match := _PPD.match(label)) is not None:
-        if table is None:
-            raise ValueError(f"policy {label} needs a decision table (--table or --table-dir)")
-        return PolicyConfig(kind=Policy.PPD, table=table,
-                            w_tpot=float(match["tpot"]) if match["tpot"] else 1.0)
-    if (match := _LIVE.match(label)) is not None:
-        if match["table"] and table is None:
-            raise ValueError(f"policy {label} needs a decision table (--table or --table-dir)")
-        return PolicyConfig(kind=Policy.LIVE, table=table if match["table"] else None,
-                            w_tpot=float(match["tpot"]) if match["tpot"] else 1.0)
-    try:
-        return PolicyConfig(kind=parse_policy_name(label))
-    except ConfigError as exc:
-        raise ValueError(f"{exc}; in a grid also x=F, ppd-wtpotW, threshold-N, live-wtpotW, "
-                         "live-table") from None
+    """A policy label (see the module docstring; each policy module parses its own) as the
+    proxy's PolicyConfig."""
+    name, flags = registry.parse_label(label, lambda: table)
+    return PolicyConfig(kind=Policy(name), **flags)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +94,11 @@ def grid_cells(layouts: Sequence[str], datasets: Sequence[str], qps: Sequence[fl
     for layout_name in layouts:
         layout = Layout.parse(layout_name)
         for label in policies:
-            is_replica = label == "replica"
-            if is_replica != (layout.replica > 0 and not layout.disaggregated):
+            name, flags = registry.parse_label(label, partial(table_for, layout.name))
+            on_replicas = registry.get(name).replicas_only
+            if on_replicas != (layout.replica > 0 and not layout.disaggregated):
                 continue
-            config = parse_policy(label, table_for(layout.name)
-                                  if label.startswith(("ppd", "live-table")) else None)
+            config = PolicyConfig(kind=Policy(name), **flags)
             for dataset in datasets:
                 for point in qps:
                     spec = replace(base, layout=layout.name, dataset=dataset, qps=point,

@@ -36,7 +36,8 @@ from profiler.simulator.workload import arrivals, conversations_needed, load_con
 from proxy.config import Policy, PolicyConfig
 from proxy.live import StepCosts
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
-from proxy.policies import RoutingPolicy
+from proxy.policies import RoutingPolicy, registry
+from proxy.policies.base import Need
 from proxy.table import DecisionTable
 from proxy.vocabulary import Role, RouteKind
 
@@ -68,13 +69,14 @@ class RunSpec:
         if self.client_connections is not None and self.client_connections < 1:
             raise ValueError("client connections must be at least 1 (or unset: no cap)")
         layout = Layout.parse(self.layout)
-        replica = self.policy.kind is Policy.REPLICA
+        replica = registry.get(self.policy.kind).replicas_only
         if replica and not layout.replica:
-            raise ValueError(f"policy replica needs R nodes; layout {self.layout} has none "
-                             "(use e.g. 4R)")
+            raise ValueError(f"policy {self.policy.kind} needs R nodes; layout {self.layout} "
+                             "has none (use e.g. 4R)")
         if not replica and not layout.disaggregated:
             raise ValueError(f"policy {self.policy.kind} needs P and D nodes; layout "
-                             f"{self.layout} has none (use e.g. 1P3D, or --policy replica)")
+                             f"{self.layout} has none (use e.g. 1P3D, or a policy that serves "
+                             "from replicas)")
 
     @property
     def model_name(self) -> str:
@@ -125,8 +127,8 @@ def routing_policy(config: PolicyConfig, costs: StepCosts | None = None) -> Rout
 
 
 def live_costs(spec: RunSpec) -> StepCosts | None:
-    """Policy live's step costs: its --live-costs file, else fitted to the run's preset."""
-    if spec.policy.kind is not Policy.LIVE:
+    """A policy's step costs (live's): its --live-costs file, else fitted to the run's preset."""
+    if registry.get(spec.policy.kind).needs.costs is Need.NO:
         return None
     if spec.policy.live_costs is not None:
         return StepCosts.load(spec.policy.live_costs)
@@ -210,17 +212,5 @@ def _json_default(value: object) -> object:
 
 
 def policy_label(config: PolicyConfig) -> str:
-    """A short name for a policy config: pd, local, x=0.33, ppd, ppd-wtpot3, replica, ..."""
-    kind = config.kind
-    if kind is Policy.FIXED:
-        return f"x={config.x:.2g}"
-    if kind is Policy.THRESHOLD:
-        return f"threshold-{config.non_cached_tokens}"
-    if kind in (Policy.PPD, Policy.LIVE):
-        prefix = "ppd" if kind is Policy.PPD else (
-            "live-table" if config.table is not None else "live")
-        weights = "" if (config.w_ttft, config.w_tpot) == (1.0, 1.0) else (
-            f"-wtpot{config.w_tpot:g}" if config.w_ttft == 1.0
-            else f"-w{config.w_ttft:g}:{config.w_tpot:g}")
-        return f"{prefix}{weights}"
-    return str(kind)
+    """A short name for a policy config (its module's label): pd, x=0.33, ppd-wtpot3, ..."""
+    return registry.get(config.kind).label(config)

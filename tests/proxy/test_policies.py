@@ -10,7 +10,8 @@ import pytest
 
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import Cell, ContextClass
-from proxy.policies import RoutingPolicy, stable_fraction
+from proxy.policies import RoutingPolicy
+from proxy.policies.fixed import stable_fraction
 from proxy.table import DecisionTable
 from proxy.vocabulary import Reason, RouteKind, Workload
 
@@ -67,7 +68,8 @@ def test_fixed_is_deterministic_and_close_to_x() -> None:
 
 def test_stable_fraction_is_the_same_in_another_process() -> None:
     # A process with another hash seed must draw the same value: hash() would not.
-    code = "from proxy.policies import stable_fraction; print(repr(stable_fraction('abc', 2)))"
+    code = ("from proxy.policies.fixed import stable_fraction; "
+            "print(repr(stable_fraction('abc', 2)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={**os.environ, "PYTHONHASHSEED": "12345"})
     assert float(out.stdout) == stable_fraction("abc", 2)

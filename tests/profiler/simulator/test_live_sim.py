@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-import proxy.policies
+import proxy.policies.live
 from profiler.engine import LinearCost
 from profiler.engine.config import EngineConfig
 from profiler.engine.transfer import load_link, load_model_shape
@@ -29,14 +29,14 @@ LLAMA_KV = load_model_shape("llama-3.1-8b").kv_bytes_per_token
 def _run(hand_cost: LinearCost, blocks: int,
          monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, int, str]], list[Decision]]:
     decisions: list[Decision] = []
-    decide = proxy.policies.RoutingPolicy._decide_live
+    predicted = proxy.policies.live._predicted
 
-    def spy(self, workload, state):  # type: ignore[no-untyped-def]
-        decision = decide(self, workload, state)
+    def spy(turn, state, inputs, scorer):  # type: ignore[no-untyped-def]
+        decision, scorer = predicted(turn, state, inputs, scorer)
         decisions.append(decision)
-        return decision
+        return decision, scorer
 
-    monkeypatch.setattr(proxy.policies.RoutingPolicy, "_decide_live", spy)
+    monkeypatch.setattr(proxy.policies.live, "_predicted", spy)
     costs = StepCosts(hand_cost.base_ms, hand_cost.per_prefill_token_ms,
                       hand_cost.per_decode_seq_ms)
     setup = SimSetup(Layout.parse("1P1D"), hand_cost,
