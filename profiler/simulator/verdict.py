@@ -3,7 +3,7 @@ much? Printed at the end of `ppd sim grid` and of `ppd sim paper`'s report.
 
 Two lines' worth, from the same scores as the paper's comparison (`paper.scores`: a policy's
 w_ttft * turn-2+ TTFT gain - w_tpot * TPOT loss against P->D in its cell, success-guarded):
-- the best fixed route per cell (pd, x=F, local) against P->D: its turn-2+ TTFT and TPOT
+- the best fixed route per cell (pd, x=F, local, readback) against P->D: its turn-2+ TTFT and TPOT
   change (median over cells, and the range), and how often P->D itself was best;
 - each adaptive policy in the grid (ppd*, live*), on its own weights: in how many cells it beat
   every fixed policy by more than the tolerance (and by how much), tied the best, or trailed.
@@ -19,6 +19,9 @@ import pandas as pd
 from profiler.simulator.paper import FIXED, SUCCESS_GUARD, cell_key, scores
 
 TOLERANCE = 0.01  # score margin within which two policies tie (as `paper.ppd_versus_fixed`)
+# The fixed routes: the paper's x values, and P reading the history back from D (issue 31's
+# third route) when a grid runs it alone.
+FIXED_ROUTES = (*FIXED, "readback")
 _WTPOT = re.compile(r"-wtpot([\d.]+)$")
 _ADAPTIVE = ("ppd", "live")
 
@@ -39,7 +42,7 @@ def verdict_lines(grid: pd.DataFrame, tolerance: float = TOLERANCE) -> list[str]
 
 def _best_fixed_line(grid: pd.DataFrame) -> str:
     scored = scores(grid)
-    scored = scored[scored["policy"].isin(FIXED) & (scored["score"] > -math.inf)]
+    scored = scored[scored["policy"].isin(FIXED_ROUTES) & (scored["score"] > -math.inf)]
     key = cell_key(grid)
     best = scored.loc[scored.groupby(key)["score"].idxmax()]
     if best.empty:
@@ -58,7 +61,7 @@ def _adaptive_line(grid: pd.DataFrame, label: str, tolerance: float) -> str:
     scored = scores(grid, 1.0, w_tpot)
     wide = scored.pivot_table(index=cell_key(grid), columns="policy", values="score",
                               aggfunc="first")
-    fixed = [p for p in FIXED if p in wide.columns]
+    fixed = [p for p in FIXED_ROUTES if p in wide.columns]
     if label not in wide.columns or not fixed:
         return f"verdict: {label}: no cell to compare with a fixed route"
     cells = wide[[label, *fixed]].dropna()
