@@ -5,8 +5,9 @@ The nodes are the ones the target proxy lists in its /stats (`backends`); a targ
 not a ppd proxy is taken to be a node itself. Each gets vLLM's `POST /reset_prefix_cache`,
 a dev-mode route (the server needs VLLM_SERVER_DEV_MODE=1; `ppd cluster up` sets it on
 loopback nodes, and emulated nodes always serve it). vLLM answers `{"success": false}` while
-blocks are still held (a request running, KV a D has not pulled yet): that is retried for a
-while, then reported.
+blocks are still held (a request running, KV a D has not pulled yet, or a finished turn's KV a
+D keeps for a readback - vLLM's decoder_kv_blocks_ttl, which no reset releases): that is
+retried for a while, then reported.
 """
 
 from __future__ import annotations
@@ -81,7 +82,11 @@ def _reset(client: httpx.Client, node: str, retry_for_s: float,
             return
         if time.monotonic() >= deadline:
             raise PrefixResetError(
-                f"node {shown} still holds KV blocks after {retry_for_s:g} s (requests "
-                "running, or KV a decode node has not pulled): its prefix cache was not "
-                "reset; wait for the cluster to be idle and run again")
+                f"node {shown} still holds KV blocks after {retry_for_s:g} s, so its prefix "
+                "cache was not reset: requests are running, KV a decode node has not pulled, "
+                "or - on a NIXL cluster with KV readback on - a decode node keeps each "
+                "finished turn's KV for the readback TTL (vLLM's decoder_kv_blocks_ttl, "
+                "480 s by default). Wait for the cluster to be idle, or start it with "
+                "`ppd cluster up --no-kv-readback` (or a short --kv-readback-ttl) to compare "
+                "cold runs")
         sleep(RETRY_EVERY_S)
