@@ -40,17 +40,15 @@ from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
 from proxy.health import HealthMonitor
 from proxy.kv_health import KvEventCollector
 from proxy.kv_health import health as kv_health
-from proxy.live import StepCosts
 from proxy.live_view import LiveRuntime
 from proxy.load_meter import RateMeter
 from proxy.metrics import ProxyMetrics
-from proxy.policies import RoutingPolicy
+from proxy.preflight import load_policy
 from proxy.router import Router
 from proxy.server import serve_app
 from proxy.sessions.open_store import open_store
 from proxy.sessions.readback_book import ReadbackBook
 from proxy.sessions.store import SessionStore, watch_store
-from proxy.table import DecisionTable
 from proxy.tokens import token_counter
 from proxy.transport import default_transport
 
@@ -85,9 +83,7 @@ class ProxyState:
 def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
                 clock: Callable[[], float]) -> ProxyState:
     """Assemble the ledgers, policy and router from the config (loads table and tokenizer)."""
-    table = DecisionTable.load(config.policy.table) if config.policy.table else None
-    costs = StepCosts.load(config.policy.live_costs) if config.policy.live_costs else None
-    policy = RoutingPolicy(config.policy, table, costs)
+    policy = load_policy(config.policy)
     pool = BackendPool(config.nodes, breaker=Breaker(config.breaker_failures,
                                                      config.breaker_cooldown), clock=clock)
     sessions = open_store(config.session_store, config.session_ttl, config.max_sessions, clock)

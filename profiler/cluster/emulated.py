@@ -83,7 +83,8 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
                            [(n.role, n.url, n.proc.pid, n.proc.log) for n in started],
                            kv_readback_ttl_s=config.kv_readback_ttl_s)
     doc["emulated"] = {"preset": preset.name, "link": preset.link.name,
-                       "backend": emulated_backend(preset.name), "tokenizer": str(tokenizer)}
+                       "backend": emulated_backend(preset.name), "tokenizer": str(tokenizer),
+                       "cost": cost_argument(hardware, config.model)}
     write_json(cluster.cluster_file, doc)
     return cluster
 
@@ -93,6 +94,15 @@ def preset_argument(hardware: str) -> str:
     process runs in the state directory, where a relative path does not lead)."""
     path = Path(hardware)
     return str(path.resolve()) if path.is_file() else hardware
+
+
+def cost_argument(hardware: str, model: str) -> str | None:
+    """The `--cost` that `ppd sim live-costs` and `ppd sim run` take for these nodes' preset
+    (None for `linear`, which only the emulator knows)."""
+    if hardware == "linear":
+        return None
+    path = Path(hardware)
+    return str(path.resolve()) if path.is_file() else f"{hardware}:{model}"
 
 
 def emulation_record(cluster_file: Path) -> dict[str, str] | None:

@@ -12,6 +12,7 @@ replicas, which publish KV events as D does (`profiler.node_kv_events`).
 from __future__ import annotations
 
 import enum
+import ipaddress
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -223,11 +224,17 @@ def node_command(config: ClusterConfig, model: ServedModel, node: NodePlan) -> l
 
 
 def node_env(config: ClusterConfig, node: NodePlan, base: Mapping[str, str]) -> dict[str, str]:
-    """`base` plus what a node needs: offline hub, KV space and core pinning (CPU), GPU id,
-    and for NIXL its own side-channel port (and UCX's transports on the CPU)."""
+    """`base` plus what a node needs: offline hub, dev mode (loopback only), KV space and core
+    pinning (CPU), GPU id, and for NIXL its own side-channel port (and UCX's transports on
+    the CPU)."""
     env = dict(base)
     env["HF_HUB_OFFLINE"] = "1"
     env["VLLM_NO_USAGE_STATS"] = "1"
+    if _is_loopback(config.host):
+        # vLLM's dev routes, for POST /reset_prefix_cache (`ppd replay --reset-prefix-cache`:
+        # runs that start cold). They also expose sleep and RPC endpoints, so only on a node
+        # no other host can reach.
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     if config.device is Device.CPU:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(config.kv_cache_gib)
         # One OpenMP thread per node on its own core: unpinned, each server would spin a
@@ -241,6 +248,15 @@ def node_env(config: ClusterConfig, node: NodePlan, base: Mapping[str, str]) -> 
         if config.device is Device.CPU:
             env.setdefault("UCX_TLS", CPU_UCX_TLS)  # a user's own UCX_TLS wins
     return env
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name or 0.0.0.0: other hosts may reach it
+        return False
 
 
 def nixl_side_channel_port(config: ClusterConfig, node: NodePlan) -> int:

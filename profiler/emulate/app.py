@@ -1,8 +1,9 @@
 """The HTTP face of one emulated node: vLLM's OpenAI server routes on a NodeService.
 
 Routes: POST /v1/chat/completions and /v1/completions (streamed or not), POST /tokenize
-(chat messages or a prompt), GET /v1/models, /health, /metrics, /version. Errors are
-OpenAI-shaped ({"error": {...}}) like vLLM's.
+(chat messages or a prompt), GET /v1/models, /health, /metrics, /version, and POST
+/reset_prefix_cache (a vLLM dev-mode route). Errors are OpenAI-shaped ({"error": {...}}) like
+vLLM's.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ def create_node_app(service: NodeService) -> Quart:
     async def metrics() -> Response:
         return Response(service.metrics.render(),
                         content_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, bool]:
+        # vLLM's dev-mode route (VLLM_SERVER_DEV_MODE=1), always on here: 200 with
+        # {"success": false} while requests hold blocks, as vLLM answers.
+        return {"success": service.node.engine.reset_prefix_cache()}
 
     @app.post("/tokenize")
     async def tokenize() -> Response:

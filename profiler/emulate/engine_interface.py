@@ -109,6 +109,11 @@ class NodeEngine(Protocol):
         """A hold_kv job's KV was pulled (or never will be): free its blocks."""
         ...
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget the cached prefixes (vLLM's POST /reset_prefix_cache); False while a job
+        holds blocks."""
+        ...
+
     def abort(self, job_id: str, now: float) -> None:
         """Drop a job (the client went away); its blocks are freed. Unknown ids are ignored."""
         ...

@@ -89,6 +89,9 @@ class SimNodeEngine:
             self.engine.release_kv(job_id)
             self._forget(job_id)
 
+    def reset_prefix_cache(self) -> bool:
+        return self.engine.reset_prefix_cache()
+
     def abort(self, job_id: str, now: float) -> None:
         if self._sequence(job_id) is None:
             return

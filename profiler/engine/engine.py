@@ -112,6 +112,11 @@ class Engine:
         self._scheduler.kv_arrived(seq)
         self._stalled = False
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop the prefix cache (vLLM's POST /reset_prefix_cache): False while any request
+        holds KV blocks."""
+        return self._scheduler.cache.reset()
+
     def release_kv(self, request_id: str) -> None:
         """P: the D has read this finished request's KV; its blocks become cached/free."""
         seq = self._kv_held.pop(request_id, None)

@@ -20,6 +20,7 @@ the others they stay idle. `--layouts hybrids` names the paper's 4-node hybrids
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import time
@@ -27,14 +28,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profiler.simulator.flags import add_cluster_flags
-from profiler.simulator.run import RunSpec, policy_label, run_summary, simulate
+from profiler.simulator.provenance import METADATA_KEY, SimulatedSetup, describe, sidecar_path
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import PAPER_CONTEXTS, WORKLOAD_SHAPES
 from proxy.policies import registry
 from proxy.vocabulary import Layout
+
+if TYPE_CHECKING:  # the simulator (numpy, the engine model) is imported when a grid runs
+    from profiler.simulator.run import RunSpec
 
 PAPER_QPS = (0.5, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0)
 PAPER_LAYOUTS = ("4R", "1P3D", "2P2D", "3P1D")
@@ -106,6 +110,8 @@ def grid_cells(layouts: Sequence[str], datasets: Sequence[str], qps: Sequence[fl
 def run_cell(cell: GridCell) -> dict[str, Any]:
     """One cell's row (what a worker process returns)."""
     started = time.perf_counter()
+    from profiler.simulator.run import run_summary, simulate
+
     result = simulate(cell.spec)
     summary = run_summary(cell.spec, result)
     row = cell.row()
@@ -144,15 +150,29 @@ def run_grid(cells: Sequence[GridCell], processes: int,
     return [row for row in rows if row is not None]
 
 
-def write_rows(rows: Iterable[dict[str, Any]], out: Path) -> Path:
+def write_rows(rows: Iterable[dict[str, Any]], out: Path,
+               setup: SimulatedSetup | None = None) -> Path:
+    """The grid table; with `setup`, its record in the Parquet metadata and a sidecar
+    (`provenance.sidecar_path`)."""
     import pandas as pd
 
     frame = pd.DataFrame(list(rows))
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".csv":
         frame.to_csv(out, index=False)
-    else:
+    elif setup is None:
         frame.to_parquet(out, index=False)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        metadata = {**(table.schema.metadata or {}),
+                    METADATA_KEY: json.dumps(setup.as_dict()).encode()}
+        pq.write_table(table.replace_schema_metadata(metadata), out)
+    if setup is not None:
+        sidecar_path(out).write_text(json.dumps({"setup": setup.as_dict(), "rows": len(frame)},
+                                                indent=2) + "\n")
     return out
 
 
@@ -202,6 +222,8 @@ def main(argv: list[str]) -> int:
         qps = [float(q) for q in _split(args.qps)]
     except ValueError:
         raise ValueError(f"--qps takes numbers, got {args.qps!r}") from None
+    from profiler.simulator.run import RunSpec
+
     base = RunSpec(layout="1P1D", dataset=datasets[0], qps=1.0, cost=args.cost,
                    model=args.model, link=args.link, duration_s=args.duration,
                    timeout_s=args.timeout, seed=args.seed, max_turns=args.max_turns,
@@ -229,10 +251,21 @@ def main(argv: list[str]) -> int:
             print(f"  {done}/{total} runs, {time.perf_counter() - started:.0f} s", flush=True)
 
     rows = run_grid(cells, args.processes, progress)
-    write_rows(rows, args.out)
+    layouts = list(dict.fromkeys(cell.spec.layout for cell in cells))
+    tables = {cell.spec.layout: cell.spec.policy.table for cell in cells
+              if cell.spec.policy.table is not None}
+    # The preset is loaded here only now that the workers are gone (see run_grid).
+    setup = describe(args.cost, args.link, base.model_name, layouts, tables)
+    write_rows(rows, args.out, setup)
     elapsed = time.perf_counter() - started
     print(f"simulated {len(rows)} runs in {elapsed:.1f} s with {args.processes} processes "
-          f"-> {args.out}")
+          f"-> {args.out} (setup in {sidecar_path(args.out)})")
+    print(setup.line())
+    import pandas as pd
+
+    from profiler.simulator.verdict import verdict_lines
+
+    print("\n".join(verdict_lines(pd.DataFrame(rows))))
     return 0
 
 
@@ -241,4 +274,4 @@ def _split(text: str) -> list[str]:
 
 
 __all__ = ["HYBRID_LAYOUTS", "GridCell", "expand_layouts", "grid_cells", "paper_datasets",
-           "parse_policy", "policy_label", "run_grid"]
+           "parse_policy", "run_grid"]

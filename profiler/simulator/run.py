@@ -27,7 +27,9 @@ from profiler.replay.output import (
     plot_ttft_cdf,
     records_frame,
 )
+from profiler.simulator.flags import DEFAULT_COST, DEFAULT_LINK
 from profiler.simulator.live_costs import step_costs_for
+from profiler.simulator.provenance import SimulatedSetup, describe
 from profiler.simulator.virtual_cluster import DEFAULT_TIMEOUT_S, SimResult, SimSetup, Simulator
 from profiler.simulator.workload import arrivals, conversations_needed, load_conversations
 from proxy.config import Policy, PolicyConfig
@@ -37,9 +39,6 @@ from proxy.policies import RoutingPolicy, registry
 from proxy.policies.base import Need
 from proxy.table import DecisionTable
 from proxy.vocabulary import Layout, Role, RouteKind
-
-DEFAULT_COST = "h100:llama-3.1-8b"
-DEFAULT_LINK = "nvlink"
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +169,8 @@ def run_summary(spec: RunSpec, result: SimResult) -> dict[str, Any]:
 
 def write_sim_run(out_dir: Path, spec: RunSpec, result: SimResult, summary: dict[str, Any],
                   *, label: str) -> list[Path]:
-    """The replay's run directory for a simulated run."""
+    """The replay's run directory for a simulated run (summary.json's `simulated_setup`
+    says what was simulated: `simulated_setup(spec)`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     frame = records_frame(result.records)
     csv_frame = frame.copy()
@@ -186,6 +186,7 @@ def write_sim_run(out_dir: Path, spec: RunSpec, result: SimResult, summary: dict
         "cost": spec.cost,
         "backend": f"simulated ({spec.cost}, {spec.link})",
         "config": spec.config(),
+        "simulated_setup": simulated_setup(spec).as_dict(),
         "nodes": result.node_stats,
         "summary": summary,
     }
@@ -193,6 +194,12 @@ def write_sim_run(out_dir: Path, spec: RunSpec, result: SimResult, summary: dict
     plot_ttft_cdf(result.records, out_dir / TTFT_CDF_PNG, title=f"{label} (simulated)")
     return [out_dir / name for name in (REQUESTS_CSV, REQUESTS_PARQUET, SUMMARY_FILE,
                                         TTFT_CDF_PNG)]
+
+
+def simulated_setup(spec: RunSpec) -> SimulatedSetup:
+    """What a run simulated: preset (with its vLLM version), link, model, layout, table."""
+    tables = {spec.layout: spec.policy.table} if spec.policy.table is not None else {}
+    return describe(spec.cost, spec.link, spec.model_name, [spec.layout], tables)
 
 
 def _json_default(value: object) -> object:

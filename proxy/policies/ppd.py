@@ -30,8 +30,10 @@ class Flags:
 
     table: Path | None = option(None, "policy ppd: decision table (CSV or Parquet)",
                                 metavar="PATH")
-    w_ttft: float = option(1.0, "policy ppd: weight of the turn's TTFT change", metavar="W")
-    w_tpot: float = option(1.0, "policy ppd: weight of the TPOT change", metavar="W")
+    w_ttft: float = option(1.0, "policies ppd and live: weight of the turn's TTFT change",
+                           metavar="W")
+    w_tpot: float = option(1.0, "policies ppd and live: weight of the TPOT change",
+                           metavar="W")
     success_margin: float = option(
         DEFAULT_SUCCESS_MARGIN, "policy ppd: a route whose success rate trails the other's by "
         "more than M loses", metavar="M")

@@ -447,12 +447,27 @@ def test_cli_bad_layout_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> 
     assert "bad layout '3X'" in capsys.readouterr().err
 
 
-def test_cli_down_without_cluster_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(ClusterError, match="no cluster in .*cluster.json not found"):
-        cluster_cli.main(["down", "--state", str(tmp_path)])
+def test_cli_down_without_cluster_says_so_and_succeeds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Cleanup scripts run `down` whether or not a cluster is up: exit 0, saying so.
+    assert cluster_cli.main(["down", "--state", str(tmp_path)]) == 0
+    assert "nothing was running" in capsys.readouterr().out
 
 
 def test_cli_policy_needs_with_proxy(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match="--policy and --proxy-args need --with-proxy"):
         cluster_cli.main(["up", "--model", "tiny", "--layout", "1P1D", "--policy", "pd",
                           "--state", str(tmp_path)])
+
+
+@pytest.mark.parametrize(("host", "dev_mode"), [("127.0.0.1", True), ("localhost", True),
+                                                 ("::1", True), ("0.0.0.0", False),
+                                                 ("10.0.0.5", False)])
+def test_loopback_nodes_serve_vllms_dev_routes_for_prefix_cache_resets(
+        tmp_path: Path, host: str, dev_mode: bool) -> None:
+    # POST /reset_prefix_cache needs VLLM_SERVER_DEV_MODE=1; the dev routes also expose
+    # sleep and RPC, so never on a node other hosts can reach.
+    config = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path / "st", host=host)
+    for node in plan_nodes(config):
+        env = node_env(config, node, {})
+        assert (env.get("VLLM_SERVER_DEV_MODE") == "1") is dev_mode

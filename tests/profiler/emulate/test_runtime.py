@@ -51,6 +51,9 @@ class ScriptedEngine:
     def release_kv(self, job_id: str) -> None:
         self.released.append(job_id)
 
+    def reset_prefix_cache(self) -> bool:
+        return True
+
     def abort(self, job_id: str, now: float) -> None:
         self.jobs.pop(job_id, None)
 
