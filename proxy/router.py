@@ -296,9 +296,13 @@ class Router:
                                            lambda decode: self._pd(turn, decode, prefill, held),
                                            _Served.proves)
 
+        local_body = pd_protocol.local_body(body)
+        if attempt.route is RouteKind.LOCAL and self._keeps_readbacks(turn):
+            local_body = readback.keeping_blocks(local_body)  # D keeps them for a readback
+            turn.token_ids_added = True
+
         def leg(node: Backend) -> Awaitable[_Served]:
-            return self._leg(turn, attempt.route, node, pd_protocol.local_body(body),
-                             pd_protocol.request_id())
+            return self._leg(turn, attempt.route, node, local_body, pd_protocol.request_id())
 
         if answering.only_preferred:
             home = (self.pool.take(answering.prefer, answering.role)
