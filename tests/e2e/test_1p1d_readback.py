@@ -84,13 +84,16 @@ def test_turn2_readback_computes_only_the_new_tokens_and_answers_as_pd(
         route, prompt2, reply2, computed = back.say_on("readback", "Tell me more, please.")
         pd_route, _, pd_reply2, pd_computed = pd.say_on("pd", "Tell me more, please.")
         gained = reasons(url)
+        read = httpx.get(f"{url}/stats").json()["readback"]["tokens"]
     held = prompt1 + MAX_TOKENS - 1  # D keeps the prompt and all but the last reply token
     # On pd, P would compute all but turn 1's whole blocks (its own prefix cache). The second
     # conversation's pd turn 2 computes less: P's cache holds the readback's identical prompt.
     pd_alone = prompt2 - prompt1 // block * block
-    print(f"\nturn 2: {prompt2} prompt tokens, D held {held}; P computed {computed} on "
-          f"readback ({pd_alone} on pd from its own cache; {pd_computed} on the identical pd "
-          f"turn after it; block {block})")
+    print(f"\nturn 2: {prompt2} prompt tokens, D held {held}, P read {read} back (short of "
+          f"{held} where the reply re-tokenized into other ids); P computed {computed} on readback "
+          f"({pd_alone} on pd from its own cache; {pd_computed} on the identical pd turn after "
+          f"it; block {block})")
+    assert prompt1 <= read <= held  # the prompt always matches; the reply as far as it does
     assert (route, pd_route) == ("readback", "pd")
     assert computed <= prompt2 - held + block
     assert computed < pd_alone
