@@ -405,8 +405,10 @@ class Router:
     def _keeps_readbacks(self, turn: _Turn) -> bool:
         """Whether D's answer to this turn can name blocks for a readback: the nodes offer it,
         and the answer is whole (vLLM names them in a whole answer only, never in a stream)."""
+        body = turn.incoming.body
         return (self.readback is not None and not turn.incoming.stream
-                and not readback.wants_token_ids(turn.incoming.body))
+                and not readback.wants_token_ids(body)
+                and body.get("n", 1) == 1)  # one sequence: its blocks are the history
 
     def _client(self) -> httpx.AsyncClient:
         if self.client is None:

@@ -210,6 +210,13 @@ async def test_a_whole_local_turn_asks_d_to_keep_its_blocks_for_the_next_readbac
     assert p_leg.body["kv_transfer_params"]["remote_num_tokens"] == local_prompt + 5
 
 
+async def test_several_choices_leave_nothing_to_read_back() -> None:
+    async with readback_router("p1", "d1") as h:
+        await h.ask(chat(LONG, n=2))
+        d_leg = h.cluster["d1"].received[0].body
+    assert "return_token_ids" not in d_leg
+
+
 async def test_a_streamed_local_turn_is_left_alone() -> None:
     async with readback_router("p1", "d1") as h:
         _, content = await h.ask(chat(LONG))
