@@ -343,7 +343,7 @@ class LiveScorer(NamedTuple):
         return self.scored(prediction, first_turn)[0]
 
     def readback_score(self, prediction: Prediction) -> float | None:
-        """Readback's score against P->D, on the means `score` just updated (call it first):
+        """Readback's score against P->D, on the means `scored` returned (call it first):
         its TTFT gain alone, since D's batch is untouched as on P->D. None: no readback."""
         if prediction.ttft_readback_ms is None:
             return None

@@ -303,8 +303,11 @@ class Simulator:
         end = self.now + self.host.frontend_finish_ms / 1000
         self._record(turn, success=True, ttft=first - turn.start, end=end,
                      n_output=len(outputs), error=None, status=200)
-        # D keeps the KV of the prompt and all but the last output (never computed).
-        kept = turn.prompt + outputs[:-1] if turn.plan.prefill is not None else None
+        # D keeps the KV of the prompt and all but the last output (never computed); the
+        # proxy keeps a local turn's too (its leg asks D to: proxy.readback.KEEP_BLOCKS).
+        kept = (turn.prompt + outputs[:-1]
+                if turn.plan.route in (RouteKind.PD, RouteKind.READBACK, RouteKind.LOCAL)
+                else None)
         self.proxy.end(turn.plan, True, len(turn.prompt), len(outputs), kept)
         history = self._history[turn.conversation.id]
         history[len(history):] = turn.prompt[len(history):]

@@ -216,7 +216,8 @@ class MockNode:
         given = body.get("kv_transfer_params") or {}
         prompt_ids = fake_chat_ids(body["messages"]) if "messages" in body else []
         reply_ids = self.reply_ids if self.reply_ids is not None else fake_ids(" ".join(words))
-        if self.keeps_readback and given.get("do_remote_prefill"):
+        if self.keeps_readback and "kv_transfer_params" in body and not given.get(
+                "do_remote_decode"):  # a D leg, or a local leg asking D to keep its blocks
             kv_params = {"do_remote_prefill": False, "do_remote_decode": True,
                          "remote_engine_id": f"engine-{self.name}",
                          "remote_request_id": request.headers["x-request-id"],
