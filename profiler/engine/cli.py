@@ -69,6 +69,27 @@ def build_parser() -> argparse.ArgumentParser:
     step.add_argument("--prefill-context", type=int, default=0,
                       help="tokens already cached before the prompt chunk (append-prefill)")
 
+    idle = actions.add_parser(
+        "idle", help="one request's TTFT and TPOT on an otherwise idle engine",
+        description="The preset's prediction for one request on one engine (vLLM's H100 "
+                    "server defaults), printed as one line `ttft_ms=... tpot_ms=...`: TTFT as "
+                    "a client beside the server sees it; TPOT the request's own over "
+                    "--max-tokens outputs, or with --decoding, the decoding requests' mean "
+                    "time per output token over the --max-tokens steps after its arrival.")
+    idle.add_argument("--preset", required=True,
+                      help="a cost preset (see `ppd sim presets`) or a preset JSON file")
+    idle.add_argument("--prompt", type=int, required=True, metavar="N",
+                      help="the request's prompt tokens, the cached ones included")
+    idle.add_argument("--cached", type=int, default=0, metavar="H",
+                      help="of those, the leading H were sent before (a history in the "
+                           "prefix cache; default 0)")
+    idle.add_argument("--decoding", type=int, default=0, metavar="B",
+                      help="requests decoding when it arrives (default 0)")
+    idle.add_argument("--context", type=int, default=0, metavar="C",
+                      help="each decoding request's prompt tokens (with --decoding)")
+    idle.add_argument("--max-tokens", type=int, default=64, metavar="K",
+                      help="output tokens (default 64)")
+
     fit = actions.add_parser("fit", help="fit a CPU cost preset to replay runs")
     fit.add_argument("runs", nargs="+", type=Path,
                      help="replay run directories (or their requests.csv / .parquet)")
@@ -114,6 +135,12 @@ def main(argv: list[str]) -> int:
         print(render_presets())
     elif args.action == "step":
         print(render_step(args))
+    elif args.action == "idle":
+        from profiler.engine.idle import IdleShape, predict
+
+        shape = IdleShape(prompt=args.prompt, cached=args.cached, decoding=args.decoding,
+                          context=args.context, max_tokens=args.max_tokens)
+        print(predict(load_cost(args.preset), shape).line())
     elif args.action == "calibrate":
         print(run_calibrate(args))
     else:
