@@ -150,10 +150,29 @@ def main(argv: list[str]) -> int:
 
 def render_presets() -> str:
     from profiler.engine import presets
+    from profiler.engine.vllm_versions import DEFAULT_VERSION, VERSION_MARK, VERSIONS
 
-    lines = ["cost presets (aiconfigurator-core's measured vLLM kernels + vLLM's host side; "
-             "insert :tpN before :kernels for TP; :kernels = the kernels alone):"]
-    lines += [f"  {name}" for name in presets.preset_names()]
+    lines = ["cost presets: GPU:MODEL[:tpN][@vllm-X.Y] = aiconfigurator-core's measured vLLM "
+             "0.24.0 kernels + one vLLM release's host side; :kernels = the kernels alone",
+             "", "vLLM host sides (@vllm-X.Y; the default is "
+             f"{DEFAULT_VERSION}):"]
+    for version in VERSIONS.values():
+        mark = " (default)" if version.version == DEFAULT_VERSION else ""
+        lines += [f"  {VERSION_MARK}{version.version}{mark}: {version.what}",
+                  f"      sources: {version.sources}"]
+    lines += ["", "presets:"]
+    names = presets.preset_names()
+    width = max(len(name) for name in names)
+    for name in names:
+        if name.endswith(f":{presets.KERNELS_SUFFIX}"):
+            what = "kernels only (no host side)"
+        elif VERSION_MARK in name:
+            what = f"vLLM {name.partition(VERSION_MARK)[2]}"
+        elif name.split(":")[0] in ("h100", "h200", "b200"):
+            what = f"vLLM {DEFAULT_VERSION}"
+        else:
+            what = "registered"
+        lines.append(f"  {name:<{width}}  {what}")
     lines += ["  FILE.json  (a LinearCost from `ppd sim fit`, or kernels + host from "
               "`ppd sim calibrate`)", "",
               "KV model shapes (bytes per token):"]

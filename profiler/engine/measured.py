@@ -148,7 +148,7 @@ def fit_host(kernel: CostModel, data: Measurements | None = None, *,
     fresh = [r for r in data.fresh if lengths is None or r.tokens in lengths]
     decode = {b: r for b, r in data.decode_means().items()
               if (b in batches if batches is not None else b <= 100)}
-    if len(fresh) < 2 or len(decode) < 2:
+    if len({r.tokens for r in fresh}) < 2 or len(decode) < 2:
         raise ValueError("the fit needs at least two prompt lengths' rows and two batches")
     graphs = HostModel(cuda_graph_sizes=vllm_capture_sizes(256))
     sizes = np.array(sorted(decode), dtype=float)
