@@ -80,6 +80,10 @@ class SimSetup:
     # replies never round-trip: docs/engine-model.md). False: the reply's own token ids come
     # back (a model whose text re-tokenizes to what it generated; the paper's assumption).
     reply_retokenized: bool = False
+    # The paper's client sends the reply back as text: of a reply of n tokens, the first
+    # kept_reply(n) keep their ids (and hit), the rest come back as new ids
+    # (`paper_client.kept_reply_tokens`). None: as reply_retokenized says.
+    kept_reply: Callable[[int], int] | None = None
 
 
 @dataclass(slots=True)
@@ -261,7 +265,11 @@ class Simulator:
         self.proxy.end(turn.plan, True, len(turn.prompt), len(outputs))
         history = self._history[turn.conversation.id]
         history[len(history):] = turn.prompt[len(history):]
-        if self.setup.reply_retokenized:
+        if self.setup.kept_reply is not None:
+            kept = min(len(outputs), self.setup.kept_reply(len(outputs)))
+            history.extend(outputs[:kept])
+            history.extend(self._fresh_tokens(len(outputs) - kept))
+        elif self.setup.reply_retokenized:
             history.extend(self._fresh_tokens(len(outputs)))
         else:
             history.extend(outputs)
