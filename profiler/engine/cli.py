@@ -75,6 +75,27 @@ def build_parser() -> argparse.ArgumentParser:
     step.add_argument("--prefill-context", type=int, default=0,
                       help="tokens already cached before the prompt chunk (append-prefill)")
 
+    idle = actions.add_parser(
+        "idle", help="one request's TTFT and TPOT on an otherwise idle engine",
+        description="The preset's prediction for one request on one engine (vLLM's H100 "
+                    "server defaults), printed as one line `ttft_ms=... tpot_ms=...`: TTFT as "
+                    "a client beside the server sees it; TPOT the request's own over "
+                    "--max-tokens outputs, or with --decoding, the decoding requests' mean "
+                    "time per output token over the --max-tokens steps after its arrival.")
+    idle.add_argument("--preset", required=True,
+                      help="a cost preset (see `ppd sim presets`) or a preset JSON file")
+    idle.add_argument("--prompt", type=int, required=True, metavar="N",
+                      help="the request's prompt tokens, the cached ones included")
+    idle.add_argument("--cached", type=int, default=0, metavar="H",
+                      help="of those, the leading H were sent before (a history in the "
+                           "prefix cache; default 0)")
+    idle.add_argument("--decoding", type=int, default=0, metavar="B",
+                      help="requests decoding when it arrives (default 0)")
+    idle.add_argument("--context", type=int, default=0, metavar="C",
+                      help="each decoding request's prompt tokens (with --decoding)")
+    idle.add_argument("--max-tokens", type=int, default=64, metavar="K",
+                      help="output tokens (default 64)")
+
     fit = actions.add_parser("fit", help="fit a CPU cost preset to replay runs")
     fit.add_argument("runs", nargs="+", type=Path,
                      help="replay run directories (or their requests.csv / .parquet)")
@@ -121,6 +142,12 @@ def main(argv: list[str], twin_gap: TwinGap | None = None) -> int:
         print(render_presets())
     elif args.action == "step":
         print(render_step(args))
+    elif args.action == "idle":
+        from profiler.engine.idle import IdleShape, predict
+
+        shape = IdleShape(prompt=args.prompt, cached=args.cached, decoding=args.decoding,
+                          context=args.context, max_tokens=args.max_tokens)
+        print(predict(load_cost(args.preset), shape).line())
     elif args.action == "calibrate":
         if twin_gap is None:
             raise ValueError("`ppd sim calibrate` needs the simulator: run it through `ppd sim`")
@@ -132,10 +159,29 @@ def main(argv: list[str], twin_gap: TwinGap | None = None) -> int:
 
 def render_presets() -> str:
     from profiler.engine import presets
+    from profiler.engine.vllm_versions import DEFAULT_VERSION, VERSION_MARK, VERSIONS
 
-    lines = ["cost presets (aiconfigurator-core's measured vLLM kernels + vLLM's host side; "
-             "insert :tpN before :kernels for TP; :kernels = the kernels alone):"]
-    lines += [f"  {name}" for name in presets.preset_names()]
+    lines = ["cost presets: GPU:MODEL[:tpN][@vllm-X.Y] = aiconfigurator-core's measured vLLM "
+             "0.24.0 kernels + one vLLM release's host side; :kernels = the kernels alone",
+             "", "vLLM host sides (@vllm-X.Y; the default is "
+             f"{DEFAULT_VERSION}):"]
+    for version in VERSIONS.values():
+        mark = " (default)" if version.version == DEFAULT_VERSION else ""
+        lines += [f"  {VERSION_MARK}{version.version}{mark}: {version.what}",
+                  f"      sources: {version.sources}"]
+    lines += ["", "presets:"]
+    names = presets.preset_names()
+    width = max(len(name) for name in names)
+    for name in names:
+        if name.endswith(f":{presets.KERNELS_SUFFIX}"):
+            what = "kernels only (no host side)"
+        elif VERSION_MARK in name:
+            what = f"vLLM {name.partition(VERSION_MARK)[2]}"
+        elif name.split(":")[0] in ("h100", "h200", "b200"):
+            what = f"vLLM {DEFAULT_VERSION}"
+        else:
+            what = "registered"
+        lines.append(f"  {name:<{width}}  {what}")
     lines += ["  FILE.json  (a LinearCost from `ppd sim fit`, or kernels + host from "
               "`ppd sim calibrate`)", "",
               "KV model shapes (bytes per token):"]

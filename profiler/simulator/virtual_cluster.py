@@ -87,6 +87,10 @@ class SimSetup:
     # D keeps a finished P->D turn's blocks for a readback this long (vLLM's
     # decoder_kv_blocks_ttl, as `ppd cluster up` sets it); None: no readback route.
     readback_ttl_s: float | None = VLLM_DECODER_BLOCKS_TTL_S
+    # The paper's client sends the reply back as text: of a reply of n tokens, the first
+    # kept_reply(n) keep their ids (and hit), the rest come back as new ids
+    # (`paper_client.kept_reply_tokens`). None: as reply_retokenized says.
+    kept_reply: Callable[[int], int] | None = None
 
 
 @dataclass(slots=True)
@@ -311,7 +315,11 @@ class Simulator:
         self.proxy.end(turn.plan, True, len(turn.prompt), len(outputs), kept)
         history = self._history[turn.conversation.id]
         history[len(history):] = turn.prompt[len(history):]
-        if self.setup.reply_retokenized:
+        if self.setup.kept_reply is not None:
+            same_ids = min(len(outputs), self.setup.kept_reply(len(outputs)))
+            history.extend(outputs[:same_ids])
+            history.extend(self._fresh_tokens(len(outputs) - same_ids))
+        elif self.setup.reply_retokenized:
             history.extend(self._fresh_tokens(len(outputs)))
         else:
             history.extend(outputs)
