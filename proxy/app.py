@@ -38,6 +38,8 @@ from proxy.discovery import Discovery
 from proxy.endpoints import CompletionsApp, bearer_matches
 from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
 from proxy.health import HealthMonitor
+from proxy.kv_health import KvEventCollector
+from proxy.kv_health import health as kv_health
 from proxy.live import StepCosts
 from proxy.live_view import LiveRuntime
 from proxy.load_meter import RateMeter
@@ -46,6 +48,7 @@ from proxy.policies import RoutingPolicy
 from proxy.router import Router
 from proxy.server import serve_app
 from proxy.sessions.open_store import open_store
+from proxy.sessions.readback_book import ReadbackBook
 from proxy.sessions.store import SessionStore, watch_store
 from proxy.table import DecisionTable
 from proxy.tokens import token_counter
@@ -93,9 +96,15 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
     load = RateMeter(config.load_window, clock)
     router = Router(pool, sessions, policy, token_counter(config.tokenizer), metrics, load, clock,
                     config.max_in_flight, config.request_timeout)
+    if config.kv_readback_ttl is not None:
+        router.readback = ReadbackBook(config.max_sessions, clock)
+        router.readback_ttl = config.kv_readback_ttl
     metrics.watch(pool.snapshot, lambda: router.admission.open)
-    live = (LiveRuntime(pool, config.kv_events, config.metrics_interval, clock)
+    live = (LiveRuntime(pool, config.kv_events, config.metrics_interval, clock,
+                        config.kv_blocks)
             if policy.spec.needs.live_view else None)
+    if live is not None:
+        metrics.registry.register(KvEventCollector(live.subscribers.subscribers))
     router.view = live.view if live is not None else None
     discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock,
                            config.discovery_token) if config.discovery else None)
@@ -185,7 +194,9 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
         return {**state.metrics.stats(), "sessions_live": state.sessions.live(),
                 "request_rate": rate, "request_rate_unit": "requests (turns)/s",
                 "qps": rate,  # deprecated name of request_rate
-                "backends": state.pool.snapshot()}
+                "backends": state.pool.snapshot(),
+                **({"kv_events": kv_health(state.live.subscribers.subscribers)}
+                   if state.live is not None else {})}
 
     @app.get("/sessions")
     async def sessions() -> dict[str, Any]:

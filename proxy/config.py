@@ -30,6 +30,7 @@ from proxy.options import add_flags, option, option_fields
 from proxy.policies import registry
 from proxy.policies.base import Need
 from proxy.redact import redacted_url
+from proxy.residency import DEFAULT_KV_BLOCKS
 from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S
 from proxy.vocabulary import Role
 
@@ -172,6 +173,10 @@ class ProxyConfig:
     health_interval: float = option(5.0, "seconds between health checks", metavar="S")
     metrics_interval: float = option(
         1.0, "policy live: seconds between scrapes of every node's /metrics", metavar="S")
+    kv_blocks: int | None = option(
+        None, "policy live: every D/R node's KV cache capacity in blocks, bounding its "
+        f"residency index (default: each node's vllm:cache_config_info num_gpu_blocks, else "
+        f"{DEFAULT_KV_BLOCKS})", metavar="N")
     load_window: float = option(
         DEFAULT_LOAD_WINDOW_S, "sliding window of the turns-per-second load meter, seconds",
         metavar="S")
@@ -184,6 +189,10 @@ class ProxyConfig:
     breaker_cooldown: float = option(
         DEFAULT_COOLDOWN_S, "seconds an open circuit waits before one probe request",
         metavar="S")
+    kv_readback_ttl: float | None = option(
+        None, "seconds the D nodes keep a finished turn's KV for P to read back (vLLM's "
+        "decoder_kv_blocks_ttl with bidirectional_kv_xfer; a cluster.json from `ppd cluster "
+        "up` sets it); unset: no readback route (docs/readback.md)", metavar="S")
     log_level: LogLevel = option(LogLevel.INFO, "log level (info: one access line per request)")
     log_format: LogFormat = option(LogFormat.TEXT, "log format: text, or one JSON object a line")
 
@@ -195,6 +204,8 @@ class ProxyConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
+        if self.kv_readback_ttl is not None and not self.kv_readback_ttl > 0:
+            raise ConfigError("--kv-readback-ttl must be > 0")
         if not self.shutdown_grace >= 0:
             raise ConfigError("--shutdown-grace must be >= 0")
         if self.breaker_failures < 1:
@@ -206,6 +217,8 @@ class ProxyConfig:
         _check_scale_out(self.session_store, self.workers, self.discovery)
         if self.max_body_bytes < 1:
             raise ConfigError("--max-body-bytes must be >= 1")
+        if self.kv_blocks is not None and self.kv_blocks < 1:
+            raise ConfigError("--kv-blocks must be >= 1")
         if self.max_in_flight is not None and self.max_in_flight < 1:
             raise ConfigError("--max-in-flight must be >= 1")
         roles: dict[str, Role] = {}
@@ -321,14 +334,30 @@ def load_config_file(path: Path) -> dict[str, Any]:
     return out
 
 
-def load_cluster_file(path: Path) -> list[NodeSpec]:
-    """Nodes from a cluster.json (`{"nodes": [{"role": ..., "url": ...}, ...]}`)."""
+def _read_cluster_file(path: Path) -> Any:
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except OSError as exc:
         raise ConfigError(f"cannot read cluster file {path}: {exc.strerror or exc}") from exc
     except json.JSONDecodeError as exc:
         raise ConfigError(f"cluster file {path} is not valid JSON: {exc}") from exc
+
+
+def cluster_readback_ttl(path: Path) -> float | None:
+    """How long a cluster.json's D nodes keep a turn's KV for a readback (None: not offered)."""
+    data = _read_cluster_file(path)
+    ttl = data.get("kv_readback_ttl_s") if isinstance(data, dict) else None
+    if ttl is None:
+        return None
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
+        raise ConfigError(f"cluster file {path}: kv_readback_ttl_s must be a positive number "
+                          f"of seconds or null, got {ttl!r}")
+    return float(ttl)
+
+
+def load_cluster_file(path: Path) -> list[NodeSpec]:
+    """Nodes from a cluster.json (`{"nodes": [{"role": ..., "url": ...}, ...]}`)."""
+    data = _read_cluster_file(path)
     nodes = data.get("nodes") if isinstance(data, dict) else None
     if not isinstance(nodes, list):
         raise ConfigError(f"cluster file {path} has no 'nodes' list")
@@ -363,6 +392,8 @@ def config_from_namespace(args: argparse.Namespace) -> ProxyConfig:
     if cluster is not None:
         nodes += load_cluster_file(cluster)
         kv_events += kv_sources.from_cluster_file(cluster)
+        if settings.get("kv_readback_ttl") is None:
+            settings["kv_readback_ttl"] = cluster_readback_ttl(cluster)
     try:
         kv_events += [kv_sources.parse_flag(value) for value in args.kv_events]
     except kv_sources.KvSourceError as exc:

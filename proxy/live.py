@@ -9,11 +9,17 @@ For the turn it predicts, with a linear step-cost model (`StepCosts`):
 - P->D: P prefills the whole history it does not hold plus n_in; D admits the request in
   one step, pulls the KV, and decodes its first token in a later step: TTFT = P's queue +
   P's prefill + about three of D's steps + the transfer;
+- readback (docs/readback.md), when the session's D keeps the history's blocks for it: P
+  reads the history it does not hold from D over the link, prefills only the rest, and the
+  turn goes on as P->D: TTFT = P->D's with P's prefill cut to the new tokens, plus that
+  transfer; D's batch is untouched, as on P->D, so its TPOT is P->D's;
 - the TPOT the local route costs D's batch: the prefill lengthens one of D's steps by
   delta = step(B decodes + prefill) - step(B decodes), a delay each of the B running
   requests spreads over its n_out tokens.
 
-Then the decision table's own score, as one turn moves it (`LiveScorer`): local iff > 0.
+Then the decision table's own score, as one turn moves it (`LiveScorer`): local iff > 0,
+unless readback scores higher still (`LiveScorer.readback_score`: its TTFT gain over P->D,
+no TPOT change).
 A turn that goes P->D because D no longer holds its whole history has reason `evicted`.
 
 In a hybrid pool (R nodes beside P and D) a conversation without a home - turn 1, or its
@@ -122,6 +128,9 @@ class TurnState:
     decode: NodeState
     prefill: NodeState
     replica: NodeState | None = None
+    # The session's D keeps the history's blocks for a readback now (the proxy's book says
+    # so; `proxy.turn_plan.plan_turn` sets it).
+    readback: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +159,7 @@ class Prediction:
     tpot_sensitivity: float | None = None  # NodeState.tpot_sensitivity of D
     joins_local: Membership | None = None  # placement: the replica's batch
     joins_pd: Membership | None = None  # placement: D's batch
+    ttft_readback_ms: float | None = None  # None: no blocks to read back
 
 
 def predict(workload: Workload, state: TurnState, costs: StepCosts) -> Prediction:
@@ -163,10 +173,13 @@ def predict(workload: Workload, state: TurnState, costs: StepCosts) -> Predictio
         # last block is recomputed on either route.
         missing = 0
     local = _beside_batch(state.decode, missing + n_in, held, n_ctx, costs)
+    # D's blocks hold the whole history (n_ctx: what its usage said it computed).
+    readback = (_pd_ttft_ms(workload, state, n_ctx, costs, read_back=n_ctx)
+                if state.readback else None)
     return Prediction(local.ttft_ms, _pd_ttft_ms(workload, state, n_ctx, costs),
                       local.decode_step_ms,
                       state.decode.running * local.delay_ms, missing, local.delay_ms,
-                      state.decode.tpot_sensitivity)
+                      state.decode.tpot_sensitivity, ttft_readback_ms=readback)
 
 
 def predict_placement(workload: Workload, state: TurnState, costs: StepCosts) -> Prediction:
@@ -222,18 +235,22 @@ def _beside_batch(node: NodeState, prefill: int, cached: int, context: int,
 
 
 def _pd_ttft_ms(workload: Workload, state: TurnState, context: int,
-                costs: StepCosts) -> float:
+                costs: StepCosts, read_back: int = 0) -> float:
+    """P->D's TTFT; with `read_back` tokens of history, a readback's: P first reads those it
+    does not hold from D (the link), then computes only what follows them."""
     n_ctx, n_in = workload.n_ctx, workload.n_in
     batch = state.decode.running
     decode_kv = batch * context
     decode_step = _decode_step_ms(state.decode, context, costs)
     p_held = min(state.prefill.held_tokens or 0, n_ctx)
-    p_prefill = costs.step_ms(n_ctx + n_in - p_held, p_held, 0, 0)
+    p_has = max(p_held, min(read_back, n_ctx))
+    read = costs.transfer_ms(p_has - p_held) if p_has > p_held else 0.0
+    p_prefill = costs.step_ms(n_ctx + n_in - p_has, p_has, 0, 0)
     p_queue = (state.prefill.running + state.prefill.waiting) * p_prefill
     # D's side of P->D (vLLM's P/D connectors): the request waits for D's step in flight,
     # is admitted (blocks allocated) in the next step, pulls the KV after it, waits for the
     # step then in flight, and gets its first token from the step after that.
-    return (p_queue + p_prefill + decode_step / 2 + decode_step
+    return (read + p_queue + p_prefill + decode_step / 2 + decode_step
             + costs.transfer_ms(n_ctx + n_in) + decode_step / 2
             + costs.step_ms(0, 0, batch + 1, decode_kv + n_ctx + n_in))
 
@@ -324,6 +341,15 @@ class LiveScorer(NamedTuple):
     def score(self, prediction: Prediction, first_turn: bool = False) -> float:
         """`scored`'s score alone."""
         return self.scored(prediction, first_turn)[0]
+
+    def readback_score(self, prediction: Prediction) -> float | None:
+        """Readback's score against P->D, on the means `score` just updated (call it first):
+        its TTFT gain alone, since D's batch is untouched as on P->D. None: no readback."""
+        if prediction.ttft_readback_ms is None:
+            return None
+        ttft_ref = self.ttft_pd_ms or prediction.ttft_pd_ms
+        gain = (prediction.ttft_pd_ms - prediction.ttft_readback_ms) / ttft_ref
+        return self.w_ttft * gain
 
     def membership_ms(self, join: Membership) -> float:
         """One request of the conversation decoding in a node's batch, in summed TPOT: its

@@ -22,7 +22,7 @@ from replicas and Ds alone.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy.backends import BackendPool
 from proxy.live import TurnState
@@ -71,10 +71,12 @@ class TurnPlan:
 
 def plan_turn(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload: Workload,
               forced: RouteKind | None = None,
-              observe: Callable[[Session], TurnState] | None = None) -> TurnPlan:
+              observe: Callable[[Session], TurnState] | None = None,
+              readback: Reason | None = Reason.READBACK_MISSING) -> TurnPlan:
     """The decision of one turn and the nodes that serve it, in the order they are tried
     (`observe`: the cluster now, which policy live reads - `proxy.live_view.LiveView.state` in
-    the proxy, the engines' state in the simulator; read only for a turn that could run locally)."""
+    the proxy, the engines' state in the simulator; read only for a turn that could run locally;
+    `readback`: None when the session's D keeps blocks P can read back now, else why not)."""
     session = lookup.session
     can_local = lookup.continuation and pool.is_usable(session.decode, Role.DECODE)
     replica_home = lookup.continuation and pool.is_usable(session.decode, Role.REPLICA)
@@ -84,15 +86,19 @@ def plan_turn(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload
         placing = (places and not can_local and not replica_home
                    and pool.candidate(Role.REPLICA) is not None)
         state = observe(session) if observe is not None and (can_local or placing) else None
+        if state is not None and can_local and readback is None:
+            state = replace(state, readback=True)  # live prices the readback too
         can_pd = not places or (
             pool.candidate(Role.DECODE) is not None and pool.candidate(Role.PREFILL) is not None)
         decision = policy.decide(workload, session.id, can_local, state,
                                  replica_home=replica_home, can_pd=can_pd)
-    elif ROUTES[forced].home_only and not can_local:
-        # Nothing to append to (turn 1, or the session's D is gone): its fallback is the way.
+    elif ROUTES[forced].needs_home and not can_local:
+        # Nothing to append to or read back (turn 1, or the session's D is gone): P->D.
         decision = Decision(ROUTES[forced].fallback or RouteKind.PD, Reason.NO_HOME)
     else:
         decision = Decision(forced, Reason.FORCED)
+    if decision.kind is RouteKind.READBACK and readback is not None:
+        decision = Decision(RouteKind.PD, readback)  # no blocks to read: P->D says why
     if decision.reason is Reason.REPLICA_HOME:
         home = _attempt(RouteKind.REPLICA, session, home_only=True)
         return TurnPlan(decision, (home, _attempt(RouteKind.PD, session)))

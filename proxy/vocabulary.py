@@ -92,11 +92,14 @@ class RouteKind(enum.StrEnum):
     PD: prefill on P, KV shipped to D, decode on D (x=0).
     LOCAL: append-prefill on the session's D, which already holds the history (x=1).
     REPLICA: one node does prefill and decode, no disaggregation.
+    READBACK: P reads the history's KV back from the session's D (vLLM's bidirectional NIXL),
+      prefills only the new tokens, and hands them to D (docs/readback.md).
     """
 
     PD = "pd"
     LOCAL = "local"
     REPLICA = "replica"
+    READBACK = "readback"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,9 +133,16 @@ class Reason(enum.StrEnum):
     FORCED = "forced"
     REPLICA = "replica"
     LIVE = "live"
+    LIVE_BLIND = "live_blind"  # live decided without residency: no KV events for the session
     EVICTED = "evicted"
     REPLICA_LIVE = "replica_live"  # live placed the conversation on a replica (hybrid pool)
     REPLICA_HOME = "replica_home"  # a later turn of a conversation live placed on a replica
+    # A readback that could not run, served P->D (docs/readback.md): D named no blocks for the
+    # session's text (or another worker holds them), they outlived D's TTL, or too few of the
+    # new prompt's tokens are the ones D's blocks hold.
+    READBACK_MISSING = "readback_missing"
+    READBACK_EXPIRED = "readback_expired"
+    READBACK_MISMATCH = "readback_mismatch"
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from profiler.cluster.launcher import (
 from profiler.cluster.plan import (
     CLUSTER_FILE,
     DEFAULT_BASE_PORT,
+    DEFAULT_KV_READBACK_TTL_S,
     DEFAULT_PROXY_PORT,
     DEFAULT_STATE_DIR,
     ClusterConfig,
@@ -84,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="N",
                     help="with --emulate: KV cache blocks per node instead of the preset's "
                     "(vLLM's flag; for vLLM nodes pass it in --vllm-args)")
+    up.add_argument("--no-kv-readback", action="store_true",
+                    help="NIXL: do not keep a finished turn's KV on D for P to read back "
+                    "(vLLM's bidirectional_kv_xfer, on by default; docs/readback.md)")
+    up.add_argument("--kv-readback-ttl", type=int, default=DEFAULT_KV_READBACK_TTL_S,
+                    metavar="S", help="NIXL: seconds D keeps a finished turn's KV for a "
+                    "readback (vLLM's decoder_kv_blocks_ttl)")
     up.add_argument("--with-proxy", action="store_true", help="start `ppd proxy` in front")
     up.add_argument("--policy", default=None,
                     help="proxy policy with --with-proxy (default: the proxy's, pd)")
@@ -198,6 +205,7 @@ def _up(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         cores=default_cores() if args.device is Device.CPU else (),
         startup_timeout_s=args.startup_timeout, vllm_args=tuple(shlex.split(args.vllm_args)),
+        kv_readback_ttl_s=None if args.no_kv_readback else args.kv_readback_ttl,
     )
     if args.emulate is not None:
         cluster = start_emulated_cluster(config, args.emulate, args.link, progress,

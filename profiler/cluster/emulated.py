@@ -58,6 +58,8 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
             "--kv-events"]
     if num_gpu_blocks is not None:
         argv += ["--num-gpu-blocks-override", str(num_gpu_blocks)]
+    if config.kv_readback_ttl_s is not None:
+        argv += ["--kv-readback-ttl", str(config.kv_readback_ttl_s)]
     for spec in nodes:
         argv += ["--node", f"{spec.role.value}:{spec.port}"]
     first = procs.spawn("emulated-nodes", "", argv, os.environ, log, cwd=state_dir)
@@ -78,7 +80,8 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
     cluster = Cluster(config.model, config.layout, state_dir, started, tokenizer,
                       progress=progress)  # fmt: skip
     doc = cluster_document(config.model, config.layout,
-                           [(n.role, n.url, n.proc.pid, n.proc.log) for n in started])
+                           [(n.role, n.url, n.proc.pid, n.proc.log) for n in started],
+                           kv_readback_ttl_s=config.kv_readback_ttl_s)
     doc["emulated"] = {"preset": preset.name, "link": preset.link.name,
                        "backend": emulated_backend(preset.name), "tokenizer": str(tokenizer)}
     write_json(cluster.cluster_file, doc)

@@ -248,6 +248,8 @@ def start_cluster(config: ClusterConfig, progress: Progress = quiet) -> Cluster:
     doc = cluster_document(
         model.name, config.layout, [(n.role, n.url, n.proc.pid, n.proc.log) for n in started],
         connector=config.connector,
+        kv_readback_ttl_s=(config.kv_readback_ttl_s if config.connector is Connector.NIXL
+                           else None),
     )
     write_json(cluster.cluster_file, doc)
     return cluster

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from profiler.node_kv_events import REPLAY_PORT_OFFSET, kv_event_keys, kv_events_args
+from proxy.readback import VLLM_DECODER_BLOCKS_TTL_S
 from proxy.vocabulary import Layout, LayoutError, Role
 
 DEFAULT_STATE_DIR = Path(".ppd-cluster")
@@ -34,6 +35,7 @@ HIGHEST_PORT_OFFSET = max(NIXL_SIDE_CHANNEL_OFFSET, REPLAY_PORT_OFFSET)
 # memory and loopback within one (the set that starts on the CPU with the PyPI nixl wheels).
 CPU_UCX_TLS = "tcp,self,sm"
 MAX_NODES = 16
+DEFAULT_KV_READBACK_TTL_S = VLLM_DECODER_BLOCKS_TTL_S  # vLLM's own default
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
@@ -83,6 +85,9 @@ class ClusterConfig:
     # NIXL: seconds P keeps a prompt's blocks for a D that has not pulled them (vLLM's
     # kv_lease_duration; None: vLLM's default, 30 s). D renews the lease while it waits.
     kv_lease_s: int | None = None
+    # NIXL: seconds D keeps a finished P->D turn's blocks for P to read back on the next turn
+    # (vLLM's bidirectional_kv_xfer with decoder_kv_blocks_ttl; docs/readback.md). None: off.
+    kv_readback_ttl_s: int | None = DEFAULT_KV_READBACK_TTL_S
     host: str = "127.0.0.1"
     base_port: int = DEFAULT_BASE_PORT
     max_model_len: int = 4096
@@ -102,6 +107,8 @@ class ClusterConfig:
             raise ClusterError("KV cache space must be at least 1 GiB")
         if self.startup_timeout_s <= 0:
             raise ClusterError("start-up timeout must be positive")
+        if self.kv_readback_ttl_s is not None and self.kv_readback_ttl_s < 1:
+            raise ClusterError("the KV readback TTL must be at least 1 s")
         if self.kv_lease_s is not None and self.kv_lease_s < 6:
             # vLLM heartbeats every lease/6 s (integer): below 6 s D would never renew.
             raise ClusterError("the NIXL KV lease must be at least 6 s")
@@ -168,8 +175,16 @@ def kv_transfer_config(config: ClusterConfig, role: Role) -> dict[str, object] |
             "kv_connector": "NixlConnector", "kv_role": kv_role,
             "kv_buffer_device": config.device.value,
         }
+        extra: dict[str, object] = {}
         if config.kv_lease_s is not None:
-            transfer["kv_connector_extra_config"] = {"kv_lease_duration": config.kv_lease_s}
+            extra["kv_lease_duration"] = config.kv_lease_s
+        if config.kv_readback_ttl_s is not None:
+            # Both roles: D keeps a finished turn's blocks and names them in its answer, P
+            # reads them back when a request brings those params (docs/readback.md).
+            extra["bidirectional_kv_xfer"] = True
+            extra["decoder_kv_blocks_ttl"] = config.kv_readback_ttl_s
+        if extra:
+            transfer["kv_connector_extra_config"] = extra
         return transfer
     return {
         "kv_connector": "ExampleConnector",
@@ -239,15 +254,17 @@ def node_url(config: ClusterConfig, node: NodePlan) -> str:
 
 def cluster_document(
     served_name: str, layout: Layout, nodes: Sequence[tuple[Role, str, int, Path]],
-    connector: Connector | None = None,
+    connector: Connector | None = None, kv_readback_ttl_s: int | None = None,
 ) -> dict[str, object]:
     """The cluster.json the proxy reads: model, layout, KV connector (None: no vLLM transfer,
-    e.g. emulated nodes) and one {role, url, pid, log} per node (D and R nodes also name their
-    KV event endpoints, `profiler.node_kv_events`; emulated ones publish there too)."""
+    e.g. emulated nodes), how long D keeps a turn's blocks for a readback (None: the nodes do
+    not offer it) and one {role, url, pid, log} per node (D and R nodes also name their KV
+    event endpoints, `profiler.node_kv_events`; emulated ones publish there too)."""
     return {
         "model": served_name,
         "layout": str(layout),
         "connector": None if connector is None else connector.value,
+        "kv_readback_ttl_s": kv_readback_ttl_s,
         "nodes": [
             {"role": role.value, "url": url, "pid": pid, "log": str(log),
              **kv_event_keys(role, url)}

@@ -1,7 +1,8 @@
 """The HTTP face of one emulated node: vLLM's OpenAI server routes on a NodeService.
 
-Routes: POST /v1/chat/completions and /v1/completions (streamed or not), GET /v1/models,
-/health, /metrics, /version. Errors are OpenAI-shaped ({"error": {...}}) like vLLM's.
+Routes: POST /v1/chat/completions and /v1/completions (streamed or not), POST /tokenize
+(chat messages or a prompt), GET /v1/models, /health, /metrics, /version. Errors are
+OpenAI-shaped ({"error": {...}}) like vLLM's.
 """
 
 from __future__ import annotations
@@ -59,6 +60,21 @@ def create_node_app(service: NodeService) -> Quart:
         return Response(service.metrics.render(),
                         content_type="text/plain; version=0.0.4; charset=utf-8")
 
+    @app.post("/tokenize")
+    async def tokenize() -> Response:
+        try:
+            try:
+                body = json.loads(await request.get_data())
+            except ValueError:
+                raise RequestError("the request body is not valid JSON") from None
+            chat = isinstance(body, dict) and "messages" in body
+            ids = service.tokenize(parse(body, chat))
+        except RequestError as exc:
+            return _error(exc)
+        return Response(json.dumps({"count": len(ids), "max_model_len":
+                                    service.spec.max_model_len, "tokens": ids}),
+                        content_type="application/json")
+
     @app.post("/v1/chat/completions")
     async def chat() -> Response:
         return await _complete(chat=True)
@@ -86,6 +102,7 @@ def create_node_app(service: NodeService) -> Quart:
             remaining = frontend_s - (time.perf_counter() - arrived)
             if remaining > 0:
                 await asyncio.sleep(remaining)
+            await service.read_back(prepared)  # a readback P leg: D's KV first
             running = service.start_job(prepared)
         except RequestError as exc:
             return _error(exc)

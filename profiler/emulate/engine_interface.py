@@ -31,6 +31,8 @@ class Job:
     hold_kv: a P leg - keep the KV after the job ends until `release_kv` (D has pulled it).
     session_id: the request's `session_id` field; the blocks it stores carry it in the node's
       KV cache events (as vLLM >= 0.32 tags them).
+    preloaded: leading prompt tokens whose KV was read back from a D before the job was
+      submitted (a readback P leg): they count as computed.
     """
 
     id: str
@@ -39,6 +41,7 @@ class Job:
     remote_kv: bool = False
     hold_kv: bool = False
     session_id: str | None = None
+    preloaded: int = 0
 
 
 @dataclass(slots=True)
@@ -83,6 +86,11 @@ class NodeEngine(Protocol):
 
     def submit(self, job: Job, now: float) -> None:
         """Queue a job (JobRejected if it can never run here)."""
+        ...
+
+    def cached_tokens(self, prompt_ids: Sequence[int]) -> int:
+        """Leading tokens of prompt_ids the node's prefix cache holds (a readback reads only
+        the rest)."""
         ...
 
     def next_step_time(self) -> float | None:

@@ -16,7 +16,12 @@ on every run:
 
 A P->D turn follows vLLM's protocol: P prefills with max_tokens=1 and keeps the KV; then D
 is asked, allocates the blocks it does not already cache and pulls the rest over the link;
-when the transfer ends D decodes and P frees its blocks. Records are the replay client's
+when the transfer ends D decodes and P frees its blocks. A readback turn (docs/readback.md)
+first moves the history's KV that P lacks from the D that keeps it over D's own link (as
+many tokens of the new prompt as are the ids D's blocks hold, less P's own prefix-cache
+hits), then runs P->D with P computing only the rest (`Request.preloaded`). Not modelled: D
+keeping every finished P->D turn's blocks pinned for the TTL (they stay cached here, but
+evictable). Records are the replay client's
 `RequestRecord`s, so the replay's summaries, files and reports apply unchanged. Inter-token
 gaps are not recorded (itl_s is empty): TTFT and TPOT come from the first and last token.
 """
@@ -34,6 +39,7 @@ from profiler.engine.config import EngineConfig
 from profiler.engine.cost import CostModel
 from profiler.engine.engine import Engine, StepResult
 from profiler.engine.host import host_of
+from profiler.engine.prefix_cache import block_hashes
 from profiler.engine.requests import Request, RequestRejected
 from profiler.engine.transfer import Link, SharedLink
 from profiler.replay.client import RequestRecord
@@ -43,7 +49,8 @@ from profiler.simulator.sim_proxy import Plan, SimProxy
 from profiler.simulator.workload import Arrival, SimConversation
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.policies import RoutingPolicy
-from proxy.vocabulary import Layout, Role, RouteKind
+from proxy.readback import MIN_READBACK_TOKENS, VLLM_DECODER_BLOCKS_TTL_S, matched_tokens
+from proxy.vocabulary import Layout, Reason, Role, RouteKind
 
 # User-message token ids start here: far above any vocabulary, so they never equal a sampled
 # output token, and every (conversation, turn) gets its own range (no cross-conversation hits).
@@ -77,6 +84,9 @@ class SimSetup:
     # replies never round-trip: docs/engine-model.md). False: the reply's own token ids come
     # back (a model whose text re-tokenizes to what it generated; the paper's assumption).
     reply_retokenized: bool = False
+    # D keeps a finished P->D turn's blocks for a readback this long (vLLM's
+    # decoder_kv_blocks_ttl, as `ppd cluster up` sets it); None: no readback route.
+    readback_ttl_s: float | None = VLLM_DECODER_BLOCKS_TTL_S
 
 
 @dataclass(slots=True)
@@ -95,7 +105,7 @@ class _Node:
     spec: SimNode
     engine: Engine
     busy: bool = False  # a step is running (its end event is queued)
-    link: SharedLink | None = None  # P: the egress port its transfers share
+    link: SharedLink | None = None  # P (and D, for readbacks): the egress port transfers share
     link_event: float | None = None  # the queued completion time of link (None: none queued)
 
 
@@ -111,6 +121,7 @@ class _Turn:
     plan: Plan
     done: bool = False
     prefill_id: str | None = None
+    preloaded: int = 0  # a readback: prompt tokens P reads from D instead of computing
 
 
 class Simulator:
@@ -127,17 +138,20 @@ class Simulator:
         for spec in sim_nodes(setup.layout):
             config = _node_config(setup.engine, spec)
             node = _Node(spec, Engine(config, setup.cost))
-            if spec.role is Role.PREFILL:
+            if spec.role is Role.PREFILL or (spec.role is Role.DECODE
+                                             and setup.readback_ttl_s is not None):
                 node.link = SharedLink(setup.link)
             self._nodes[spec.url] = node
         self.proxy = SimProxy([(url, n.spec.role) for url, n in self._nodes.items()],
                               setup.policy, lambda: self.now,
-                              load_window_s=setup.load_window_s, forced=setup.forced)
+                              load_window_s=setup.load_window_s, forced=setup.forced,
+                              readback_ttl_s=setup.readback_ttl_s)
         if setup.policy.spec.needs.live_view:
             self.proxy.observe_with(observer({url: n.engine for url, n in self._nodes.items()},
                                              self.proxy.pool, lambda cid: self._history.get(cid)))
         self._turns: dict[str, _Turn] = {}  # request id (D's / R's) -> turn
         self._by_prefill: dict[str, _Turn] = {}  # P's request id -> turn
+        self._reading_back: dict[str, _Turn] = {}  # D->P readback transfer id -> turn
         self._history: dict[str, list[int]] = {}  # conversation id -> its context's token ids
         self._records: list[RequestRecord] = []
         # per node, vLLM's request histograms as sums and counts (what its /metrics shows)
@@ -196,17 +210,51 @@ class Simulator:
         turn = _Turn(conversation, index, request_id, start, prompt, plan)
         self._turns[request_id] = turn
         self._push(self.now + self.setup.timeout_s, _TIMEOUT, request_id)
-        if plan.route is RouteKind.PD:
-            assert plan.prefill is not None
-            turn.prefill_id = f"{request_id}/p"
-            self._by_prefill[turn.prefill_id] = turn
-            self._submit_via_frontend(turn, plan.prefill.url,
-                                      Request(turn.prefill_id, max_tokens=1,
-                                              prompt_token_ids=prompt, send_kv=True))
+        if plan.route is RouteKind.READBACK:
+            self._read_back(turn)
+        elif plan.route is RouteKind.PD:
+            self._submit_prefill(turn)
         else:
             self._submit_via_frontend(turn, plan.decode.url,
                          Request(request_id, max_tokens=turn_spec.max_tokens,
                                  prompt_token_ids=prompt))
+
+    def _submit_prefill(self, turn: _Turn) -> None:
+        """P->D's P leg (a readback's too, with the tokens P read back)."""
+        plan = turn.plan
+        assert plan.prefill is not None
+        turn.prefill_id = f"{turn.request_id}/p"
+        self._by_prefill[turn.prefill_id] = turn
+        self._submit_via_frontend(turn, plan.prefill.url,
+                                  Request(turn.prefill_id, max_tokens=1,
+                                          prompt_token_ids=turn.prompt, send_kv=True,
+                                          preloaded=turn.preloaded))
+
+    def _read_back(self, turn: _Turn) -> None:
+        """A readback: the tokens of the new prompt that D's blocks hold (their common
+        prefix, as the proxy computes it) move D->P over D's link - all but P's own
+        prefix-cache hits - then P's leg computes the rest. Too few: P->D."""
+        plan = turn.plan
+        assert plan.held is not None and plan.prefill is not None
+        matched = matched_tokens(plan.held.token_ids, turn.prompt)
+        if matched < MIN_READBACK_TOKENS:
+            turn.plan = self.proxy.read_back_instead(plan, Reason.READBACK_MISMATCH)
+            self._submit_prefill(turn)
+            return
+        turn.preloaded = matched
+        prefill = self._nodes[plan.prefill.url]
+        size = prefill.engine.config.block_size
+        cached = prefill.engine.cached_prefix_tokens(block_hashes(turn.prompt[:matched], size))
+        source = self._nodes[plan.held.decode]
+        tokens = matched - min(cached, matched)
+        if tokens <= 0 or source.link is None:
+            self._submit_prefill(turn)
+            return
+        transfer_id = f"{turn.request_id}/rb"
+        self._reading_back[transfer_id] = turn
+        source.link.start(transfer_id, tokens * self.setup.kv_bytes_per_token, self.now,
+                          setup_s=self.host.handoff_s(tokens, self.setup.engine.block_size))
+        self._schedule_link(source)
 
     def _submit_via_frontend(self, turn: _Turn, url: str, request: Request) -> None:
         """The node's API server takes its front-end time before its engine sees the
@@ -255,7 +303,9 @@ class Simulator:
         end = self.now + self.host.frontend_finish_ms / 1000
         self._record(turn, success=True, ttft=first - turn.start, end=end,
                      n_output=len(outputs), error=None, status=200)
-        self.proxy.end(turn.plan, True, len(turn.prompt), len(outputs))
+        # D keeps the KV of the prompt and all but the last output (never computed).
+        kept = turn.prompt + outputs[:-1] if turn.plan.prefill is not None else None
+        self.proxy.end(turn.plan, True, len(turn.prompt), len(outputs), kept)
         history = self._history[turn.conversation.id]
         history[len(history):] = turn.prompt[len(history):]
         if self.setup.reply_retokenized:
@@ -404,6 +454,11 @@ class Simulator:
             return  # superseded: a transfer started since moved the completion
         source.link_event = None
         for request_id in source.link.advance(self.now):
+            read_back = self._reading_back.pop(request_id, None)
+            if read_back is not None:  # D's blocks are in P: P's leg computes the rest
+                if not read_back.done:
+                    self._submit_prefill(read_back)
+                continue
             turn = self._turns.get(request_id)
             if turn is None or turn.done:
                 continue

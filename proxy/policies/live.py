@@ -104,10 +104,13 @@ def _predicted(turn: Turn, state: TurnState, inputs: Inputs,
             return prior, scorer
     prediction = predict(workload, state, inputs.costs)
     score, scorer = scorer.scored(prediction)
+    # Without residency (no KV events for this session on its D) live is blind to
+    # eviction: its own reason says so (docs/live-routing.md).
+    live = Reason.LIVE if held is not None else Reason.LIVE_BLIND
     if score > 0:
-        return Decision(RouteKind.LOCAL, Reason.LIVE), scorer
+        return Decision(RouteKind.LOCAL, live), scorer
     return Decision(RouteKind.PD, Reason.EVICTED if prediction.missing_tokens > 0
-                    else Reason.LIVE), scorer
+                    else live), scorer
 
 
 def _place(turn: Turn, state: TurnState, inputs: Inputs,

@@ -51,6 +51,20 @@ def test_cluster_file(tmp_path: Path) -> None:
     assert [n.role for n in config.nodes] == [Role.PREFILL, Role.DECODE]  # duplicates merged
 
 
+def test_cluster_file_readback_ttl_unless_a_flag_says_otherwise(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.json"
+    nodes = [{"role": "prefill", "url": "http://p:1"}, {"role": "decode", "url": "http://d:1"}]
+    path.write_text(json.dumps({"kv_readback_ttl_s": 480, "nodes": nodes}))
+    assert config_from_args(["--cluster", str(path)]).kv_readback_ttl == 480.0
+    assert config_from_args(["--cluster", str(path), "--kv-readback-ttl", "30"]
+                            ).kv_readback_ttl == 30.0
+    path.write_text(json.dumps({"kv_readback_ttl_s": None, "nodes": nodes}))
+    assert config_from_args(["--cluster", str(path)]).kv_readback_ttl is None
+    path.write_text(json.dumps({"kv_readback_ttl_s": "soon", "nodes": nodes}))
+    with pytest.raises(ConfigError, match="kv_readback_ttl_s"):
+        config_from_args(["--cluster", str(path)])
+
+
 @pytest.mark.parametrize(("argv", "fragment"), [
     ([], "no route can be served"),
     (["--decode", "http://d:1"], "no route can be served"),
@@ -64,6 +78,7 @@ def test_cluster_file(tmp_path: Path) -> None:
     (["--prefill", "http://x:1", "--decode", "http://x:1"], "two roles"),
     ([*NODES, "--discovery", "127.0.0.1:5555"], "tcp://"),
     ([*NODES, "--max-sessions", "0"], "max-sessions"),
+    ([*NODES, "--kv-readback-ttl", "0"], "kv-readback-ttl"),
 ])
 def test_invalid_configurations(argv: list[str], fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):

@@ -218,3 +218,24 @@ def test_membership_weight_is_one_for_turn_one_and_the_turns_left_for_a_replacem
     assert scorer.membership_weight(first_turn=False) == pytest.approx(0.75 * 4)
     scorer = scorer._replace(followup_share=1.0)  # only re-placements seen: bounded
     assert scorer.membership_weight(first_turn=False) == pytest.approx(20.0)
+
+
+def test_readback_is_pd_with_ps_prefill_cut_to_the_new_tokens_plus_the_read() -> None:
+    off = predict(turn(), state(2048), COSTS)
+    on = predict(turn(), replace(state(2048), readback=True), COSTS)
+    assert off.ttft_readback_ms is None
+    assert on.ttft_readback_ms is not None
+    # P computes 64 tokens instead of 2,112, and reads 2,048 tokens' KV (0.3 ms per 1k).
+    assert on.ttft_pd_ms - on.ttft_readback_ms == pytest.approx(2048 * 0.02 - 2.048 * 0.3)
+    # What P holds already is neither read nor computed.
+    warm = predict(turn(), replace(state(2048, p_held=2000), readback=True), COSTS)
+    assert warm.ttft_pd_ms - warm.ttft_readback_ms == pytest.approx(48 * 0.02 - 0.048 * 0.3)
+
+
+def test_readback_score_is_its_ttft_gain_over_pd() -> None:
+    scorer = LiveScorer(w_ttft=2.0, w_tpot=3.0)
+    prediction = predict(turn(), replace(state(2048), readback=True), COSTS)
+    scorer.score(prediction)
+    gain = prediction.ttft_pd_ms - (prediction.ttft_readback_ms or 0.0)
+    assert scorer.readback_score(prediction) == pytest.approx(2.0 * gain / prediction.ttft_pd_ms)
+    assert scorer.readback_score(predict(turn(), state(2048), COSTS)) is None

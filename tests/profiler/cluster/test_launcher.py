@@ -154,11 +154,13 @@ def test_cpu_commands_default_to_nixl_with_host_buffers_and_ucx_over_tcp(tmp_pat
     assert "--dtype" not in argv_p  # vLLM's default unless the model asks
     fp32 = node_command(config, ServedModel("smollm2", Path("/m"), "float32"), p)
     assert fp32[fp32.index("--dtype") + 1] == "float32"
-    # The roles vLLM 0.32 wants (kv_both is deprecated), host buffers on the CPU.
+    # The roles vLLM 0.32 wants (kv_both is deprecated), host buffers on the CPU; both roles
+    # with bidirectional transfer (the readback route), D keeping blocks vLLM's default 480 s.
+    readback = {"bidirectional_kv_xfer": True, "decoder_kv_blocks_ttl": 480}
     assert _transfer(argv_p) == {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
-                                 "kv_buffer_device": "cpu"}
+                                 "kv_buffer_device": "cpu", "kv_connector_extra_config": readback}
     assert _transfer(argv_d) == {"kv_connector": "NixlConnector", "kv_role": "kv_consumer",
-                                 "kv_buffer_device": "cpu"}
+                                 "kv_buffer_device": "cpu", "kv_connector_extra_config": readback}
     for argv in (argv_p, argv_d):  # NIXL moves partial prefills: vLLM's chunked prefill stays
         assert "--no-enable-chunked-prefill" not in argv
         assert "--max-num-batched-tokens" not in argv
@@ -173,11 +175,37 @@ def test_cpu_commands_default_to_nixl_with_host_buffers_and_ucx_over_tcp(tmp_pat
 
 
 def test_nixl_kv_lease_goes_to_the_connector_extra_config(tmp_path: Path) -> None:
-    config = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path, kv_lease_s=8)
+    config = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path, kv_lease_s=8,
+                           kv_readback_ttl_s=None)
     p, _ = plan_nodes(config)
     assert _transfer(node_command(config, MODEL, p)) == {
         "kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu",
         "kv_connector_extra_config": {"kv_lease_duration": 8}}
+
+
+def test_readback_ttl_goes_to_both_roles_and_off_means_no_bidirectional(tmp_path: Path) -> None:
+    short = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path, kv_readback_ttl_s=20)
+    off = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path, kv_readback_ttl_s=None)
+    for node in plan_nodes(short):
+        assert _transfer(node_command(short, MODEL, node))["kv_connector_extra_config"] == {
+            "bidirectional_kv_xfer": True, "decoder_kv_blocks_ttl": 20}
+    for node in plan_nodes(off):
+        assert "kv_connector_extra_config" not in _transfer(node_command(off, MODEL, node))
+
+
+def test_cluster_up_no_kv_readback_flag(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    seen: list[ClusterConfig] = []
+
+    def fake_start(config: ClusterConfig, progress: object = None) -> Cluster:
+        seen.append(config)
+        raise ClusterError("stop here")
+
+    monkeypatch.setattr(cluster_cli, "start_cluster", fake_start)
+    for extra, ttl in (([], 480), (["--kv-readback-ttl", "30"], 30), (["--no-kv-readback"], None)):
+        with pytest.raises(ClusterError, match="stop here"):
+            cluster_cli.main(["up", "--model", str(tmp_path), "--layout", "1P1D",
+                              "--state", str(tmp_path / "s"), *extra])
+        assert seen[-1].kv_readback_ttl_s == ttl
 
 
 def test_shared_storage_uses_example_connector_with_one_dir_and_whole_prefills(tmp_path: Path
@@ -229,7 +257,7 @@ def test_replicas_get_no_kv_transfer(tmp_path: Path) -> None:
     ("kw", "match"),
     [({"base_port": 0}, "base port"), ({"max_model_len": 8}, "max model length"),
      ({"kv_cache_gib": 0}, "KV cache"), ({"startup_timeout_s": 0}, "timeout"),
-     ({"kv_lease_s": 5}, "lease")],
+     ({"kv_lease_s": 5}, "lease"), ({"kv_readback_ttl_s": 0}, "readback")],
 )
 def test_config_validation(kw: dict[str, object], match: str, tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match=match):
@@ -257,7 +285,8 @@ def test_up_writes_cluster_json_and_down_stops_everything(
     running: Cluster, record_dir: Path, tmp_path: Path
 ) -> None:
     doc = json.loads((tmp_path / "state" / "cluster.json").read_text())
-    assert set(doc) == {"model", "layout", "connector", "nodes"}
+    assert set(doc) == {"model", "layout", "connector", "kv_readback_ttl_s", "nodes"}
+    assert doc["kv_readback_ttl_s"] == 480  # the proxy offers the readback route for it
     assert doc["model"] == "mymodel" and doc["layout"] == "1P2D" and doc["connector"] == "nixl"
     assert [n["role"] for n in doc["nodes"]] == ["prefill", "decode", "decode"]
     for node in doc["nodes"]:
