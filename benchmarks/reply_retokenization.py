@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Iterator
 
 BLOCK = 16
-LENGTHS = (32, 64, 128, 256, 512, 1024)
+LENGTHS = (32, 64, 128, 256, 384, 512, 1024)
 
 
 def user_prompts(count: int, min_chars: int = 80, max_chars: int = 600) -> list[str]:
@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         ends.append(next((i for i, t in enumerate(reply) if t in special), len(reply)))
         for length, generated, canonical in shares(tokenizer, prompt, reply, lengths):
             rows[length].append((generated, canonical))
+        print(f"reply {len(ends)}: first special token at {ends[-1]}, share hit at "
+              f"{lengths[-1]} tokens {rows[lengths[-1]][-1][0]:.2f}", flush=True)
     print(f"SmolLM2-135M-Instruct, {args.replies} ShareGPT prompts, greedy, ignore_eos; "
           f"first special token at reply token {sorted(ends)}")
     print("| reply tokens | share hit, as generated (mean) | min-max | share hit, canonical |")
