@@ -39,13 +39,11 @@ REPLY_HIT_SHARE: dict[int, float] = {}
 def kept_reply_tokens(n: int) -> int:
     """Leading reply tokens that still hit the prefix cache when the reply of n tokens comes
     back as text: the measured share at the nearest measured length at or below n (the
-    shortest above it for shorter replies); past the longest measured reply, the hit stays
-    what it was there (a mismatch ends the hit for good)."""
+    shortest for shorter replies; the longest for longer ones - the measurement says nothing
+    past it, so its share is carried)."""
     if n <= 0 or not REPLY_HIT_SHARE:
         return 0
     lengths = sorted(REPLY_HIT_SHARE)
-    if n >= lengths[-1]:
-        return int(REPLY_HIT_SHARE[lengths[-1]] * lengths[-1])
     index = bisect.bisect_right(lengths, n) - 1
     length = lengths[max(index, 0)]
     return min(n, int(REPLY_HIT_SHARE[length] * n))
