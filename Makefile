@@ -54,9 +54,6 @@ soak: $(STAMP)
 # how that grid was made; rebuilding it is `ppd sim grid`, about 10 minutes).
 paper: $(STAMP)
 	$(VENV)/bin/ppd sim paper docs/paper-reproduction/grid.parquet --out docs/paper-reproduction
-	$(VENV)/bin/ppd sim paper docs/paper-reproduction/side-by-side/grid-paper-like.parquet \
-		--ideal docs/paper-reproduction/side-by-side/grid-ideal.parquet \
-		--out docs/paper-reproduction/side-by-side
 
 demo: $(STAMP)
 	$(VENV)/bin/ppd demo

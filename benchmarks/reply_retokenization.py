@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from profiler.models.prepare import ModelName, prepare_model
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # a shared machine: one thread does not spin against others
     path = prepare_model(ModelName.SMOLLM2)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
