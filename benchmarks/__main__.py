@@ -3,6 +3,11 @@
 - `decision`: the routing decision's cost against a proxied request's (microseconds).
 - `proxy_overhead`: requests/s, TTFT and CPU through the proxy against direct
   (`benchmarks/proxy_overhead`).
+- `kv_events`: KV-event floods (a self-parent block, a 2-block cycle, a 20,000-block chain,
+  1M random blocks, 2,000 forks): the longest the event loop is blocked per batch, and the
+  RSS each leaves (`benchmarks/kv_events.py`).
+- `cli_startup`: seconds `ppd` takes to answer --help and usage errors
+  (`benchmarks/cli_startup.py`).
 
 Every number is measured in one run, side by side, so ratios between rows are meaningful on
 this machine even though absolute numbers are not portable.
@@ -17,9 +22,9 @@ import sys
 
 import numpy as np
 
-from benchmarks import bench_decision, proxy_overhead
+from benchmarks import bench_decision, cli_startup, kv_events, proxy_overhead
 
-BENCHMARKS = ("decision", "proxy_overhead")
+BENCHMARKS = ("decision", "proxy_overhead", "kv_events", "cli_startup")
 
 
 def render(rows: list[tuple[str, np.ndarray]], baseline: str) -> str:
@@ -58,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=BENCHMARKS, help="run this benchmark only")
     parser.add_argument("--decisions", type=int, default=20_000, help="policy calls timed")
     parser.add_argument("--requests", type=int, default=200, help="HTTP requests timed per row")
+    parser.add_argument("--startup-runs", type=int, default=5,
+                        help="cli_startup: processes timed per command line")
     proxy_overhead.add_arguments(parser)
+    kv_events.add_arguments(parser)
     args = parser.parse_args(argv)
     command = shlex.join(["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None
                                                           else argv)])
@@ -67,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         status |= run_decision(args)
     if args.only in (None, "proxy_overhead"):
         status |= proxy_overhead.run(args, command)
+    if args.only in (None, "kv_events"):
+        status |= kv_events.run(args)
+    if args.only in (None, "cli_startup"):
+        status |= cli_startup.main(["--runs", str(args.startup_runs)])
     return status
 
 

@@ -33,20 +33,22 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from proxy.backends import BackendPool
 from proxy.breaker import Breaker
-from proxy.config import Policy, ProxyConfig
+from proxy.config import ProxyConfig
 from proxy.discovery import Discovery
 from proxy.endpoints import CompletionsApp, bearer_matches
 from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
 from proxy.health import HealthMonitor
-from proxy.live import StepCosts
+from proxy.kv_health import KvEventCollector
+from proxy.kv_health import health as kv_health
 from proxy.live_view import LiveRuntime
 from proxy.load_meter import RateMeter
 from proxy.metrics import ProxyMetrics
-from proxy.policies import RoutingPolicy
+from proxy.preflight import load_policy
 from proxy.router import Router
+from proxy.server import serve_app
 from proxy.sessions.open_store import open_store
+from proxy.sessions.readback_book import ReadbackBook
 from proxy.sessions.store import SessionStore, watch_store
-from proxy.table import DecisionTable
 from proxy.tokens import token_counter
 from proxy.transport import default_transport
 
@@ -81,9 +83,7 @@ class ProxyState:
 def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
                 clock: Callable[[], float]) -> ProxyState:
     """Assemble the ledgers, policy and router from the config (loads table and tokenizer)."""
-    table = DecisionTable.load(config.policy.table) if config.policy.table else None
-    costs = StepCosts.load(config.policy.live_costs) if config.policy.live_costs else None
-    policy = RoutingPolicy(config.policy, table, costs)
+    policy = load_policy(config.policy)
     pool = BackendPool(config.nodes, breaker=Breaker(config.breaker_failures,
                                                      config.breaker_cooldown), clock=clock)
     sessions = open_store(config.session_store, config.session_ttl, config.max_sessions, clock)
@@ -92,12 +92,19 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
     load = RateMeter(config.load_window, clock)
     router = Router(pool, sessions, policy, token_counter(config.tokenizer), metrics, load, clock,
                     config.max_in_flight, config.request_timeout)
+    if config.kv_readback_ttl is not None:
+        router.readback = ReadbackBook(config.max_sessions, clock)
+        router.readback_ttl = config.kv_readback_ttl
     metrics.watch(pool.snapshot, lambda: router.admission.open)
-    live = (LiveRuntime(pool, config.kv_events, config.metrics_interval, clock)
-            if config.policy.kind is Policy.LIVE else None)
+    live = (LiveRuntime(pool, config.kv_events, config.metrics_interval, clock,
+                        config.kv_blocks)
+            if policy.spec.needs.live_view else None)
+    if live is not None:
+        metrics.registry.register(KvEventCollector(live.subscribers.subscribers))
     router.view = live.view if live is not None else None
     discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock,
-                           config.discovery_token) if config.discovery else None)
+                           config.discovery_token, insecure=config.discovery_insecure)
+                 if config.discovery else None)
     return ProxyState(config, pool, sessions, router, metrics, load, discovery, transport,
                       live=live)
 
@@ -184,7 +191,9 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
         return {**state.metrics.stats(), "sessions_live": state.sessions.live(),
                 "request_rate": rate, "request_rate_unit": "requests (turns)/s",
                 "qps": rate,  # deprecated name of request_rate
-                "backends": state.pool.snapshot()}
+                "backends": state.pool.snapshot(),
+                **({"kv_events": kv_health(state.live.subscribers.subscribers)}
+                   if state.live is not None else {})}
 
     @app.get("/sessions")
     async def sessions() -> dict[str, Any]:
@@ -232,3 +241,8 @@ def _register_error_handlers(app: Quart) -> None:
     async def unexpected(exc: Exception) -> Response:
         log.exception("unexpected error: %s", exc)
         return _error(ProxyError(f"internal proxy error: {type(exc).__name__}"))
+
+
+def serve(config: ProxyConfig) -> None:
+    """Run the proxy on config.host:config.port until SIGINT or SIGTERM (blocking)."""
+    serve_app(create_app(config), config.host, config.port, config.shutdown_grace)

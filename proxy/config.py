@@ -10,15 +10,15 @@ Unknown keys, unknown policies and impossible combinations are errors with a cle
 from __future__ import annotations
 
 import argparse
+import contextlib
 import enum
 import ipaddress
 import json
-import math
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import yaml
 
@@ -28,9 +28,12 @@ from proxy.kv_subscriber import KvEventSource
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.logs import LogFormat, LogLevel
 from proxy.options import add_flags, option, option_fields
+from proxy.policies import registry
+from proxy.policies.base import Need
 from proxy.redact import redacted_url
+from proxy.residency import DEFAULT_KV_BLOCKS
 from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S
-from proxy.table import DEFAULT_SUCCESS_MARGIN
+from proxy.suggest import unknown_name
 from proxy.vocabulary import Role
 
 
@@ -38,16 +41,32 @@ class ConfigError(ValueError):
     """The configuration is invalid; the message says what to fix."""
 
 
-class Policy(enum.StrEnum):
-    """The routing policies (docs/architecture.md, "Request flow")."""
+def _policy_enum() -> type[enum.StrEnum]:
+    """The routing policies, one member per module of `proxy.policies` (its registry)."""
+    return enum.StrEnum(  # type: ignore[return-value]
+        "Policy", {name.upper().replace("-", "_"): name for name in registry.names()},
+        module=__name__)
 
-    PD = "pd"
-    LOCAL = "local"
-    FIXED = "fixed"
-    PPD = "ppd"
-    THRESHOLD = "threshold"
-    REPLICA = "replica"
-    LIVE = "live"
+
+if TYPE_CHECKING:
+    class Policy(enum.StrEnum):
+        """The routing policies (a member per `proxy.policies` module)."""
+
+else:
+    Policy = _policy_enum()
+
+
+def policy_names() -> tuple[str, ...]:
+    """Every routing policy's name, from the one place that lists them (the registry)."""
+    return registry.names()
+
+
+def parse_policy_name(name: str) -> Policy:
+    """A policy by name; an unknown one is a ConfigError with "did you mean" and the list."""
+    if name in policy_names():
+        return Policy(name)
+    raise ConfigError(unknown_name("policy", str(name), policy_names()))
+
 
 def _is_loopback_endpoint(endpoint: str) -> bool:
     """True iff a tcp://HOST:PORT endpoint is reachable from this host only."""
@@ -78,43 +97,47 @@ class NodeSpec:
                               "/v1/... and /health itself")
 
 
-@dataclass(frozen=True, slots=True)
-class PolicyConfig:
-    """Which policy decides routes, with its parameters."""
+@dataclass(frozen=True)
+class _PolicyKind:
+    kind: Policy = option(Policy("pd"), "routing policy", flag="policy", parse=parse_policy_name)
 
-    kind: Policy = option(Policy.PD, "routing policy", flag="policy")
-    x: float | None = option(None, "policy fixed: share of turn 2+ run locally, in [0, 1]",
-                             metavar="F")
-    table: Path | None = option(None, "policy ppd: decision table (CSV or Parquet)",
-                                metavar="PATH")
-    w_ttft: float = option(1.0, "policy ppd: weight of the turn's TTFT change", metavar="W")
-    w_tpot: float = option(1.0, "policy ppd: weight of the TPOT change", metavar="W")
-    non_cached_tokens: int | None = option(
-        None, "policy threshold: local iff the uncached suffix has <= N tokens", metavar="N")
-    live_costs: Path | None = option(
-        None, "policy live: step-cost file (JSON; `ppd sim live-costs` writes one)",
-        metavar="PATH")
-    success_margin: float = option(
-        DEFAULT_SUCCESS_MARGIN, "policy ppd: a route whose success rate trails the other's by "
-        "more than M loses", metavar="M")
 
-    def __post_init__(self) -> None:
-        if self.kind is Policy.FIXED and self.x is None:
-            raise ConfigError("policy fixed needs --x F (the share of turn 2+ run locally)")
-        if self.x is not None and not (0.0 <= self.x <= 1.0):
-            raise ConfigError(f"--x must be in [0, 1], got {self.x}")
-        if self.kind is Policy.PPD and self.table is None:
-            raise ConfigError("policy ppd needs --table PATH (a decision table, CSV or Parquet)")
-        if self.kind is Policy.THRESHOLD and self.non_cached_tokens is None:
-            raise ConfigError("policy threshold needs --non-cached-tokens N")
-        if self.non_cached_tokens is not None and self.non_cached_tokens < 0:
-            raise ConfigError("--non-cached-tokens must be >= 0")
-        for name in ("w_ttft", "w_tpot"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be a finite number >= 0")
-        if not (0.0 <= self.success_margin <= 1.0):
-            raise ConfigError("success margin must be in [0, 1]")
+def _check_policy(config: Any) -> None:
+    """Every policy's flag values, then what the chosen policy needs."""
+    try:
+        if not isinstance(config.kind, Policy):
+            object.__setattr__(config, "kind", Policy(registry.get(config.kind).name))
+        for spec in registry.policies().values():
+            spec.check_flags(config)
+        spec = registry.get(config.kind)
+        spec.check(config)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if spec.needs.table is Need.REQUIRED and config.table is None:
+        raise ConfigError(f"policy {spec.name} needs --table PATH (a decision table, CSV or "
+                          "Parquet)")
+
+
+def _policy_config() -> type:
+    """`PolicyConfig`: `kind` (`--policy`), then every policy module's Flags."""
+    cls = make_dataclass("PolicyConfig", [], bases=(*registry.flag_classes(), _PolicyKind),
+                         frozen=True, namespace={"__post_init__": _check_policy,
+                                                 "__module__": __name__})
+    cls.__doc__ = "Which policy decides routes, with every policy's parameters."
+    return cls
+
+
+if TYPE_CHECKING:
+    class PolicyConfig:
+        """Which policy decides routes, with every policy's parameters (their Flags)."""
+
+        kind: Policy
+
+        def __init__(self, kind: Policy | str = ..., **flags: Any) -> None: ...
+        def __getattr__(self, name: str) -> Any: ...
+
+else:
+    PolicyConfig = _policy_config()
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +157,9 @@ class ProxyConfig:
     discovery_token: str | None = option(
         None, "shared secret every heartbeat must carry (env PPD_DISCOVERY_TOKEN for "
         "`ppd register`)", metavar="T")
-    insecure_discovery: bool = option(
-        False, "allow --discovery on a non-loopback address without --discovery-token")
+    discovery_insecure: bool = option(
+        False, "let --discovery register nodes without --discovery-token (any process that "
+        "reaches the socket, on loopback any local one, can then add nodes)")
     heartbeat_timeout: float = option(
         10.0, "drop a registered node after S seconds without a heartbeat", metavar="S")
     session_ttl: float = option(DEFAULT_SESSION_TTL_S, "forget a session idle for S seconds",
@@ -164,6 +188,10 @@ class ProxyConfig:
     health_interval: float = option(5.0, "seconds between health checks", metavar="S")
     metrics_interval: float = option(
         1.0, "policy live: seconds between scrapes of every node's /metrics", metavar="S")
+    kv_blocks: int | None = option(
+        None, "policy live: every D/R node's KV cache capacity in blocks, bounding its "
+        f"residency index (default: each node's vllm:cache_config_info num_gpu_blocks, else "
+        f"{DEFAULT_KV_BLOCKS})", metavar="N")
     load_window: float = option(
         DEFAULT_LOAD_WINDOW_S, "sliding window of the turns-per-second load meter, seconds",
         metavar="S")
@@ -176,6 +204,10 @@ class ProxyConfig:
     breaker_cooldown: float = option(
         DEFAULT_COOLDOWN_S, "seconds an open circuit waits before one probe request",
         metavar="S")
+    kv_readback_ttl: float | None = option(
+        None, "seconds the D nodes keep a finished turn's KV for P to read back (vLLM's "
+        "decoder_kv_blocks_ttl with bidirectional_kv_xfer; a cluster.json from `ppd cluster "
+        "up` sets it); unset: no readback route (docs/readback.md)", metavar="S")
     log_level: LogLevel = option(LogLevel.INFO, "log level (info: one access line per request)")
     log_format: LogFormat = option(LogFormat.TEXT, "log format: text, or one JSON object a line")
 
@@ -187,6 +219,8 @@ class ProxyConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
+        if self.kv_readback_ttl is not None and not self.kv_readback_ttl > 0:
+            raise ConfigError("--kv-readback-ttl must be > 0")
         if not self.shutdown_grace >= 0:
             raise ConfigError("--shutdown-grace must be >= 0")
         if self.breaker_failures < 1:
@@ -198,6 +232,8 @@ class ProxyConfig:
         _check_scale_out(self.session_store, self.workers, self.discovery)
         if self.max_body_bytes < 1:
             raise ConfigError("--max-body-bytes must be >= 1")
+        if self.kv_blocks is not None and self.kv_blocks < 1:
+            raise ConfigError("--kv-blocks must be >= 1")
         if self.max_in_flight is not None and self.max_in_flight < 1:
             raise ConfigError("--max-in-flight must be >= 1")
         roles: dict[str, Role] = {}
@@ -205,28 +241,30 @@ class ProxyConfig:
             if roles.setdefault(node.url, node.role) is not node.role:
                 raise ConfigError(f"node {node.url} is listed with two roles "
                                   f"({roles[node.url]} and {node.role})")
-        if self.policy.kind is Policy.LIVE and self.policy.live_costs is None:
-            raise ConfigError("policy live needs --live-costs PATH (a step-cost file: "
-                              "`ppd sim live-costs --cost PRESET --out PATH` writes one)")
+        spec = registry.get(self.policy.kind)
+        if spec.needs.costs is Need.REQUIRED and self.policy.live_costs is None:
+            raise ConfigError(f"policy {spec.name} needs --live-costs PATH (a step-cost file): "
+                              f"{live_costs_hint(None)}")
         if self.discovery is not None and not self.discovery.startswith("tcp://"):
             raise ConfigError(f"--discovery must look like tcp://HOST:PORT, got {self.discovery!r}")
-        if (self.discovery is not None and not self.discovery_token
-                and not self.insecure_discovery and not _is_loopback_endpoint(self.discovery)):
-            raise ConfigError(f"--discovery {self.discovery} is reachable from other hosts: "
-                              "anyone who can send it a heartbeat receives user prompts. Set "
-                              "--discovery-token T (nodes register with --token T), bind "
-                              "127.0.0.1, or pass --insecure-discovery")
+        if self.discovery is not None and not self.discovery_token \
+                and not self.discovery_insecure:
+            reach = ("other hosts" if not _is_loopback_endpoint(self.discovery)
+                     else "every local process")
+            raise ConfigError(f"--discovery {self.discovery} without --discovery-token: "
+                              f"{reach} could register a node, and a node receives user "
+                              "prompts. Set --discovery-token T (nodes register with "
+                              "`ppd register --token T`), or pass --discovery-insecure")
         if self.discovery is None and not self._servable():
-            need = ("--replica" if self.policy.kind is Policy.REPLICA
+            need = ("--replica" if spec.replicas_only
                     else "at least one --prefill and one --decode")
             raise ConfigError(f"no route can be served: policy {self.policy.kind} needs {need} "
                               "(or --cluster FILE, or --discovery for registered nodes)")
 
     def _servable(self) -> bool:
+        """The nodes listed can start the policy: one of each role of its first role set."""
         roles = {node.role for node in self.nodes}
-        if self.policy.kind is Policy.REPLICA:
-            return Role.REPLICA in roles
-        return Role.PREFILL in roles and Role.DECODE in roles
+        return set(registry.get(self.policy.kind).roles[0]) <= roles
 
 
 def _check_scale_out(store: str, workers: int, discovery: str | None) -> None:
@@ -251,9 +289,18 @@ def _scalar_options() -> dict[str, Callable[[Any], Any]]:
     return {**{o.key: o.convert for o in opts}, "cluster": Path}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `ppd proxy` argument parser (defaults are None so the config file can fill them)."""
-    p = argparse.ArgumentParser(
+class _RaisingParser(argparse.ArgumentParser):
+    """A parser whose usage errors raise ConfigError instead of printing usage and exiting
+    (for callers that check the proxy's flags on its behalf, `ppd cluster up`)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def build_parser(*, exit_on_error: bool = True) -> argparse.ArgumentParser:
+    """The `ppd proxy` argument parser (defaults are None so the config file can fill them);
+    exit_on_error False: usage errors raise ConfigError."""
+    p = (argparse.ArgumentParser if exit_on_error else _RaisingParser)(
         prog="ppd proxy",
         description="Route multi-turn LLM traffic across vLLM prefill (P) and decode (D) nodes.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -303,6 +350,8 @@ def load_config_file(path: Path) -> dict[str, Any]:
         elif name in scalars:
             try:
                 out[name] = scalars[name](value)
+            except ConfigError as exc:  # says what the valid values are
+                raise ConfigError(f"config key {key!r} in {path}: {exc}") from None
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"config key {key!r}: bad value {value!r}") from exc
             if name in _PATH_KEYS and not out[name].is_absolute():
@@ -313,14 +362,30 @@ def load_config_file(path: Path) -> dict[str, Any]:
     return out
 
 
-def load_cluster_file(path: Path) -> list[NodeSpec]:
-    """Nodes from a cluster.json (`{"nodes": [{"role": ..., "url": ...}, ...]}`)."""
+def _read_cluster_file(path: Path) -> Any:
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except OSError as exc:
         raise ConfigError(f"cannot read cluster file {path}: {exc.strerror or exc}") from exc
     except json.JSONDecodeError as exc:
         raise ConfigError(f"cluster file {path} is not valid JSON: {exc}") from exc
+
+
+def cluster_readback_ttl(path: Path) -> float | None:
+    """How long a cluster.json's D nodes keep a turn's KV for a readback (None: not offered)."""
+    data = _read_cluster_file(path)
+    ttl = data.get("kv_readback_ttl_s") if isinstance(data, dict) else None
+    if ttl is None:
+        return None
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
+        raise ConfigError(f"cluster file {path}: kv_readback_ttl_s must be a positive number "
+                          f"of seconds or null, got {ttl!r}")
+    return float(ttl)
+
+
+def load_cluster_file(path: Path) -> list[NodeSpec]:
+    """Nodes from a cluster.json (`{"nodes": [{"role": ..., "url": ...}, ...]}`)."""
+    data = _read_cluster_file(path)
     nodes = data.get("nodes") if isinstance(data, dict) else None
     if not isinstance(nodes, list):
         raise ConfigError(f"cluster file {path} has no 'nodes' list")
@@ -334,9 +399,40 @@ def load_cluster_file(path: Path) -> list[NodeSpec]:
     return specs
 
 
-def config_from_args(argv: Sequence[str]) -> ProxyConfig:
-    """Parse `ppd proxy` arguments (plus the files they name) into a validated ProxyConfig."""
-    args = build_parser().parse_args(list(argv))
+# The step-cost file shipped for the tiny model on vLLM-CPU (tables/README.md says how it was
+# fitted); relative to a clone's root, where the README's commands run.
+SHIPPED_TINY_CPU_COSTS = "tables/tiny-cpu-1p1d.costs.json"
+
+
+def live_costs_hint(cluster: Path | None) -> str:
+    """Which command makes a step-cost file for the cluster a cluster.json describes (or, with
+    none, for any cluster): its emulated preset's `ppd sim live-costs`, the shipped file of the
+    tiny model on vLLM-CPU, or a fit to measured runs."""
+    doc: Any = None
+    if cluster is not None:
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads(Path(cluster).read_text())
+    doc = doc if isinstance(doc, dict) else {}
+    emulated = doc.get("emulated") if isinstance(doc.get("emulated"), dict) else None
+    model = doc.get("model")
+    if emulated is not None and emulated.get("cost"):
+        return (f"for this emulated cluster, `ppd sim live-costs --cost {emulated['cost']} "
+                f"--model {model} --link {emulated.get('link', 'nvlink')} --out "
+                "live-costs.json` writes one (`ppd cluster up --with-proxy --policy live` "
+                "does it itself)")
+    if model == "tiny":
+        return (f"for the tiny model on vLLM-CPU pass the shipped {SHIPPED_TINY_CPU_COSTS} "
+                "(`ppd cluster up --with-proxy --policy live` passes it itself)")
+    return ("an emulated preset's comes from `ppd sim live-costs --cost PRESET --model M "
+            f"--out PATH`; the tiny model on vLLM-CPU has {SHIPPED_TINY_CPU_COSTS}; for other "
+            "vLLM nodes fit a preset to measured runs (`ppd sim calibrate RUNS --out "
+            "preset.json`), then `ppd sim live-costs --cost preset.json --model M --out PATH`")
+
+
+def config_from_args(argv: Sequence[str], *, exit_on_error: bool = True) -> ProxyConfig:
+    """Parse `ppd proxy` arguments (plus the files they name) into a validated ProxyConfig;
+    exit_on_error False: a usage error raises ConfigError rather than exiting."""
+    args = build_parser(exit_on_error=exit_on_error).parse_args(list(argv))
     return config_from_namespace(args)
 
 
@@ -355,6 +451,8 @@ def config_from_namespace(args: argparse.Namespace) -> ProxyConfig:
     if cluster is not None:
         nodes += load_cluster_file(cluster)
         kv_events += kv_sources.from_cluster_file(cluster)
+        if settings.get("kv_readback_ttl") is None:
+            settings["kv_readback_ttl"] = cluster_readback_ttl(cluster)
     try:
         kv_events += [kv_sources.parse_flag(value) for value in args.kv_events]
     except kv_sources.KvSourceError as exc:
@@ -364,5 +462,9 @@ def config_from_namespace(args: argparse.Namespace) -> ProxyConfig:
     unique = tuple(dict.fromkeys(nodes))  # keep order, drop repeats
     policy = PolicyConfig(**{o.name: settings.pop(o.key) for o in option_fields(PolicyConfig)
                              if o.key in settings})
+    spec = registry.get(policy.kind)
+    if spec.needs.costs is Need.REQUIRED and policy.live_costs is None:
+        raise ConfigError(f"policy {spec.name} needs --live-costs PATH (a step-cost file): "
+                          f"{live_costs_hint(cluster)}")
     return ProxyConfig(nodes=unique, policy=policy, kv_events=kv_sources.merge(kv_events),
                        **settings)

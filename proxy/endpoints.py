@@ -18,13 +18,20 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from proxy.config import ProxyConfig
-from proxy.errors import BadRequest, MethodNotAllowed, PayloadTooLarge, ProxyError, Unauthorized
+from proxy.errors import (
+    BadRequest,
+    HeadersTooLarge,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    ProxyError,
+    Unauthorized,
+)
 from proxy.logs import AccessEntry
 from proxy.relay import Relay
 from proxy.router import Incoming, Reply, Router
+from proxy.routes import FORCIBLE
 from proxy.server import DISCONNECT_EXTENSION, HEAD_WITH_BODY_EXTENSION, DisconnectSignal
-from proxy.validate import Endpoint, parse_json_object, validate_body
-from proxy.vocabulary import RouteKind
+from proxy.validate import Endpoint, check_session_id, parse_json_object, validate_body
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -33,9 +40,19 @@ ASGIApp = Callable[..., Awaitable[None]]
 
 log = logging.getLogger("ppd.proxy")
 
-FORCIBLE = {RouteKind.PD.value: RouteKind.PD, RouteKind.LOCAL.value: RouteKind.LOCAL}
 _PATHS = {endpoint.value: endpoint for endpoint in Endpoint}
 _WANTED = (b"authorization", b"x-ppd-route", b"x-session-id", b"content-length")
+# Every request's header lines together (names and values): past this, 431 (nginx's
+# large_client_header_buffers and Node's default are 8-16 KB; a client needs far less).
+MAX_HEADER_BYTES = 16 * 1024
+# Answered when x-ppd-route came to a proxy without --admin-key (the header was ignored).
+ROUTE_IGNORED = {"x-ppd-route-ignored": "forcing a route needs the proxy's --admin-key"}
+# Body fields that name vLLM's internals: a client's request_id would reach P and D verbatim
+# (two clients sending one id collide in vLLM's request table; the proxy sets its own per
+# leg, as x-request-id), and data_parallel_rank would pin a node's engine. Never forwarded.
+# priority reorders vLLM's queue (--scheduling-policy priority): an admin's only.
+INTERNAL_FIELDS = ("request_id", "data_parallel_rank")
+ADMIN_FIELDS = ("priority",)
 
 
 class _ClientGone(Exception):
@@ -61,6 +78,10 @@ class CompletionsApp:
         self._extra = response_headers if response_headers is not None else {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _header_bytes(scope) > MAX_HEADER_BYTES:
+            await _send_error(send, HeadersTooLarge(
+                f"request headers are over the {MAX_HEADER_BYTES}-byte limit"))
+            return
         endpoint = _PATHS.get(scope["path"]) if scope["type"] == "http" else None
         if endpoint is None:
             await self._fallback(scope, receive, send)
@@ -88,6 +109,9 @@ class CompletionsApp:
             AccessEntry(endpoint.value, status=error.status, error=error.message).emit()
             await _send_error(send, error)
             return
+        if incoming.forced is None and not self._config.admin_key and any(
+                name == b"x-ppd-route" for name, _ in scope["headers"]):
+            send = _with_headers(send, ROUTE_IGNORED)
         watch = _DisconnectWatch(scope, receive)
         try:
             reply = await self._router.handle(incoming)
@@ -119,16 +143,28 @@ class CompletionsApp:
         auth = headers.get("authorization")
         if config.api_key and not bearer_matches(auth, config.api_key, config.admin_key):
             raise Unauthorized("missing or invalid API key (authorization: Bearer KEY)")
-        forced = headers.get("x-ppd-route")
+        # Without an admin key nobody may force a route: the header is ignored (and the
+        # answer says so, ROUTE_IGNORED), whatever it holds.
+        forced = headers.get("x-ppd-route") if config.admin_key else None
         if forced is not None:
             if forced not in FORCIBLE:
                 raise BadRequest(f"x-ppd-route must be one of {sorted(FORCIBLE)}, got {forced!r}")
-            if config.admin_key and not bearer_matches(auth, config.admin_key):
+            if not bearer_matches(auth, config.admin_key):
                 raise Unauthorized("x-ppd-route needs authorization: Bearer ADMIN_KEY")
+        session_id = headers.get("x-session-id")
+        if session_id is not None:
+            check_session_id(session_id, "x-session-id")
         body = parse_json_object(raw)
         validate_body(endpoint, body)
-        return Incoming(endpoint, body, headers.get("x-session-id"),
-                        FORCIBLE[forced] if forced else None)
+        if any(name in body for name in (*INTERNAL_FIELDS, *ADMIN_FIELDS)):
+            admin = bool(config.admin_key) and bearer_matches(auth, config.admin_key)
+            dropped = INTERNAL_FIELDS if admin else (*INTERNAL_FIELDS, *ADMIN_FIELDS)
+            body = {k: v for k, v in body.items() if k not in dropped}
+        return Incoming(endpoint, body, session_id, FORCIBLE[forced] if forced else None)
+
+
+def _header_bytes(scope: Scope) -> int:
+    return sum(len(name) + len(value) for name, value in scope["headers"])
 
 
 def _too_large(limit: int) -> PayloadTooLarge:

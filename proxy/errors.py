@@ -100,6 +100,12 @@ class PayloadTooLarge(ProxyError):
     code = "payload_too_large"
 
 
+class HeadersTooLarge(ProxyError):
+    status = 431
+    type = "invalid_request_error"
+    code = "request_header_fields_too_large"
+
+
 class Overloaded(ProxyError):
     status = 429
     type = "rate_limit_error"

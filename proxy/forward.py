@@ -174,6 +174,20 @@ async def fetch(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
     return _answer(response, content, url)
 
 
+async def tokenize(client: httpx.AsyncClient, base_url: str, body: dict[str, Any],
+                   request_id: str) -> Any:
+    """vLLM's POST /tokenize (a readback's check of the new prompt's ids): the decoded JSON of
+    a 2xx, None for any other answer (a node without the endpoint, a prompt it refuses)."""
+    url = base_url + "/tokenize"
+    response, content = await _post(client, url, body, request_id, stream=False)
+    if not 200 <= response.status < 300:
+        return None
+    try:
+        return loads(content)
+    except ValueError:
+        return None
+
+
 async def complete(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
                    body: dict[str, Any], request_id: str) -> Answer:
     """A non-streamed leg that answers the client: a 2xx must be a JSON object, as from P; a

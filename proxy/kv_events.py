@@ -79,15 +79,37 @@ def parse_seq(frame: bytes) -> int:
     return int.from_bytes(frame, "big", signed=frame == END_SEQ)
 
 
+@dataclass(frozen=True, slots=True)
+class RawBatch:
+    """A published message unpacked but its events not yet decoded: the subscriber decodes
+    and applies them a slice at a time, so a huge batch never blocks the loop at once."""
+
+    seq: int
+    ts: float
+    raw_events: list[Any]
+
+
 def parse_message(frames: list[bytes]) -> EventBatch:
     """Decode a published `[topic, seq, payload]` message."""
+    raw = read_message(frames)
+    return EventBatch(raw.seq, raw.ts, parse_events(raw.raw_events))
+
+
+def read_message(frames: list[bytes]) -> RawBatch:
+    """Unpack a published `[topic, seq, payload]` message, its events still undecoded."""
     if len(frames) != 3:
         raise KvEventError(f"expected [topic, seq, payload], got {len(frames)} frames")
-    return parse_batch(parse_seq(frames[1]), frames[2])
+    return read_batch(parse_seq(frames[1]), frames[2])
 
 
 def parse_batch(seq: int, payload: bytes) -> EventBatch:
     """Decode one msgpack `KVEventBatch` payload."""
+    raw = read_batch(seq, payload)
+    return EventBatch(seq, raw.ts, parse_events(raw.raw_events))
+
+
+def read_batch(seq: int, payload: bytes) -> RawBatch:
+    """Unpack one msgpack `KVEventBatch` payload (its events decoded by `parse_events`)."""
     try:
         data: Any = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated exception types
@@ -95,8 +117,12 @@ def parse_batch(seq: int, payload: bytes) -> EventBatch:
     if not isinstance(data, (list, tuple)) or len(data) < 2 or not isinstance(data[1], list):
         raise KvEventError("payload is not a [ts, events, ...] batch")
     ts = float(data[0]) if isinstance(data[0], (int, float)) else 0.0
-    events = tuple(event for raw in data[1] if (event := parse_event(raw)) is not None)
-    return EventBatch(seq, ts, events)
+    return RawBatch(seq, ts, data[1])
+
+
+def parse_events(raw_events: list[Any]) -> tuple[KvEvent, ...]:
+    """Decode unpacked events (unknown kinds skipped; KvEventError for a malformed one)."""
+    return tuple(event for raw in raw_events if (event := parse_event(raw)) is not None)
 
 
 def parse_event(raw: Any) -> KvEvent | None:

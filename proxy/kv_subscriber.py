@@ -16,7 +16,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -26,16 +28,24 @@ from proxy.kv_events import (
     AllBlocksCleared,
     EventBatch,
     KvEventError,
+    RawBatch,
     encode_seq,
-    parse_batch,
-    parse_message,
+    parse_events,
     parse_seq,
+    read_batch,
+    read_message,
 )
-from proxy.residency import NodeResidency
+from proxy.residency import NodeResidency, Rejection
 
 log = logging.getLogger("ppd.proxy.residency")
 
 REPLAY_TIMEOUT_S = 1.0
+# The largest message read (ZMQ drops a longer one; the gap then forgets the index): a
+# batch of one 128k-token prompt's blocks, token ids included, is under 1 MB.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# Events applied between two yields to the event loop: a huge batch never blocks the
+# request path for longer than a slice (benchmarks/kv_events.py measures both).
+SLICE_EVENTS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +60,9 @@ class KvEventSource:
 @dataclass(slots=True)
 class SubscriberStats:
     batches: int = 0
+    events: int = 0  # events in the batches applied
     gaps: int = 0
+    gaps_replayed: int = 0  # gaps the replay socket filled (the others forgot: `resets`)
     replayed: int = 0  # batches recovered by replay
     resets: int = 0  # gaps that forgot the index
     bad_messages: int = 0
@@ -72,12 +84,36 @@ class NodeSubscriber:
         last = self.stats.last_seq
         return None if last is None else last + 1
 
+    async def apply_sliced(self, batch: EventBatch | RawBatch) -> None:
+        """`apply`, yielding to the event loop every SLICE_EVENTS events (a RawBatch's
+        events are decoded a slice at a time too; a malformed one rejects the rest)."""
+        raw = isinstance(batch, RawBatch)
+        events: Sequence[Any] = batch.raw_events if raw else batch.events  # type: ignore[union-attr]
+        for start in range(0, len(events), SLICE_EVENTS):
+            if start:
+                await asyncio.sleep(0)
+            chunk = events[start:start + SLICE_EVENTS]
+            if raw:
+                try:
+                    chunk = parse_events(chunk)
+                except KvEventError:
+                    self.index.reject(Rejection.MALFORMED)
+                    break
+            if self.index.apply_all(chunk) is not None:
+                break  # rejected: the index was forgotten, the rest builds on nothing
+        self._applied(batch.seq, batch.ts, len(events))
+
     def apply(self, batch: EventBatch) -> None:
-        for event in batch.events:
-            self.index.apply(event)
+        # A rejected event (proxy.residency.Rejection) forgets the index and is counted
+        # there; the batch still counts as received, and its number as the last one seen.
+        self.index.apply_all(batch.events)
+        self._applied(batch.seq, batch.ts, len(batch.events))
+
+    def _applied(self, seq: int, ts: float, events: int) -> None:
         self.stats.batches += 1
-        self.stats.last_seq = batch.seq
-        self.stats.last_ts = batch.ts
+        self.stats.events += events
+        self.stats.last_seq = seq
+        self.stats.last_ts = ts
         self.stats.last_event_at = time.monotonic()
 
     def forget(self) -> None:
@@ -92,7 +128,7 @@ class NodeSubscriber:
         stats = SubscriberStats(last_seq=-1) if source.replay is not None else SubscriberStats()
         return cls(source, index, stats)
 
-    async def handle(self, batch: EventBatch, ctx: zmq.asyncio.Context) -> None:
+    async def handle(self, batch: EventBatch | RawBatch, ctx: zmq.asyncio.Context) -> None:
         """One published batch: apply it, after replaying (or forgetting) what was missed."""
         expected = self.expected()
         if expected is not None and batch.seq < expected:
@@ -117,16 +153,20 @@ class NodeSubscriber:
             filled = False
             if self.source.replay is not None:
                 filled = await self._replay(ctx, expected, batch.seq)
-            if not filled and not catching_up:
-                self.forget()
+            if not catching_up:
+                if filled:
+                    self.stats.gaps_replayed += 1
+                else:
+                    self.forget()
         if self.stats.last_seq is None or batch.seq > self.stats.last_seq:
-            self.apply(batch)
+            await self.apply_sliced(batch)
 
     async def _replay(self, ctx: zmq.asyncio.Context, start: int, until: int) -> bool:
         """Ask the node's replay socket for batches start..until-1; True iff all applied."""
         assert self.source.replay is not None
         socket = ctx.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         try:
             socket.connect(self.source.replay)
             await socket.send_multipart([b"", encode_seq(start)])
@@ -137,14 +177,16 @@ class NodeSubscriber:
                 frames = await socket.recv_multipart()
                 if len(frames) != 4 or frames[2] == END_SEQ:
                     break
-                batch = parse_batch(parse_seq(frames[2]), frames[3])
+                batch = read_batch(parse_seq(frames[2]), frames[3])
                 expected = self.expected()
                 if expected is not None and batch.seq < expected:
                     continue
                 if batch.seq != expected:
                     return False  # the replay buffer no longer holds what was missed
-                self.apply(batch)
+                await self.apply_sliced(batch)
                 self.stats.replayed += 1
+                if batch.seq + 1 >= until:
+                    break  # all that was missed: a replay that goes on is not waited for
             reached = self.expected()
             return reached is not None and reached >= until
         except (zmq.ZMQError, KvEventError) as exc:
@@ -157,18 +199,26 @@ class NodeSubscriber:
         """Subscribe and apply batches until cancelled."""
         socket = ctx.socket(zmq.SUB)
         socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         socket.setsockopt(zmq.SUBSCRIBE, b"")  # every topic: one node publishes one stream
         socket.connect(self.source.endpoint)
         try:
             while True:
                 frames = await socket.recv_multipart()
                 try:
-                    batch = parse_message(frames)
+                    batch = read_message(frames)
                 except KvEventError as exc:
                     self.stats.bad_messages += 1
-                    log.warning("bad KV event message from %s: %s", self.source.url, exc)
+                    self.index.rejected[Rejection.MALFORMED] += 1
+                    if self.stats.bad_messages & (self.stats.bad_messages - 1) == 0:
+                        # 1st, 2nd, 4th, 8th...: a flood of junk cannot flood the log.
+                        log.warning("bad KV event message from %s: %s (%d so far)",
+                                    self.source.url, exc, self.stats.bad_messages)
                     continue
                 await self.handle(batch, ctx)
+                # A receive that finds a message queued does not yield: without this a
+                # flood would keep the loop from every request until the queue drained.
+                await asyncio.sleep(0)
         finally:
             socket.close()
 

@@ -1,6 +1,6 @@
 """`--policy live`: each turn 2+ routed from what D still holds and how busy the nodes are now.
 
-Pure: `decide_live(workload, state, costs, w_ttft, w_tpot)` reads no clock and does no I/O.
+Pure: `predict` and `LiveScorer` read no clock and do no I/O; the policy is `proxy.policies.live`.
 For the turn it predicts, with a linear step-cost model (`StepCosts`):
 
 - local (append-prefill on the session's D): D must prefill the tokens it no longer holds
@@ -9,11 +9,17 @@ For the turn it predicts, with a linear step-cost model (`StepCosts`):
 - P->D: P prefills the whole history it does not hold plus n_in; D admits the request in
   one step, pulls the KV, and decodes its first token in a later step: TTFT = P's queue +
   P's prefill + about three of D's steps + the transfer;
+- readback (docs/readback.md), when the session's D keeps the history's blocks for it: P
+  reads the history it does not hold from D over the link, prefills only the rest, and the
+  turn goes on as P->D: TTFT = P->D's with P's prefill cut to the new tokens, plus that
+  transfer; D's batch is untouched, as on P->D, so its TPOT is P->D's;
 - the TPOT the local route costs D's batch: the prefill lengthens one of D's steps by
   delta = step(B decodes + prefill) - step(B decodes), a delay each of the B running
   requests spreads over its n_out tokens.
 
-Then the decision table's own score, as one turn moves it (`LiveScorer`): local iff > 0.
+Then the decision table's own score, as one turn moves it (`LiveScorer`): local iff > 0,
+unless readback scores higher still (`LiveScorer.readback_score`: its TTFT gain over P->D,
+no TPOT change).
 A turn that goes P->D because D no longer holds its whole history has reason `evicted`.
 
 In a hybrid pool (R nodes beside P and D) a conversation without a home - turn 1, or its
@@ -34,7 +40,7 @@ The costs are a cost file (`--live-costs`: a `ppd sim fit` preset, or `ppd sim l
 fitted to a GPU preset): a model of the node's step, not of a cell, so it predicts states a
 table never measured (a half-evicted D, a batch twice the profiled one) and needs no served
 turns to start from. A decision table, when given, is the prior for the state it measured:
-when D holds the whole history the table's verdict for the cell stands (see `RoutingPolicy`).
+when D holds the whole history the table's verdict for the cell stands (`proxy.policies.live`).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import json
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import NamedTuple
 
 from proxy.vocabulary import Workload
 
@@ -121,6 +128,9 @@ class TurnState:
     decode: NodeState
     prefill: NodeState
     replica: NodeState | None = None
+    # The session's D keeps the history's blocks for a readback now (the proxy's book says
+    # so; `proxy.turn_plan.plan_turn` sets it).
+    readback: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +159,7 @@ class Prediction:
     tpot_sensitivity: float | None = None  # NodeState.tpot_sensitivity of D
     joins_local: Membership | None = None  # placement: the replica's batch
     joins_pd: Membership | None = None  # placement: D's batch
+    ttft_readback_ms: float | None = None  # None: no blocks to read back
 
 
 def predict(workload: Workload, state: TurnState, costs: StepCosts) -> Prediction:
@@ -162,10 +173,13 @@ def predict(workload: Workload, state: TurnState, costs: StepCosts) -> Predictio
         # last block is recomputed on either route.
         missing = 0
     local = _beside_batch(state.decode, missing + n_in, held, n_ctx, costs)
+    # D's blocks hold the whole history (n_ctx: what its usage said it computed).
+    readback = (_pd_ttft_ms(workload, state, n_ctx, costs, read_back=n_ctx)
+                if state.readback else None)
     return Prediction(local.ttft_ms, _pd_ttft_ms(workload, state, n_ctx, costs),
                       local.decode_step_ms,
                       state.decode.running * local.delay_ms, missing, local.delay_ms,
-                      state.decode.tpot_sensitivity)
+                      state.decode.tpot_sensitivity, ttft_readback_ms=readback)
 
 
 def predict_placement(workload: Workload, state: TurnState, costs: StepCosts) -> Prediction:
@@ -221,18 +235,22 @@ def _beside_batch(node: NodeState, prefill: int, cached: int, context: int,
 
 
 def _pd_ttft_ms(workload: Workload, state: TurnState, context: int,
-                costs: StepCosts) -> float:
+                costs: StepCosts, read_back: int = 0) -> float:
+    """P->D's TTFT; with `read_back` tokens of history, a readback's: P first reads those it
+    does not hold from D (the link), then computes only what follows them."""
     n_ctx, n_in = workload.n_ctx, workload.n_in
     batch = state.decode.running
     decode_kv = batch * context
     decode_step = _decode_step_ms(state.decode, context, costs)
     p_held = min(state.prefill.held_tokens or 0, n_ctx)
-    p_prefill = costs.step_ms(n_ctx + n_in - p_held, p_held, 0, 0)
+    p_has = max(p_held, min(read_back, n_ctx))
+    read = costs.transfer_ms(p_has - p_held) if p_has > p_held else 0.0
+    p_prefill = costs.step_ms(n_ctx + n_in - p_has, p_has, 0, 0)
     p_queue = (state.prefill.running + state.prefill.waiting) * p_prefill
     # D's side of P->D (vLLM's P/D connectors): the request waits for D's step in flight,
     # is admitted (blocks allocated) in the next step, pulls the KV after it, waits for the
     # step then in flight, and gets its first token from the step after that.
-    return (p_queue + p_prefill + decode_step / 2 + decode_step
+    return (read + p_queue + p_prefill + decode_step / 2 + decode_step
             + costs.transfer_ms(n_ctx + n_in) + decode_step / 2
             + costs.step_ms(0, 0, batch + 1, decode_kv + n_ctx + n_in))
 
@@ -240,7 +258,7 @@ def _pd_ttft_ms(workload: Workload, state: TurnState, context: int,
 _MIN_TURN1_SHARE = 0.05
 
 
-class LiveScorer:
+class LiveScorer(NamedTuple):
     """The decision table's score for one turn, against the cluster's typical turn.
 
     The table scores a cell by mean turn-2+ TTFT relative to P->D's and mean TPOT relative
@@ -250,7 +268,9 @@ class LiveScorer:
     batch's sum of 1/(n_out - 1) is used when known (`NodeState.tpot_sensitivity`); else, as
     a request sits in a batch for a time proportional to its output, B / (mean n_out). The
     means are exponentially weighted over the turns decided so far (the policy's own inputs
-    and predictions: no clock, no I/O), starting from this turn's own values.
+    and predictions: no clock, no I/O), starting from this turn's own values. The scorer is
+    immutable (a NamedTuple: cheap to copy on every decision): `counted` and `scored` hand
+    back the moved means, which the policy's caller keeps (`proxy.policies.RoutingPolicy`).
 
     A turn-1 placement (a hybrid pool: a replica or P->D) is scored the same way against the
     mean turn-1 TTFT, kept apart (a whole prompt's P->D TTFT is not a follow-up's), with the
@@ -274,26 +294,35 @@ class LiveScorer:
     and charged, turn by turn).
     """
 
-    def __init__(self, w_ttft: float, w_tpot: float, halflife_turns: float = 200.0) -> None:
-        self.w_ttft, self.w_tpot = w_ttft, w_tpot
-        self._alpha = 1.0 - 0.5 ** (1.0 / halflife_turns)
-        self.ttft_pd_ms: float | None = None
-        self.ttft_pd_first_ms: float | None = None  # turn-1 placements' reference
-        self.step_ms: float | None = None
-        self.n_out: float | None = None
-        self.followup_share = 0.5
+    w_ttft: float
+    w_tpot: float
+    halflife_turns: float = 200.0
+    ttft_pd_ms: float | None = None
+    ttft_pd_first_ms: float | None = None  # turn-1 placements' reference
+    step_ms: float | None = None
+    n_out: float | None = None
+    followup_share: float = 0.5
 
-    def count_turn(self, workload: Workload) -> None:
-        """Every decided turn (turn 1 too): the share of requests that are turn 2+, and the
-        mean output length."""
-        self.followup_share += self._alpha * (float(workload.turn > 1) - self.followup_share)
-        self._mean("n_out", float(max(workload.n_out, 1)))
+    @property
+    def _alpha(self) -> float:
+        return 1.0 - 0.5 ** (1.0 / self.halflife_turns)
 
-    def score(self, prediction: Prediction, first_turn: bool = False) -> float:
-        """> 0: local (or, placing turn 1, the replica) is better by the table's weights."""
-        ttft_ref = self._mean("ttft_pd_first_ms" if first_turn else "ttft_pd_ms",
-                              prediction.ttft_pd_ms)
-        step_ref = self._mean("step_ms", prediction.decode_step_ms)
+    def counted(self, workload: Workload) -> LiveScorer:
+        """The means with one more decided turn (turn 1 too): the share of requests that are
+        turn 2+, and the mean output length."""
+        alpha = self._alpha
+        share = self.followup_share + alpha * (float(workload.turn > 1) - self.followup_share)
+        return self._replace(followup_share=share,
+                             n_out=_moved(self.n_out, float(max(workload.n_out, 1)), alpha))
+
+    def scored(self, prediction: Prediction,
+               first_turn: bool = False) -> tuple[float, LiveScorer]:
+        """The score (> 0: local - or, placing turn 1, the replica - is better by the table's
+        weights) and the means with this prediction counted."""
+        alpha = self._alpha
+        ttft_name = "ttft_pd_first_ms" if first_turn else "ttft_pd_ms"
+        ttft_ref = _moved(getattr(self, ttft_name), prediction.ttft_pd_ms, alpha)
+        step_ref = _moved(self.step_ms, prediction.decode_step_ms, alpha)
         gain = (prediction.ttft_pd_ms - prediction.ttft_local_ms) / ttft_ref
         if prediction.tpot_sensitivity is not None:  # the batch's own output lengths
             delayed = prediction.delay_ms * prediction.tpot_sensitivity
@@ -306,7 +335,21 @@ class LiveScorer:
                 self.membership_ms(prediction.joins_local)
                 - self.membership_ms(prediction.joins_pd))
         tpot_loss = summed / step_ref if step_ref > 0 else 0.0
-        return self.w_ttft * gain - self.w_tpot * tpot_loss
+        score = self.w_ttft * gain - self.w_tpot * tpot_loss
+        return score, self._replace(**{ttft_name: ttft_ref}, step_ms=step_ref)
+
+    def score(self, prediction: Prediction, first_turn: bool = False) -> float:
+        """`scored`'s score alone."""
+        return self.scored(prediction, first_turn)[0]
+
+    def readback_score(self, prediction: Prediction) -> float | None:
+        """Readback's score against P->D, on the means `scored` returned (call it first):
+        its TTFT gain alone, since D's batch is untouched as on P->D. None: no readback."""
+        if prediction.ttft_readback_ms is None:
+            return None
+        ttft_ref = self.ttft_pd_ms or prediction.ttft_pd_ms
+        gain = (prediction.ttft_pd_ms - prediction.ttft_readback_ms) / ttft_ref
+        return self.w_ttft * gain
 
     def membership_ms(self, join: Membership) -> float:
         """One request of the conversation decoding in a node's batch, in summed TPOT: its
@@ -330,8 +373,8 @@ class LiveScorer:
         # of turns: bound the turns left at 20.
         return self.followup_share / max(1.0 - self.followup_share, _MIN_TURN1_SHARE)
 
-    def _mean(self, name: str, value: float) -> float:
-        old = getattr(self, name)
-        new = value if old is None else old + self._alpha * (value - old)
-        setattr(self, name, new)
-        return new
+
+
+def _moved(mean: float | None, value: float, alpha: float) -> float:
+    """An exponentially weighted mean moved by one value (the value itself to start)."""
+    return value if mean is None else mean + alpha * (value - mean)

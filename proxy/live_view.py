@@ -98,9 +98,13 @@ class LiveRuntime:
     the /metrics scraper; `view` is what the router reads."""
 
     def __init__(self, pool: BackendPool, sources: tuple[KvEventSource, ...],
-                 metrics_interval: float, clock: Callable[[], float]) -> None:
-        self.residency = Residency()
+                 metrics_interval: float, clock: Callable[[], float],
+                 kv_blocks: int | None = None) -> None:
+        # Each node's index is bounded by its KV capacity: --kv-blocks, else its /metrics.
+        self.residency = Residency(kv_blocks)
         self.signals = LoadSignals(clock)
+        self.signals.listeners.append(
+            lambda url, reading: self.residency.node_capacity(url, reading.kv_blocks))
         self.subscribers = KvEventSubscribers(
             [NodeSubscriber.joining(source, self.residency.node(source.url))
              for source in sources])

@@ -67,6 +67,10 @@ class ProxyMetrics:
             ["role"], registry=self.registry)
         sessions = Gauge("ppd_sessions_live", "Live sessions", registry=self.registry)
         sessions.set_function(lambda: float(sessions_live()))
+        self.read_back_tokens = Counter(
+            "ppd_readback_tokens", "Tokens P read back from D instead of computing them "
+            "(route readback)", registry=self.registry)
+        self._read_back_tokens = 0
         self._routes: TallyCounter[str] = TallyCounter()
         self._reasons: TallyCounter[str] = TallyCounter()
         self._errors: TallyCounter[str] = TallyCounter()
@@ -92,6 +96,11 @@ class ProxyMetrics:
         self.turns.observe(turn)
         self._routes[route.value] += 1
         self._reasons[decision.reason.value] += 1
+
+    def read_back(self, tokens: int) -> None:
+        """A readback turn told P to read `tokens` tokens' KV from D."""
+        self.read_back_tokens.inc(tokens)
+        self._read_back_tokens += tokens
 
     def responded(self, status: int) -> None:
         """A completion response went out with this status."""
@@ -143,6 +152,12 @@ class ProxyMetrics:
             "responses": {str(k): v for k, v in sorted(self._statuses.items())},
             "upstream_errors": dict(self._errors),
             "failovers": self._failovers,
+            "readback": {
+                "served": self._routes[RouteKind.READBACK.value],
+                "tokens": self._read_back_tokens,
+                "fallbacks": {reason: n for reason, n in self._reasons.items()
+                              if reason.startswith("readback_")},
+            },
         }
 
 

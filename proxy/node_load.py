@@ -2,7 +2,8 @@
 
 Three gauges per node (summed over the engines a node reports):
 `vllm:num_requests_running`, `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc`
-(vLLM < 0.10 called the last one `vllm:gpu_cache_usage_perc`; either is read). A scrape
+(vLLM < 0.10 called the last one `vllm:gpu_cache_usage_perc`; either is read), and its KV
+capacity in blocks (the `num_gpu_blocks` label of `vllm:cache_config_info`). A scrape
 runs every `interval` seconds for all nodes at once, never on a request's path; a node whose
 scrape fails keeps its last reading, whose age then grows (a policy can distrust it). The
 proxy's own in-flight count per node (`proxy.backends.Backend.in_flight`) is exact and
@@ -31,6 +32,7 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
+CACHE_CONFIG = "vllm:cache_config_info"
 _GAUGES = (RUNNING, WAITING, KV_USAGE, KV_USAGE_OLD)
 DEFAULT_SCRAPE_INTERVAL_S = 1.0
 
@@ -43,6 +45,9 @@ class NodeMetrics:
     waiting: float
     kv_usage: float | None
     at: float  # the monotonic clock when it was read
+    # KV cache capacity in blocks (vllm:cache_config_info's num_gpu_blocks label, summed
+    # over engines): what bounds the node's residency index. None: not on the page.
+    kv_blocks: int | None = None
 
 
 def parse_metrics(text: str, at: float) -> NodeMetrics:
@@ -64,7 +69,23 @@ def parse_metrics(text: str, at: float) -> NodeMetrics:
             if fields:
                 totals[name] = totals.get(name, 0.0) + float(fields[0])  # ValueError: bad
     usage = totals.get(KV_USAGE, totals.get(KV_USAGE_OLD))
-    return NodeMetrics(totals.get(RUNNING, 0.0), totals.get(WAITING, 0.0), usage, at)
+    return NodeMetrics(totals.get(RUNNING, 0.0), totals.get(WAITING, 0.0), usage, at,
+                       _kv_blocks(page))
+
+
+def _kv_blocks(page: str) -> int | None:
+    """Sum of num_gpu_blocks over the page's `vllm:cache_config_info{...}` lines."""
+    total, key, pos = 0, "\n" + CACHE_CONFIG + "{", page.find("\n" + CACHE_CONFIG + "{")
+    while pos >= 0:
+        end = page.find("\n", pos + 1)
+        line = page[pos:end if end >= 0 else len(page)]
+        label = line.find('num_gpu_blocks="')
+        if label >= 0:
+            value = line[label + 16:line.find('"', label + 16)]
+            if value.isdigit():
+                total += int(value)
+        pos = page.find(key, pos + 1)
+    return total or None
 
 
 class LoadSignals:
@@ -74,6 +95,8 @@ class LoadSignals:
         self.clock = clock
         self.latest: dict[str, NodeMetrics] = {}
         self.failures: dict[str, int] = {}
+        # Called with (url, reading) after each successful scrape.
+        self.listeners: list[Callable[[str, NodeMetrics], None]] = []
         self._task: asyncio.Task[None] | None = None
 
     def get(self, url: str | None) -> NodeMetrics | None:
@@ -92,7 +115,9 @@ class LoadSignals:
         try:
             response = await client.get(f"{url.rstrip('/')}/metrics")
             response.raise_for_status()
-            self.latest[url] = parse_metrics(response.text, self.clock())
+            reading = self.latest[url] = parse_metrics(response.text, self.clock())
+            for listener in self.listeners:
+                listener(url, reading)
         except (httpx.HTTPError, ValueError) as exc:
             self.failures[url] = self.failures.get(url, 0) + 1
             log.debug("metrics scrape of %s failed: %s", url, exc)

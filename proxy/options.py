@@ -18,16 +18,23 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from proxy.suggest import unknown_name
+
 # Field metadata keys.
 _HELP = "ppd_help"
 _FLAG = "ppd_flag"
 _METAVAR = "ppd_metavar"
+_PARSE = "ppd_parse"
 
 
 def option(default: Any, help: str, *, flag: str | None = None,  # noqa: A002 - argparse's name
-           metavar: str | None = None) -> Any:
-    """A config field that is also a flag (`--NAME`, or `--FLAG`) and a config-file key."""
-    return field(default=default, metadata={_HELP: help, _FLAG: flag, _METAVAR: metavar})
+           metavar: str | None = None, parse: Callable[[str], Any] | None = None) -> Any:
+    """A config field that is also a flag (`--NAME`, or `--FLAG`) and a config-file key.
+
+    parse: how a flag or config value becomes the field's type (default: from its type hint;
+    an enum's unknown names get "did you mean" and the valid list)."""
+    return field(default=default, metadata={_HELP: help, _FLAG: flag, _METAVAR: metavar,
+                                            _PARSE: parse})
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +60,11 @@ def option_fields(cls: type) -> Iterator[OptionField]:
     for f in fields(cls):
         if _HELP not in f.metadata:
             continue
-        convert = _converter(hints[f.name])
-        choices = (tuple(m.value for m in convert) if isinstance(convert, type)
-                   and issubclass(convert, enum.Enum) else None)
+        hint = _converter(hints[f.name])
+        choices = (tuple(m.value for m in hint) if isinstance(hint, type)
+                   and issubclass(hint, enum.Enum) else None)
+        convert = f.metadata.get(_PARSE) or (_enum_parser(hint, f.metadata[_FLAG] or f.name)
+                                             if choices is not None else hint)
         yield OptionField(f.name, f.metadata[_FLAG] or f.name, convert, f.metadata[_HELP],
                           f.metadata[_METAVAR], _default(f), choices)
 
@@ -68,9 +77,39 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
             parser.add_argument(opt.flag, dest=opt.key, action=argparse.BooleanOptionalAction,
                                 help=f"{opt.help} (default: {'on' if opt.default else 'off'})")
             continue
-        parser.add_argument(opt.flag, dest=opt.key, type=opt.convert, choices=opt.choices,
+        parser.add_argument(opt.flag, dest=opt.key, type=_flag_type(opt.convert),
+                            choices=opt.choices,
                             metavar=None if opt.choices else opt.metavar,
                             help=f"{opt.help} (default: {shown})")
+
+
+def _flag_type(convert: Callable[[Any], Any]) -> Callable[[str], Any]:
+    """convert as an argparse type: its ValueError's message becomes the usage error (argparse
+    would otherwise say only "invalid value")."""
+    if isinstance(convert, type):
+        return convert  # int, float, Path: argparse's own message names the type
+
+    def parse(text: str) -> Any:
+        try:
+            return convert(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = getattr(convert, "__name__", "value")
+    return parse
+
+
+def _enum_parser(cls: type[enum.Enum], what: str) -> Callable[[Any], Any]:
+    """An enum from its value; an unknown one is a ValueError naming the close and valid ones."""
+    def parse(value: Any) -> Any:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(unknown_name(what.replace("_", "-"), str(value),
+                                          [str(m.value) for m in cls])) from None
+
+    parse.__name__ = what
+    return parse
 
 
 def _default(f: Field[Any]) -> Any:

@@ -21,20 +21,23 @@ from urllib.parse import quote
 
 import httpx
 
-from proxy import forward, pd_protocol, turn_plan
+from proxy import forward, pd_protocol, readback, turn_plan
 from proxy.backends import Backend, BackendPool
 from proxy.completion import Captured, ReplyCapture
 from proxy.deadline import Deadline, DeadlineExceeded, guarded
 from proxy.errors import BudgetExhausted, NotFound, Overloaded, ProxyError
 from proxy.failover import Failover, charge
 from proxy.forward import Answer, UpstreamStream
+from proxy.json_codec import dumps, loads
 from proxy.lease import Admission, Lease
 from proxy.live_view import LiveView, tag_session
 from proxy.load_meter import RateMeter, RunningMean
 from proxy.logs import AccessEntry
 from proxy.metrics import ProxyMetrics
 from proxy.policies import RoutingPolicy
+from proxy.readback import HeldKV
 from proxy.relay import Relay, StreamLimits
+from proxy.sessions.readback_book import ReadbackBook
 from proxy.sessions.session import Lookup, Transcript
 from proxy.sessions.store import SessionStore
 from proxy.tokens import (
@@ -45,7 +48,7 @@ from proxy.tokens import (
 )
 from proxy.turn_plan import Attempt, Pick, TurnPlan
 from proxy.validate import Endpoint
-from proxy.vocabulary import RouteKind, Workload
+from proxy.vocabulary import Decision, Reason, RouteKind, Workload
 
 # Visible ASCII but `%`: what a client-chosen session id may carry unescaped in a header.
 _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
@@ -113,6 +116,11 @@ class _Turn:
     failover: Failover
     access: AccessEntry
     route: RouteKind | None = None  # the route being tried
+    # Readback: why it was not served (the turn went P->D), the tokens P was told to read,
+    # and whether the D leg asked for token ids the client did not (stripped from its answer).
+    readback_fallback: Reason | None = None
+    read_back_tokens: int = 0
+    token_ids_added: bool = False
 
     @property
     def session_label(self) -> str:
@@ -153,6 +161,10 @@ class Router:
         self.request_timeout = request_timeout
         self.client: httpx.AsyncClient | None = None
         self.view: LiveView | None = None  # policy live: the cluster now (proxy.live_view)
+        # What each session's D keeps for a readback (None: the nodes do not offer it), and
+        # for how long D keeps it (`--kv-readback-ttl`, cluster.json's kv_readback_ttl_s).
+        self.readback: ReadbackBook | None = None
+        self.readback_ttl = 0.0
 
     async def handle(self, incoming: Incoming) -> Reply:
         """Serve one completion request (raises ProxyError before any byte is sent).
@@ -205,7 +217,8 @@ class Router:
         incoming, lookup, access, started = turn.incoming, turn.lookup, turn.access, turn.started
         plan = turn_plan.plan_turn(self.policy, self.pool, lookup, turn.workload,
                                    incoming.forced,
-                                   self.view.state if self.view is not None else None)
+                                   self.view.state if self.view is not None else None,
+                                   readback=self._readback_status(lookup))
         decision = plan.decision
         access.decided(decision)
         try:
@@ -219,11 +232,16 @@ class Router:
             self.metrics.responded(exc.status)
             access.route = turn.route.value if turn.route is not None else None
             raise
+        turn.route = served.route  # a readback that fell back is served (and labelled) P->D
+        if decision.kind is RouteKind.READBACK and served.route is not RouteKind.READBACK:
+            decision = Decision(served.route, turn.readback_fallback or Reason.READBACK_MISSING)
         access.route = served.route.value
         access.prefill = served.prefill.url if served.prefill is not None else None
         access.decode = served.decode.url if served.decode is not None else None
         if not served.rejected:
             self.metrics.routed(incoming.endpoint.value, served.route, decision, lookup.turn)
+            if served.route is RouteKind.READBACK:
+                self.metrics.read_back(turn.read_back_tokens)
             # A stream is open once its first chunk arrived (forward.open_stream): its TTFT.
             ttft = self.clock() - started
             access.ttft_ms = ttft * 1000.0
@@ -265,15 +283,26 @@ class Router:
         """One attempt of the plan; None when its only node cannot serve (the next one runs)."""
         session, body, answering = turn.lookup.session, turn.incoming.body, attempt.answering
         if attempt.prefill is not None:
+            held: list[HeldKV] = []  # read at most once: the first P try takes it
+            if attempt.route is RouteKind.READBACK:
+                taken = self._take_readback(turn.lookup)
+                if not isinstance(taken, HeldKV):
+                    turn.readback_fallback = taken
+                    return None  # the plan's P->D attempt serves it
+                held.append(taken)
             turn.route = attempt.route
             prefill = attempt.prefill
             return await turn.failover.run(answering.role, answering.prefer,
-                                           lambda decode: self._pd(turn, decode, prefill),
+                                           lambda decode: self._pd(turn, decode, prefill, held),
                                            _Served.proves)
 
+        local_body = pd_protocol.local_body(body)
+        if attempt.route is RouteKind.LOCAL and self._keeps_readbacks(turn):
+            local_body = readback.keeping_blocks(local_body)  # D keeps them for a readback
+            turn.token_ids_added = True
+
         def leg(node: Backend) -> Awaitable[_Served]:
-            return self._leg(turn, attempt.route, node, pd_protocol.local_body(body),
-                             pd_protocol.request_id())
+            return self._leg(turn, attempt.route, node, local_body, pd_protocol.request_id())
 
         if answering.only_preferred:
             home = (self.pool.take(answering.prefer, answering.role)
@@ -288,15 +317,26 @@ class Router:
             session.decode = served.decode.url
         return served
 
-    async def _pd(self, turn: _Turn, decode: Backend, pick: Pick) -> _Served:
-        """One P->D try on decode: the P leg (failing over among Ps), then D's leg."""
+    async def _pd(self, turn: _Turn, decode: Backend, pick: Pick,
+                  held: list[HeldKV] | None = None) -> _Served:
+        """One P->D try on decode: the P leg (failing over among Ps), then D's leg. With
+        `held` (a readback), the first P try reads those blocks back from the D that keeps
+        them and takes them off the list; any later try (another P, another D) is plain P->D."""
         body, lease = turn.incoming.body, turn.failover.lease
+        route = RouteKind.PD
 
         async def prefill_on(prefill: Backend) -> tuple[Backend, str, forward.Prefilled | Answer]:
+            nonlocal route
             # A fresh id per try: no node ever sees one X-Request-Id twice.
             request_id = pd_protocol.request_id(prefill.zmq_address, decode.zmq_address)
+            p_body = pd_protocol.prefill_body(body)
+            route = RouteKind.PD
+            if held:
+                params = await self._readback_params(turn, prefill, held.pop(), request_id)
+                if params is not None:
+                    p_body["kv_transfer_params"], route = params, RouteKind.READBACK
             result = await forward.prefill(self._client(), prefill.base, turn.incoming.endpoint,
-                                           pd_protocol.prefill_body(body), request_id)
+                                           p_body, request_id)
             lease.settle(prefill, ok=True)
             return prefill, request_id, result
 
@@ -304,10 +344,12 @@ class Router:
             pick.role, pick.prefer, prefill_on,
             lambda tried: isinstance(tried[2], forward.Prefilled))
         if isinstance(result, Answer):  # P rejected the request: D is not asked
-            return _Served(RouteKind.PD, result, None, prefill)
-        served = await self._leg(turn, RouteKind.PD, decode,
-                                 pd_protocol.decode_body(body, result.kv_transfer_params),
-                                 request_id, prefill)
+            return _Served(route, result, None, prefill)
+        d_body = pd_protocol.decode_body(body, result.kv_transfer_params)
+        if self._keeps_readbacks(turn):
+            d_body = readback.with_token_ids(d_body)
+            turn.token_ids_added = True
+        served = await self._leg(turn, route, decode, d_body, request_id, prefill)
         if not served.rejected:
             turn.lookup.session.prefill, turn.lookup.session.decode = prefill.url, decode.url
         return served
@@ -327,6 +369,47 @@ class Router:
             lease.settle(node, ok=True)
         return _Served(route, result, node, prefill)
 
+    def _readback_status(self, lookup: Lookup) -> Reason | None:
+        """None when the session's D keeps blocks P can read back now, else why not."""
+        if self.readback is None or not lookup.continuation:
+            return Reason.READBACK_MISSING
+        held = lookup.session.held
+        return self.readback.status(lookup.session.id, held.digest if held else None)
+
+    def _take_readback(self, lookup: Lookup) -> HeldKV | Reason:
+        if self.readback is None or not lookup.continuation:
+            return Reason.READBACK_MISSING
+        held = lookup.session.held
+        taken = self.readback.take(lookup.session.id, held.digest if held else None)
+        if isinstance(taken, HeldKV) and taken.decode != lookup.session.decode:
+            return Reason.READBACK_MISSING  # another D's blocks (the session moved)
+        return taken
+
+    async def _readback_params(self, turn: _Turn, prefill: Backend, held: HeldKV,
+                               request_id: str) -> dict[str, Any] | None:
+        """P's kv_transfer_params reading back the tokens of the new prompt that D's blocks
+        hold, by P's own tokenization of the request; None when too few match (the turn goes
+        P->D, reason readback_mismatch)."""
+        answer = await forward.tokenize(
+            self._client(), prefill.base,
+            readback.tokenize_body(turn.incoming.endpoint, turn.incoming.body),
+            f"{request_id}-tokenize")
+        ids = readback.tokenized_ids(answer)
+        matched = readback.matched_tokens(held.token_ids, ids) if ids is not None else 0
+        if matched < readback.MIN_READBACK_TOKENS:
+            turn.readback_fallback = Reason.READBACK_MISMATCH
+            return None
+        turn.read_back_tokens = matched
+        return readback.prefill_params(held, matched)
+
+    def _keeps_readbacks(self, turn: _Turn) -> bool:
+        """Whether D's answer to this turn can name blocks for a readback: the nodes offer it,
+        and the answer is whole (vLLM names them in a whole answer only, never in a stream)."""
+        body = turn.incoming.body
+        return (self.readback is not None and not turn.incoming.stream
+                and not readback.wants_token_ids(body)
+                and body.get("n", 1) == 1)  # one sequence: its blocks are the history
+
     def _client(self) -> httpx.AsyncClient:
         if self.client is None:
             raise RuntimeError("the router has no HTTP client (is the app serving?)")
@@ -341,11 +424,15 @@ class Router:
         result = served.result
         capture = ReplyCapture(turn.incoming.stream)
         if isinstance(result, Answer):
+            body = result.body
             if not result.rejected:
-                capture.feed(result.body)
-                await self._record(turn, capture.finish())
+                held = None
+                if turn.token_ids_added and served.decode is not None:
+                    body, held = self._held_kv(body, served.decode.url)
+                capture.feed(body)
+                await self._record(turn, capture.finish(), held)
                 self._finished(turn, served.route)
-            return Reply(result.status, headers, result.body, result.content_type)
+            return Reply(result.status, headers, body, result.content_type)
         assert served.decode is not None  # a stream always comes from the node that answers
         node, relay_lease = served.decode, lease.hand_over()
         in_batch = self.view.streaming(node.url, turn.workload.n_out) if self.view else None
@@ -386,11 +473,29 @@ class Router:
         self.metrics.finished(route, e2e, ttft if turn.incoming.stream else None,
                               access.completion_tokens)
 
-    async def _record(self, turn: _Turn, captured: Captured) -> None:
+    def _held_kv(self, body: bytes, decode: str) -> tuple[bytes, HeldKV | None]:
+        """D's whole answer as the client gets it (without the token ids and block names the
+        proxy asked for), and the blocks D keeps for a readback, if any."""
+        try:
+            answer = loads(body)
+        except ValueError:
+            return body, None
+        if not isinstance(answer, dict):
+            return body, None
+        held = readback.held_kv(answer, decode, self.clock(), self.readback_ttl)
+        return dumps(readback.client_answer(answer)), held
+
+    async def _record(self, turn: _Turn, captured: Captured,
+                      kv: HeldKV | None = None) -> None:
         if not captured.complete:
             return  # D holds an unknown part; the session keeps what it knew
         usage = turn_usage(self.counter, captured, turn.workload.n_ctx + turn.workload.n_in)
         self.expected_output.add(usage.completion_tokens)
         turn.access.completion_tokens = usage.completion_tokens
         held = turn.transcript.held_after(captured.text, usage.held_tokens)
-        await self.sessions.record(turn.lookup, held)
+        recorded = await self.sessions.record(turn.lookup, held)
+        if self.readback is not None and recorded:
+            if kv is not None and held is not None:
+                self.readback.put(turn.lookup.session.id, held.digest, kv)
+            else:
+                self.readback.discard(turn.lookup.session.id)

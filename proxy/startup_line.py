@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-from proxy.config import Policy, ProxyConfig
+from proxy.config import ProxyConfig
+from proxy.policies import registry
 
 
 def startup_line(config: ProxyConfig, url: str) -> str:
     """What an operator needs to know the proxy came up as intended: where it listens, the
-    policy with its table and weights, and the nodes."""
+    policy with what it was given (its module's `describe`), and the nodes."""
     policy = config.policy
-    detail = ""
-    if policy.kind is Policy.PPD:
-        detail = (f" (table {policy.table}, w_ttft={policy.w_ttft:g}, w_tpot={policy.w_tpot:g}, "
-                  f"success margin {policy.success_margin:g})")
-    elif policy.kind is Policy.FIXED:
-        detail = f" (x={policy.x:g})"
-    elif policy.kind is Policy.LIVE:
-        detail = (f" (costs {policy.live_costs}, w_ttft={policy.w_ttft:g}, "
-                  f"w_tpot={policy.w_tpot:g}, KV events from {len(config.kv_events)} nodes)")
-    elif policy.kind is Policy.THRESHOLD:
-        detail = f" (non-cached tokens <= {policy.non_cached_tokens})"
+    spec = registry.get(policy.kind)
+    detail = spec.describe(policy)
+    if spec.needs.live_view:
+        detail += f"{', ' if detail else ''}KV events from {len(config.kv_events)} nodes"
+    detail = f" ({detail})" if detail else ""
     nodes = ", ".join(f"{n.role.value}={n.url}" for n in config.nodes) or "none yet"
     if config.discovery:
         nodes += f" (+ registered via {config.discovery})"

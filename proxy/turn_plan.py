@@ -12,21 +12,22 @@ Node order (docs/architecture.md, "Request flow"): a replica turn goes to the se
 replica first, else the least-loaded one; a local turn goes to the session's D only, and when
 that D cannot take it now the turn falls back to P->D; a P->D turn picks its D first (the
 session's, else the least loaded), then its P (the session's, else the least loaded).
-In a hybrid pool under policy live, a conversation live placed on a replica goes back to that
-replica alone, falling back to P->D when it cannot take the turn (as a local turn does); one
-placed there anew goes to the least-loaded replica. Live is told whether P->D can run at all
-(a usable P and D), so with every P or every D down it serves from replicas and Ds alone.
+In a hybrid pool under a policy that places (live), a conversation it placed on a replica
+goes back to that replica alone, falling back to P->D when it cannot take the turn (as a
+local turn does); one placed there anew goes to the least-loaded replica. Live is told
+whether P->D can run at all (a usable P and D), so with every P or every D down it serves
+from replicas and Ds alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy.backends import BackendPool
-from proxy.config import Policy
 from proxy.live import TurnState
 from proxy.policies import RoutingPolicy
+from proxy.routes import ROUTES
 from proxy.sessions.session import Lookup, Session
 from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
 
@@ -70,36 +71,54 @@ class TurnPlan:
 
 def plan_turn(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload: Workload,
               forced: RouteKind | None = None,
-              observe: Callable[[Session], TurnState] | None = None) -> TurnPlan:
+              observe: Callable[[Session], TurnState] | None = None,
+              readback: Reason | None = Reason.READBACK_MISSING) -> TurnPlan:
     """The decision of one turn and the nodes that serve it, in the order they are tried
     (`observe`: the cluster now, which policy live reads - `proxy.live_view.LiveView.state` in
-    the proxy, the engines' state in the simulator; read only for a turn that could run locally)."""
+    the proxy, the engines' state in the simulator; read only for a turn that could run locally;
+    `readback`: None when the session's D keeps blocks P can read back now, else why not)."""
     session = lookup.session
     can_local = lookup.continuation and pool.is_usable(session.decode, Role.DECODE)
     replica_home = lookup.continuation and pool.is_usable(session.decode, Role.REPLICA)
-    if forced is None or policy.kind is Policy.REPLICA:
-        # Policy live places a homeless conversation when the pool has a replica to offer.
-        placing = (policy.kind is Policy.LIVE and not can_local and not replica_home
+    places = policy.spec.places
+    if forced is None or policy.spec.ignores_forcing:
+        # A placing policy (live) places a homeless conversation when the pool has a replica.
+        placing = (places and not can_local and not replica_home
                    and pool.candidate(Role.REPLICA) is not None)
         state = observe(session) if observe is not None and (can_local or placing) else None
-        can_pd = policy.kind is not Policy.LIVE or (
+        if state is not None and can_local and readback is None:
+            state = replace(state, readback=True)  # live prices the readback too
+        can_pd = not places or (
             pool.candidate(Role.DECODE) is not None and pool.candidate(Role.PREFILL) is not None)
         decision = policy.decide(workload, session.id, can_local, state,
                                  replica_home=replica_home, can_pd=can_pd)
-    elif forced is RouteKind.LOCAL and not can_local:
-        # Nothing to append to (turn 1, or the session's D is gone): P->D is the only way.
-        decision = Decision(RouteKind.PD, Reason.NO_HOME)
+    elif ROUTES[forced].needs_home and not can_local:
+        # Nothing to append to or read back (turn 1, or the session's D is gone): P->D.
+        decision = Decision(ROUTES[forced].fallback or RouteKind.PD, Reason.NO_HOME)
     else:
         decision = Decision(forced, Reason.FORCED)
-    pd = Attempt(RouteKind.PD, (Pick(Role.DECODE, session.decode),
-                                Pick(Role.PREFILL, session.prefill)))
+    if decision.kind is RouteKind.READBACK and readback is not None:
+        decision = Decision(RouteKind.PD, readback)  # no blocks to read: P->D says why
     if decision.reason is Reason.REPLICA_HOME:
-        home = Attempt(RouteKind.REPLICA, (Pick(Role.REPLICA, session.decode, True),))
-        return TurnPlan(decision, (home, pd))
-    if decision.kind is RouteKind.REPLICA:
-        return TurnPlan(decision, (Attempt(RouteKind.REPLICA,
-                                           (Pick(Role.REPLICA, session.decode),)),))
-    if decision.kind is RouteKind.LOCAL and session.decode is not None:
-        local = Attempt(RouteKind.LOCAL, (Pick(Role.DECODE, session.decode, True),))
-        return TurnPlan(decision, (local, pd))
-    return TurnPlan(decision, (pd,))
+        home = _attempt(RouteKind.REPLICA, session, home_only=True)
+        return TurnPlan(decision, (home, _attempt(RouteKind.PD, session)))
+    attempts: list[Attempt] = []
+    kind: RouteKind | None = decision.kind
+    while kind is not None:
+        route = ROUTES[kind]
+        if not (route.home_only and _home(session, route.roles[0]) is None):
+            attempts.append(_attempt(kind, session))
+        kind = route.fallback
+    return TurnPlan(decision, tuple(attempts))
+
+
+def _home(session: Session, role: Role) -> str | None:
+    """The session's node of a role (its D, or its replica, is `session.decode`)."""
+    return session.prefill if role is Role.PREFILL else session.decode
+
+
+def _attempt(kind: RouteKind, session: Session, home_only: bool | None = None) -> Attempt:
+    """One route's picks as `proxy.routes` declares them, the session's nodes preferred."""
+    route = ROUTES[kind]
+    only = route.home_only if home_only is None else home_only
+    return Attempt(kind, tuple(Pick(role, _home(session, role), only) for role in route.roles))

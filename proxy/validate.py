@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import json
 import math
+import re
 from typing import Any
 
 import orjson
@@ -195,3 +196,21 @@ def validate_body(endpoint: Endpoint, body: dict[str, Any]) -> None:
     conversation_id = body.get("conversation_id")
     if conversation_id is not None and not isinstance(conversation_id, str | int):
         raise BadRequest("'conversation_id' must be a string", param="conversation_id")
+    if conversation_id is not None:
+        check_session_id(str(conversation_id), "conversation_id")
+
+
+# A session id is echoed in the x-ppd-session header: past this length, or with control
+# characters (CR/LF, NUL...), common clients could not read the answer's headers.
+MAX_SESSION_ID_CHARS = 256
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_session_id(value: str, param: str) -> None:
+    """Raise BadRequest unless a client-chosen session id fits in a response header."""
+    if len(value) > MAX_SESSION_ID_CHARS:
+        raise BadRequest(f"'{param}' is {len(value)} characters, over the limit of "
+                         f"{MAX_SESSION_ID_CHARS}", param=param)
+    if _CONTROL.search(value):
+        raise BadRequest(f"'{param}' holds a control character (CR, LF, NUL...), which a "
+                         "response header cannot carry", param=param)

@@ -10,17 +10,10 @@ from pathlib import Path
 
 from profiler.cli import HelpFormatter
 from profiler.cluster import shape_probe
-from profiler.cluster.emulated import start_emulated_cluster
-from profiler.cluster.launcher import (
-    cluster_status,
-    default_cores,
-    load_cluster,
-    start_cluster,
-    stop_cluster,
-)
 from profiler.cluster.plan import (
     CLUSTER_FILE,
     DEFAULT_BASE_PORT,
+    DEFAULT_KV_READBACK_TTL_S,
     DEFAULT_PROXY_PORT,
     DEFAULT_STATE_DIR,
     ClusterConfig,
@@ -31,6 +24,9 @@ from profiler.cluster.plan import (
     parse_layout,
 )
 from profiler.models.prepare import ModelName, default_model_dir, is_ready
+
+# The launcher (httpx, the emulator's engine) is imported by the actions that start or stop
+# something, after the flags are parsed: a usage error or --help returns at once.
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,9 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="N",
                     help="with --emulate: KV cache blocks per node instead of the preset's "
                     "(vLLM's flag; for vLLM nodes pass it in --vllm-args)")
+    up.add_argument("--no-kv-readback", action="store_true",
+                    help="NIXL: do not keep a finished turn's KV on D for P to read back "
+                    "(vLLM's bidirectional_kv_xfer, on by default; docs/readback.md)")
+    up.add_argument("--kv-readback-ttl", type=int, default=DEFAULT_KV_READBACK_TTL_S,
+                    metavar="S", help="NIXL: seconds D keeps a finished turn's KV for a "
+                    "readback (vLLM's decoder_kv_blocks_ttl)")
     up.add_argument("--with-proxy", action="store_true", help="start `ppd proxy` in front")
-    up.add_argument("--policy", default=None,
-                    help="proxy policy with --with-proxy (default: the proxy's, pd)")
+    up.add_argument("--policy", default=None, type=_policy_arg,
+                    help="proxy policy with --with-proxy (default: the proxy's, pd); `live` "
+                    "gets this cluster's step-cost file unless --proxy-args names one")
     up.add_argument("--proxy-port", type=int, default=DEFAULT_PROXY_PORT,
                     help="port of the proxy (with --with-proxy)")
     up.add_argument("--proxy-args", default="",
@@ -125,6 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _policy_arg(text: str) -> str:
+    from proxy.config import ConfigError, parse_policy_name
+
+    try:
+        return parse_policy_name(text).value
+    except ConfigError as exc:  # argparse reports it as a usage error
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _layout_arg(text: str) -> Layout:
     try:
         return parse_layout(text)
@@ -136,12 +148,12 @@ def main(argv: list[str]) -> int:
     """`ppd cluster up|status|down`."""
     args = build_parser().parse_args(argv)
     if args.action == "down":
-        cluster = stop_cluster(args.state)
-        print(f"stopped {len(cluster.nodes)} node(s) from {cluster.state_dir}")
-        return 0
+        return _down(args.state)
     if args.action == "probe":
         return _probe(args)
     if args.action == "status":
+        from profiler.cluster.launcher import cluster_status
+
         health = cluster_status(args.state)
         for h in health:
             state = "healthy" if h.healthy else ("running" if h.running else "stopped")
@@ -150,7 +162,26 @@ def main(argv: list[str]) -> int:
     return _up(args)
 
 
+def _down(state: Path) -> int:
+    """Stop what state/cluster.json records and say what that was; nothing recorded (never
+    started, or stopped already) is not an error: cleanup scripts run `down` unconditionally."""
+    from profiler.cluster.launcher import load_cluster, stop_cluster
+
+    if not (state / CLUSTER_FILE).is_file():
+        print(f"nothing was running from {state.resolve()} (no {CLUSTER_FILE})")
+        return 0
+    proxy = load_cluster(state).proxy  # stopping forgets it
+    cluster = stop_cluster(state)
+    stopped = ", ".join(f"{node.role.value} {node.url}" for node in cluster.nodes)
+    if proxy is not None:
+        stopped += f" and the proxy {proxy.url}"
+    print(f"stopped {len(cluster.nodes)} node(s) ({stopped}) from {cluster.state_dir}")
+    return 0
+
+
 def _probe(args: argparse.Namespace) -> int:
+    from profiler.cluster.launcher import load_cluster
+
     cluster = load_cluster(args.state) if (args.state / CLUSTER_FILE).is_file() else None
     nodes = {n.role.value: n.proc.url for n in reversed(cluster.nodes)} if cluster else {}
     if args.node is None:
@@ -189,6 +220,9 @@ def _up(args: argparse.Namespace) -> int:
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    from profiler.cluster.emulated import start_emulated_cluster
+    from profiler.cluster.launcher import default_cores, start_cluster
+
     if (args.policy is not None or args.proxy_args) and not args.with_proxy:
         raise ClusterError("--policy and --proxy-args need --with-proxy")
     config = ClusterConfig(
@@ -198,16 +232,20 @@ def _up(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         cores=default_cores() if args.device is Device.CPU else (),
         startup_timeout_s=args.startup_timeout, vllm_args=tuple(shlex.split(args.vllm_args)),
+        kv_readback_ttl_s=None if args.no_kv_readback else args.kv_readback_ttl,
     )
+    if args.emulate is None and args.link is not None:
+        raise ClusterError("--link needs --emulate (vLLM's transfer is set by --connector)")
+    if args.emulate is None and args.num_gpu_blocks_override is not None:
+        raise ClusterError("--num-gpu-blocks-override needs --emulate (for vLLM nodes pass "
+                           "it in --vllm-args)")
+    proxy_args = shlex.split(args.proxy_args)
+    if args.with_proxy:  # the proxy's whole configuration, checked before any node starts
+        proxy_args = _proxy_args_checked(args, config, proxy_args)
     if args.emulate is not None:
         cluster = start_emulated_cluster(config, args.emulate, args.link, progress,
                                          max_model_len=args.max_model_len,
                                          num_gpu_blocks=args.num_gpu_blocks_override)
-    elif args.link is not None:
-        raise ClusterError("--link needs --emulate (vLLM's transfer is set by --connector)")
-    elif args.num_gpu_blocks_override is not None:
-        raise ClusterError("--num-gpu-blocks-override needs --emulate (for vLLM nodes pass "
-                           "it in --vllm-args)")
     else:
         if args.model in {m.value for m in ModelName} and not is_ready(
             default_model_dir(ModelName(args.model))
@@ -217,7 +255,7 @@ def _up(args: argparse.Namespace) -> int:
     if args.with_proxy:
         try:
             cluster.start_proxy(args.policy, args.proxy_port, args.host,
-                                extra_args=shlex.split(args.proxy_args))
+                                extra_args=proxy_args)
         except BaseException:
             cluster.stop()
             raise
@@ -227,3 +265,22 @@ def _up(args: argparse.Namespace) -> int:
         print(f"proxy    {cluster.proxy.url}")
     print(f"cluster file: {cluster.cluster_file}")
     return 0
+
+
+def _proxy_args_checked(args: argparse.Namespace, config: ClusterConfig,
+                        proxy_args: list[str]) -> list[str]:
+    """--proxy-args, plus the step-cost file `live` needs when they name none; ClusterError
+    if the proxy would refuse them (nothing has started yet)."""
+    from profiler.cluster.launcher import plan_free_nodes
+    from profiler.cluster.live_defaults import default_live_costs
+    from profiler.cluster.proxy_flags import check_proxy
+
+    plan_free_nodes(config)  # a running cluster or a taken port is refused before this writes
+    if args.policy == "live" and not any(arg.split("=")[0] in ("--live-costs", "--config")
+                                         for arg in proxy_args):
+        costs = default_live_costs(args.model, args.device, args.emulate, args.link,
+                                   args.state, args.max_model_len)
+        print(f"policy live: step costs from {costs}", file=sys.stderr, flush=True)
+        proxy_args = ["--live-costs", str(costs), *proxy_args]
+    check_proxy(config, args.policy, args.proxy_port, proxy_args)
+    return proxy_args

@@ -4,7 +4,7 @@ All nodes of the layout run in one background process (profiler.emulate.host), o
 from --base-port, so a D pulls KV over its P's modelled link. cluster.json lists every node
 with that process's pid (`ppd cluster down` stops it once) and an "emulated" record (preset,
 link, tokenizer) that tables and reports made on the cluster copy into their metadata. D and R
-nodes publish KV cache events where a vLLM node would (`profiler.cluster.kv_events`), and
+nodes publish KV cache events where a vLLM node would (`profiler.node_kv_events`), and
 cluster.json names them, so `ppd proxy --cluster ... --policy live` reads residency.
 """
 
@@ -29,7 +29,7 @@ from profiler.cluster.plan import ClusterConfig, ClusterError, cluster_document
 from profiler.cluster.procs import ManagedProcess, StartupError
 from profiler.emulate.label import emulated_backend
 from profiler.emulate.presets import PresetError, resolve
-from profiler.emulate.vocab import tokenizer_dir
+from profiler.emulate.tokenizer import tokenizer_dir
 
 HOST_LOG = "emulated-nodes.log"
 
@@ -58,6 +58,8 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
             "--kv-events"]
     if num_gpu_blocks is not None:
         argv += ["--num-gpu-blocks-override", str(num_gpu_blocks)]
+    if config.kv_readback_ttl_s is not None:
+        argv += ["--kv-readback-ttl", str(config.kv_readback_ttl_s)]
     for spec in nodes:
         argv += ["--node", f"{spec.role.value}:{spec.port}"]
     first = procs.spawn("emulated-nodes", "", argv, os.environ, log, cwd=state_dir)
@@ -78,9 +80,11 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
     cluster = Cluster(config.model, config.layout, state_dir, started, tokenizer,
                       progress=progress)  # fmt: skip
     doc = cluster_document(config.model, config.layout,
-                           [(n.role, n.url, n.proc.pid, n.proc.log) for n in started])
+                           [(n.role, n.url, n.proc.pid, n.proc.log) for n in started],
+                           kv_readback_ttl_s=config.kv_readback_ttl_s)
     doc["emulated"] = {"preset": preset.name, "link": preset.link.name,
-                       "backend": emulated_backend(preset.name), "tokenizer": str(tokenizer)}
+                       "backend": emulated_backend(preset.name), "tokenizer": str(tokenizer),
+                       "cost": cost_argument(hardware, config.model)}
     write_json(cluster.cluster_file, doc)
     return cluster
 
@@ -90,6 +94,15 @@ def preset_argument(hardware: str) -> str:
     process runs in the state directory, where a relative path does not lead)."""
     path = Path(hardware)
     return str(path.resolve()) if path.is_file() else hardware
+
+
+def cost_argument(hardware: str, model: str) -> str | None:
+    """The `--cost` that `ppd sim live-costs` and `ppd sim run` take for these nodes' preset
+    (None for `linear`, which only the emulator knows)."""
+    if hardware == "linear":
+        return None
+    path = Path(hardware)
+    return str(path.resolve()) if path.is_file() else f"{hardware}:{model}"
 
 
 def emulation_record(cluster_file: Path) -> dict[str, str] | None:

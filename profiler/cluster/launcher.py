@@ -44,6 +44,7 @@ from profiler.cluster.plan import (
     plan_nodes,
 )
 from profiler.cluster.procs import ManagedProcess, StartupError
+from profiler.cluster.proxy_flags import proxy_arguments
 from profiler.cluster.warmup import WarmupError, warm_up, warm_up_transfers
 from profiler.models.prepare import (
     ModelName,
@@ -113,13 +114,9 @@ class Cluster:
         self.stop_proxy()
         if not procs.port_free(host, port):
             raise ClusterError(f"proxy port {port} is in use; choose another --proxy-port")
-        argv = [sys.executable, "-m", "profiler.cli", "proxy", "--cluster", str(self.cluster_file),
-                "--host", host, "--port", str(port)]
-        if policy is not None:
-            argv += ["--policy", policy]
-        if self.model_path is not None:
-            argv += ["--tokenizer", str(self.model_path)]
-        argv += list(extra_args)
+        argv = [sys.executable, "-m", "profiler.cli", "proxy",
+                *proxy_arguments(self.cluster_file, policy, port, host, self.model_path,
+                                 extra_args)]
         url = f"http://{host}:{port}"
         log = self.state_dir / PROXY_LOG
         proxy = procs.spawn("proxy", url, argv, os.environ, log)
@@ -248,6 +245,8 @@ def start_cluster(config: ClusterConfig, progress: Progress = quiet) -> Cluster:
     doc = cluster_document(
         model.name, config.layout, [(n.role, n.url, n.proc.pid, n.proc.log) for n in started],
         connector=config.connector,
+        kv_readback_ttl_s=(config.kv_readback_ttl_s if config.connector is Connector.NIXL
+                           else None),
     )
     write_json(cluster.cluster_file, doc)
     return cluster

@@ -6,21 +6,22 @@ node, prefix caching on, eager mode, and a KV transfer config per role: NixlConn
 production transfer: D pulls the blocks it lacks from P's memory over UCX) as kv_producer (P) /
 kv_consumer (D), with host buffers and UCX's TCP + shared-memory transports on the CPU; or
 ExampleConnector (a shared directory P writes and D reads back) when asked for; none on
-replicas, which publish KV events as D does (`profiler.cluster.kv_events`).
+replicas, which publish KV events as D does (`profiler.node_kv_events`).
 """
 
 from __future__ import annotations
 
 import enum
+import ipaddress
 import json
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from profiler.cluster.kv_events import REPLAY_PORT_OFFSET, kv_event_keys, kv_events_args
-from proxy.vocabulary import Role
+from profiler.node_kv_events import REPLAY_PORT_OFFSET, kv_event_keys, kv_events_args
+from proxy.readback import VLLM_DECODER_BLOCKS_TTL_S
+from proxy.vocabulary import Layout, LayoutError, Role
 
 DEFAULT_STATE_DIR = Path(".ppd-cluster")
 DEFAULT_BASE_PORT = 8100
@@ -35,10 +36,8 @@ HIGHEST_PORT_OFFSET = max(NIXL_SIDE_CHANNEL_OFFSET, REPLAY_PORT_OFFSET)
 # memory and loopback within one (the set that starts on the CPU with the PyPI nixl wheels).
 CPU_UCX_TLS = "tcp,self,sm"
 MAX_NODES = 16
+DEFAULT_KV_READBACK_TTL_S = VLLM_DECODER_BLOCKS_TTL_S  # vLLM's own default
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-
-_LAYOUT_RE = re.compile(r"^(?:\d+[PDR])+$", re.IGNORECASE)
-_LAYOUT_PART = re.compile(r"(\d+)([PDR])", re.IGNORECASE)
 
 
 class Device(enum.StrEnum):
@@ -57,51 +56,13 @@ class ClusterError(Exception):
     """A cluster cannot be planned, started, found or stopped."""
 
 
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Node counts per role: P/D (prefill >= 1, decode >= 1), replicas only, or a hybrid of
-    both (replicas beside P/D pairs, which policy live places conversations on)."""
-
-    prefill: int = 0
-    decode: int = 0
-    replica: int = 0
-
-    def __str__(self) -> str:
-        """`1P2D`, `2R`, and for a hybrid P, D, R in that order (`1P2D1R`, as `ppd sim`)."""
-        parts = ((self.prefill, "P"), (self.decode, "D"), (self.replica, "R"))
-        return "".join(f"{count}{letter}" for count, letter in parts if count)
-
-    @property
-    def size(self) -> int:
-        return self.prefill + self.decode + self.replica
-
-    @property
-    def roles(self) -> list[Role]:
-        """One role per node, in port order: prefill nodes, then decode, then replicas."""
-        return (
-            [Role.PREFILL] * self.prefill
-            + [Role.DECODE] * self.decode
-            + [Role.REPLICA] * self.replica
-        )
-
-
 def parse_layout(text: str) -> Layout:
-    """`1P1D`, `1P2D`, `2P2D`, `1R`, `2R`, hybrids `1R1P2D`, `2R1P1D`... (case-insensitive;
-    the parts in any order, each once) as a Layout."""
-    parts = [(letter.upper(), int(count)) for count, letter in _LAYOUT_PART.findall(text)]
-    counts = dict(parts)
-    if _LAYOUT_RE.match(text.strip()) is None or len(counts) != len(parts):
-        raise ClusterError(
-            f"bad layout {text!r}: expected NPMD (e.g. 1P1D, 1P2D, 2P2D), NR (e.g. 1R, 2R) or "
-            "both (e.g. 1R1P2D)"
-        )
-    layout = Layout(counts.get("P", 0), counts.get("D", 0), counts.get("R", 0))
-    if any(count < 1 for count in counts.values()):
-        raise ClusterError(f"bad layout {text!r}: each part names at least one node")
-    if ("P" in counts) != ("D" in counts):
-        raise ClusterError(f"bad layout {text!r}: a P/D layout needs at least 1P and 1D")
-    if layout.size < 1:
-        raise ClusterError(f"bad layout {text!r}: at least one node")
+    """`1P1D`, `1P2D`, `2R`, hybrids `1R1P2D`... (`proxy.vocabulary.Layout`'s rules) as a
+    Layout that fits one host."""
+    try:
+        layout = Layout.parse(text)
+    except LayoutError as exc:
+        raise ClusterError(str(exc)) from None
     if layout.size > MAX_NODES:
         raise ClusterError(f"bad layout {text!r}: at most {MAX_NODES} nodes on one host")
     return layout
@@ -125,6 +86,9 @@ class ClusterConfig:
     # NIXL: seconds P keeps a prompt's blocks for a D that has not pulled them (vLLM's
     # kv_lease_duration; None: vLLM's default, 30 s). D renews the lease while it waits.
     kv_lease_s: int | None = None
+    # NIXL: seconds D keeps a finished P->D turn's blocks for P to read back on the next turn
+    # (vLLM's bidirectional_kv_xfer with decoder_kv_blocks_ttl; docs/readback.md). None: off.
+    kv_readback_ttl_s: int | None = DEFAULT_KV_READBACK_TTL_S
     host: str = "127.0.0.1"
     base_port: int = DEFAULT_BASE_PORT
     max_model_len: int = 4096
@@ -144,6 +108,8 @@ class ClusterConfig:
             raise ClusterError("KV cache space must be at least 1 GiB")
         if self.startup_timeout_s <= 0:
             raise ClusterError("start-up timeout must be positive")
+        if self.kv_readback_ttl_s is not None and self.kv_readback_ttl_s < 1:
+            raise ClusterError("the KV readback TTL must be at least 1 s")
         if self.kv_lease_s is not None and self.kv_lease_s < 6:
             # vLLM heartbeats every lease/6 s (integer): below 6 s D would never renew.
             raise ClusterError("the NIXL KV lease must be at least 6 s")
@@ -210,8 +176,16 @@ def kv_transfer_config(config: ClusterConfig, role: Role) -> dict[str, object] |
             "kv_connector": "NixlConnector", "kv_role": kv_role,
             "kv_buffer_device": config.device.value,
         }
+        extra: dict[str, object] = {}
         if config.kv_lease_s is not None:
-            transfer["kv_connector_extra_config"] = {"kv_lease_duration": config.kv_lease_s}
+            extra["kv_lease_duration"] = config.kv_lease_s
+        if config.kv_readback_ttl_s is not None:
+            # Both roles: D keeps a finished turn's blocks and names them in its answer, P
+            # reads them back when a request brings those params (docs/readback.md).
+            extra["bidirectional_kv_xfer"] = True
+            extra["decoder_kv_blocks_ttl"] = config.kv_readback_ttl_s
+        if extra:
+            transfer["kv_connector_extra_config"] = extra
         return transfer
     return {
         "kv_connector": "ExampleConnector",
@@ -250,11 +224,17 @@ def node_command(config: ClusterConfig, model: ServedModel, node: NodePlan) -> l
 
 
 def node_env(config: ClusterConfig, node: NodePlan, base: Mapping[str, str]) -> dict[str, str]:
-    """`base` plus what a node needs: offline hub, KV space and core pinning (CPU), GPU id,
-    and for NIXL its own side-channel port (and UCX's transports on the CPU)."""
+    """`base` plus what a node needs: offline hub, dev mode (loopback only), KV space and core
+    pinning (CPU), GPU id, and for NIXL its own side-channel port (and UCX's transports on
+    the CPU)."""
     env = dict(base)
     env["HF_HUB_OFFLINE"] = "1"
     env["VLLM_NO_USAGE_STATS"] = "1"
+    if _is_loopback(config.host):
+        # vLLM's dev routes, for POST /reset_prefix_cache (`ppd replay --reset-prefix-cache`:
+        # runs that start cold). They also expose sleep and RPC endpoints, so only on a node
+        # no other host can reach.
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     if config.device is Device.CPU:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(config.kv_cache_gib)
         # One OpenMP thread per node on its own core: unpinned, each server would spin a
@@ -270,6 +250,15 @@ def node_env(config: ClusterConfig, node: NodePlan, base: Mapping[str, str]) -> 
     return env
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name or 0.0.0.0: other hosts may reach it
+        return False
+
+
 def nixl_side_channel_port(config: ClusterConfig, node: NodePlan) -> int:
     """Where `node`'s NIXL agent answers handshakes (D asks P for its block layout there)."""
     return config.base_port + NIXL_SIDE_CHANNEL_OFFSET + node.ordinal
@@ -281,15 +270,17 @@ def node_url(config: ClusterConfig, node: NodePlan) -> str:
 
 def cluster_document(
     served_name: str, layout: Layout, nodes: Sequence[tuple[Role, str, int, Path]],
-    connector: Connector | None = None,
+    connector: Connector | None = None, kv_readback_ttl_s: int | None = None,
 ) -> dict[str, object]:
     """The cluster.json the proxy reads: model, layout, KV connector (None: no vLLM transfer,
-    e.g. emulated nodes) and one {role, url, pid, log} per node (D and R nodes also name their
-    KV event endpoints, `profiler.cluster.kv_events`; emulated ones publish there too)."""
+    e.g. emulated nodes), how long D keeps a turn's blocks for a readback (None: the nodes do
+    not offer it) and one {role, url, pid, log} per node (D and R nodes also name their KV
+    event endpoints, `profiler.node_kv_events`; emulated ones publish there too)."""
     return {
         "model": served_name,
         "layout": str(layout),
         "connector": None if connector is None else connector.value,
+        "kv_readback_ttl_s": kv_readback_ttl_s,
         "nodes": [
             {"role": role.value, "url": url, "pid": pid, "log": str(log),
              **kv_event_keys(role, url)}

@@ -38,9 +38,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
-import pandas as pd
-
-from profiler.engine.calibrate import parse_metrics
 
 DEFAULT_LENGTHS = (128, 512, 1024, 2048, 3072)
 DEFAULT_APPEND = 256
@@ -213,6 +210,8 @@ def _word(rng: random.Random) -> str:
 
 
 def write_probe(rows: Sequence[ProbeRow], out: Path) -> Path:
+    import pandas as pd  # writing only: `ppd cluster --help` does not pay for pandas
+
     out.mkdir(parents=True, exist_ok=True)
     path = out / PROBE_FILE
     pd.DataFrame([asdict(row) for row in rows]).to_csv(path, index=False)
@@ -230,6 +229,8 @@ def _served_model(client: httpx.Client) -> str:
 
 
 def _counters(client: httpx.Client) -> dict[str, float]:
+    from profiler.engine.calibrate import parse_metrics  # pandas, numpy: probing only
+
     response = client.get("/metrics")
     response.raise_for_status()
     values = parse_metrics(response.text)
@@ -264,6 +265,9 @@ def _timed_counted(client: httpx.Client, model: str, kind: str, prompt: list[int
             json={"model": model, "max_tokens": 1, "temperature": 0,
                   "messages": [*history, {"role": "user", "content": prompt}]})
     client_ms = (time.perf_counter() - started) * 1000
+    if via is not None and "x-ppd-route-ignored" in response.headers:
+        raise ProbeError(f"{via.base_url} ignored the forced route: it has no admin key. "
+                         "Start the proxy with --admin-key K and pass --admin-key K here")
     if response.status_code != 200:
         target = (via or client).base_url
         raise ProbeError(f"{target}: a {kind} prompt of {len(prompt)} "

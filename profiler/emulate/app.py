@@ -1,7 +1,9 @@
 """The HTTP face of one emulated node: vLLM's OpenAI server routes on a NodeService.
 
-Routes: POST /v1/chat/completions and /v1/completions (streamed or not), GET /v1/models,
-/health, /metrics, /version. Errors are OpenAI-shaped ({"error": {...}}) like vLLM's.
+Routes: POST /v1/chat/completions and /v1/completions (streamed or not), POST /tokenize
+(chat messages or a prompt), GET /v1/models, /health, /metrics, /version, and POST
+/reset_prefix_cache (a vLLM dev-mode route). Errors are OpenAI-shaped ({"error": {...}}) like
+vLLM's.
 """
 
 from __future__ import annotations
@@ -59,6 +61,27 @@ def create_node_app(service: NodeService) -> Quart:
         return Response(service.metrics.render(),
                         content_type="text/plain; version=0.0.4; charset=utf-8")
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, bool]:
+        # vLLM's dev-mode route (VLLM_SERVER_DEV_MODE=1), always on here: 200 with
+        # {"success": false} while requests hold blocks, as vLLM answers.
+        return {"success": service.node.engine.reset_prefix_cache()}
+
+    @app.post("/tokenize")
+    async def tokenize() -> Response:
+        try:
+            try:
+                body = json.loads(await request.get_data())
+            except ValueError:
+                raise RequestError("the request body is not valid JSON") from None
+            chat = isinstance(body, dict) and "messages" in body
+            ids = service.tokenize(parse(body, chat))
+        except RequestError as exc:
+            return _error(exc)
+        return Response(json.dumps({"count": len(ids), "max_model_len":
+                                    service.spec.max_model_len, "tokens": ids}),
+                        content_type="application/json")
+
     @app.post("/v1/chat/completions")
     async def chat() -> Response:
         return await _complete(chat=True)
@@ -86,6 +109,7 @@ def create_node_app(service: NodeService) -> Quart:
             remaining = frontend_s - (time.perf_counter() - arrived)
             if remaining > 0:
                 await asyncio.sleep(remaining)
+            await service.read_back(prepared)  # a readback P leg: D's KV first
             running = service.start_job(prepared)
         except RequestError as exc:
             return _error(exc)

@@ -31,6 +31,8 @@ class Job:
     hold_kv: a P leg - keep the KV after the job ends until `release_kv` (D has pulled it).
     session_id: the request's `session_id` field; the blocks it stores carry it in the node's
       KV cache events (as vLLM >= 0.32 tags them).
+    preloaded: leading prompt tokens whose KV was read back from a D before the job was
+      submitted (a readback P leg): they count as computed.
     """
 
     id: str
@@ -39,6 +41,7 @@ class Job:
     remote_kv: bool = False
     hold_kv: bool = False
     session_id: str | None = None
+    preloaded: int = 0
 
 
 @dataclass(slots=True)
@@ -85,6 +88,11 @@ class NodeEngine(Protocol):
         """Queue a job (JobRejected if it can never run here)."""
         ...
 
+    def cached_tokens(self, prompt_ids: Sequence[int]) -> int:
+        """Leading tokens of prompt_ids the node's prefix cache holds (a readback reads only
+        the rest)."""
+        ...
+
     def next_step_time(self) -> float | None:
         """When the next step may start (maybe in the past), or None: nothing to run."""
         ...
@@ -99,6 +107,11 @@ class NodeEngine(Protocol):
 
     def release_kv(self, job_id: str) -> None:
         """A hold_kv job's KV was pulled (or never will be): free its blocks."""
+        ...
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the cached prefixes (vLLM's POST /reset_prefix_cache); False while a job
+        holds blocks."""
         ...
 
     def abort(self, job_id: str, now: float) -> None:

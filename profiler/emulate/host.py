@@ -7,7 +7,7 @@ runs until SIGINT/SIGTERM; `ppd cluster up --emulate` starts it. In-process (tes
 benchmark): `async with hosted(preset, [(Role.PREFILL, 0), ...]) as nodes: nodes[0].url`.
 Nodes of one process find each other by engine id, so a D's KV pull uses its P's link.
 With `--kv-events` D and R nodes publish vLLM's KV cache events where
-`profiler.cluster.kv_events` puts a vLLM node's (HTTP port + 2000, replay + 3000; port 0:
+`profiler.node_kv_events` puts a vLLM node's (HTTP port + 2000, replay + 3000; port 0:
 ports the OS chooses, named by `HostedNode.kv_events`).
 """
 
@@ -23,14 +23,13 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from profiler.cluster.kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET, publishes
 from profiler.emulate.app import create_node_app
 from profiler.emulate.kv_publisher import KvEventPublisher
 from profiler.emulate.presets import Preset, resolve
 from profiler.emulate.service import NodeService, NodeSpec, Peers
-from profiler.emulate.vocab import Vocabulary, tokenizer_dir
-from profiler.engine import NodeRole
+from profiler.emulate.tokenizer import Vocabulary, tokenizer_dir
 from profiler.engine.host import host_of
+from profiler.node_kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET, publishes
 from proxy.server import running
 from proxy.vocabulary import Role
 
@@ -54,7 +53,8 @@ class HostedNode:
 
 
 def node_specs(preset: Preset, served_model: str, nodes: Sequence[tuple[Role, int]],
-               host: str = "127.0.0.1", report_cached_tokens: bool = False) -> list[NodeSpec]:
+               host: str = "127.0.0.1", report_cached_tokens: bool = False,
+               readback_ttl_s: float | None = None) -> list[NodeSpec]:
     """One NodeSpec per (role, port); names are role-index as the launcher names nodes."""
     specs: list[NodeSpec] = []
     modelled = host_of(preset.cost)
@@ -67,7 +67,8 @@ def node_specs(preset: Preset, served_model: str, nodes: Sequence[tuple[Role, in
             kv_bytes_per_token=preset.model.kv_bytes_per_token,
             link_bandwidth_bytes_s=preset.link.bandwidth_bytes_per_s,
             link_latency_s=preset.link.latency_s, report_cached_tokens=report_cached_tokens,
-            host=host, port=port, frontend_request_s=node_side.frontend_request_ms / 1000,
+            host=host, port=port, readback_ttl_s=readback_ttl_s,
+            frontend_request_s=node_side.frontend_request_ms / 1000,
             frontend_per_token_s=node_side.frontend_per_token_us / 1e6,
             frontend_per_running_s=modelled.frontend_per_running_ms / 1000,
             handoff_fixed_s=modelled.kv_handoff_ms / 1000,
@@ -83,19 +84,20 @@ def node_specs(preset: Preset, served_model: str, nodes: Sequence[tuple[Role, in
 async def hosted(preset: Preset, nodes: Sequence[tuple[Role, int]], *,
                  served_model: str | None = None, host: str = "127.0.0.1",
                  vocab: Vocabulary | None = None, report_cached_tokens: bool = False,
-                 kv_events: bool = False) -> AsyncIterator[list[HostedNode]]:
+                 kv_events: bool = False, readback_ttl_s: float | None = None
+                 ) -> AsyncIterator[list[HostedNode]]:
     """Serve one emulated node per (role, port) (port 0: the OS chooses) for the block;
     with kv_events, D and R nodes publish their KV cache events."""
     vocab = vocab if vocab is not None else Vocabulary(tokenizer_dir())
     preset.warm()
     peers = Peers()
     specs = node_specs(preset, served_model or preset.model.name, nodes, host,
-                       report_cached_tokens)
+                       report_cached_tokens, readback_ttl_s)
     async with contextlib.AsyncExitStack() as stack:
         out: list[HostedNode] = []
         for spec in specs:
             publisher = _publisher(spec) if kv_events and publishes(spec.role) else None
-            engine = preset.make_engine(NodeRole(spec.role.value),
+            engine = preset.make_engine(spec.role,
                                         kv_events=publisher is not None)
             service = NodeService(spec, engine, vocab, peers, publisher)
             server = await stack.enter_async_context(
@@ -141,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "replay on PORT+3000, as `ppd cluster up` configures vLLM)")
     parser.add_argument("--num-gpu-blocks-override", type=int, default=None, metavar="N",
                         help="KV cache blocks per node instead of the preset's (as vLLM's flag)")
+    parser.add_argument("--kv-readback-ttl", type=float, default=None, metavar="S",
+                        help="D nodes name a finished turn's blocks for a readback, and P nodes "
+                        "read them back (vLLM's bidirectional_kv_xfer; docs/readback.md)")
     return parser
 
 
@@ -154,7 +159,8 @@ async def _serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     async with hosted(preset, args.node, served_model=args.served_model_name, host=args.host,
                       vocab=vocab, report_cached_tokens=args.enable_prompt_tokens_details,
-                      kv_events=args.kv_events) as nodes:  # fmt: skip
+                      kv_events=args.kv_events,
+                      readback_ttl_s=args.kv_readback_ttl) as nodes:  # fmt: skip
         for node in nodes:
             print(f"{node.service.spec.name} {node.url} emulated {preset.name} "
                   f"(link {preset.link.name})", flush=True)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from profiler.emulate.cache_events import CacheEvents
 from profiler.emulate.engine_interface import EngineStats, Job, JobRejected, Tick
 from profiler.engine import Engine, Request, RequestRejected
+from profiler.engine.prefix_cache import block_hashes
 from profiler.engine.requests import Phase
 from profiler.engine.requests import Sequence as Ledger
 
@@ -40,12 +41,17 @@ class SimNodeEngine:
             self.engine.submit(Request(
                 job.id, max_tokens=len(job.output_ids), prompt_token_ids=list(job.prompt_ids),
                 kv_from=REMOTE if job.remote_kv else None, send_kv=job.hold_kv,
+                preloaded=job.preloaded,
             ), now)  # fmt: skip
         except RequestRejected as exc:
             raise JobRejected(str(exc)) from None
         self._outputs[job.id] = job.output_ids
         if self._events is not None and job.session_id is not None:
             self._events.tag(job.id, job.session_id)
+
+    def cached_tokens(self, prompt_ids: Sequence[int]) -> int:
+        """Leading tokens of prompt_ids this node's prefix cache holds (whole blocks)."""
+        return self.engine.cached_prefix_tokens(block_hashes(list(prompt_ids), self.block_size))
 
     def next_step_time(self) -> float | None:
         return self.engine.next_step_time()
@@ -82,6 +88,9 @@ class SimNodeEngine:
             self._held.discard(job_id)
             self.engine.release_kv(job_id)
             self._forget(job_id)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.engine.reset_prefix_cache()
 
     def abort(self, job_id: str, now: float) -> None:
         if self._sequence(job_id) is None:

@@ -51,11 +51,19 @@ class Parsed:
     include_usage: bool
     kv_transfer_params: dict[str, Any] | None
     session_id: str | None = None  # vLLM >= 0.32 tags the request's KV cache events with it
+    return_token_ids: bool = False  # a whole answer also carries the prompt's and reply's ids
 
     @property
     def wants_remote_decode(self) -> bool:
         """A P leg: prefill, keep the KV for a remote D and return its kv_transfer_params."""
         return bool((self.kv_transfer_params or {}).get("do_remote_decode"))
+
+    @property
+    def reads_back(self) -> bool:
+        """A readback P leg: the params are a D's, naming blocks to read the history from."""
+        kv = self.kv_transfer_params or {}
+        return self.wants_remote_decode and bool(kv.get("remote_block_ids")) and bool(
+            kv.get("remote_engine_id"))
 
     @property
     def wants_remote_prefill(self) -> bool:
@@ -97,7 +105,8 @@ def parse(body: Any, chat: bool) -> Parsed:
     if session is not None and not isinstance(session, str):
         raise RequestError("session_id must be a string", param="session_id")
     return Parsed(chat, model or "", messages, prompt_text, prompt_ids, max_tokens, stream,
-                  bool(isinstance(options, dict) and options.get("include_usage")), kv, session)
+                  bool(isinstance(options, dict) and options.get("include_usage")), kv, session,
+                  body.get("return_token_ids") is True)
 
 
 def _prompt(prompt: Any) -> tuple[str | None, list[int] | None]:

@@ -7,6 +7,11 @@ The P/D protocol as vLLM's NixlConnector plays it:
 - D leg (kv_transfer_params.do_remote_prefill): the prompt tokens this node does not hold are
   pulled from the P over P's link (bytes = tokens x KV bytes per token); the request is
   scheduled once they arrived, recomputing only the last prompt token, then decodes.
+- With `readback_ttl_s` (vLLM's bidirectional_kv_xfer; docs/readback.md) a D's whole answer
+  to a D leg names its blocks (`do_remote_decode`, `remote_num_tokens`: the prompt and all but
+  the last generated token), and a P leg that carries such params first moves the KV of the
+  tokens it does not cache over that D's link, then computes only the rest. Not modelled: D
+  keeping those blocks pinned for the TTL.
 - A local leg (no kv_transfer_params) is an ordinary request: its prompt's prefix found in this
   node's cache (an earlier turn's prompt and reply) is not prefilled again.
 
@@ -29,7 +34,7 @@ from profiler.emulate.link import SharedLink
 from profiler.emulate.metrics import NodeMetrics
 from profiler.emulate.openai_format import DONE, Envelope, Parsed, RequestError, sse, usage
 from profiler.emulate.runtime import EmulatedNode, EngineFailed, Stream
-from profiler.emulate.vocab import Vocabulary
+from profiler.emulate.tokenizer import Vocabulary
 from proxy.vocabulary import Role
 
 
@@ -56,6 +61,7 @@ class NodeSpec:
     handoff_per_token_s: float = 0.0
     host: str = "127.0.0.1"
     port: int = 0
+    readback_ttl_s: float | None = None  # D keeps a turn's blocks for a readback (None: off)
 
     def frontend_s(self, prompt_tokens: int, running: int = 0) -> float:
         return (self.frontend_request_s + self.frontend_per_token_s * prompt_tokens
@@ -146,8 +152,42 @@ class NodeService:
         job_id = f"{request_id}-{next(self._ids)}"
         output = self.vocab.reply_ids(max_tokens, seed=job_id)
         job = Job(job_id, prompt, output, remote_kv=parsed.wants_remote_prefill,
-                  hold_kv=parsed.wants_remote_decode, session_id=parsed.session_id)
+                  hold_kv=parsed.wants_remote_decode, session_id=parsed.session_id,
+                  preloaded=self._read_back_tokens(parsed, prompt))
         return Prepared(parsed, job, Envelope.new(request_id, self.spec.model, parsed.chat))
+
+    def tokenize(self, parsed: Parsed) -> list[int]:
+        """The prompt's ids, as a completion request would have them (vLLM's /tokenize)."""
+        if parsed.messages is not None:
+            return self.vocab.encode_chat(parsed.messages)
+        if parsed.prompt_ids is not None:
+            return parsed.prompt_ids
+        return self.vocab.encode_text(parsed.prompt_text or "")
+
+    def _read_back_tokens(self, parsed: Parsed, prompt: list[int]) -> int:
+        """A readback P leg's tokens read from D: min(remote_num_tokens, prompt), as vLLM's
+        P takes them (the proxy made them the new prompt's)."""
+        if not parsed.reads_back or self.spec.readback_ttl_s is None:
+            return 0
+        told = (parsed.kv_transfer_params or {}).get("remote_num_tokens")
+        return min(told, len(prompt) - 1) if isinstance(told, int) and told > 0 else 0
+
+    async def read_back(self, prepared: Prepared) -> None:
+        """A readback P leg: move the history's KV this node does not cache from the D over
+        the D's link before the job is submitted."""
+        job = prepared.job
+        if not job.preloaded:
+            return
+        params = prepared.parsed.kv_transfer_params or {}
+        source = self.peers.nodes.get(str(params.get("remote_engine_id")))
+        link = source.link if source is not None else self._foreign
+        cached = self.node.engine.cached_tokens(job.prompt_ids[:job.preloaded])
+        tokens = job.preloaded - min(cached, job.preloaded)
+        handoff = self.spec.handoff_fixed_s + self.spec.handoff_per_token_s * tokens
+        if handoff > 0:
+            await asyncio.sleep(handoff)
+        if tokens > 0:
+            await link.transfer(tokens * self.spec.kv_bytes_per_token)
 
     def start_job(self, prepared: Prepared) -> Running:
         """Submit the job (RequestError if it can never run here); tokens follow on Running."""
@@ -191,6 +231,11 @@ class NodeService:
         self._pulling.pop(job_id, None)
         self.node.abort(job_id)
 
+    def kept_params(self, job: Job, produced: int) -> dict[str, Any]:
+        """What a D with bidirectional transfer returns for a finished D leg: the blocks it
+        keeps for the next turn's P to read back (vLLM's request_finished on D)."""
+        return _kept_params(self, job, produced)
+
     def kv_transfer_params(self, job: Job) -> dict[str, Any]:
         """What P returns for its D: where the KV is and under which request (NixlConnector)."""
         blocks = math.ceil(len(job.prompt_ids) / self.node.engine.block_size)
@@ -198,6 +243,15 @@ class NodeService:
                 "remote_block_ids": list(range(blocks)), "remote_engine_id": self.engine_id,
                 "remote_host": self.spec.host, "remote_port": self.spec.port, "tp_size": 1,
                 "remote_request_id": job.id}  # fmt: skip
+
+
+def _kept_params(service: NodeService, job: Job, produced: int) -> dict[str, Any]:
+    computed = len(job.prompt_ids) + produced - 1  # the last token's KV is never computed
+    blocks = math.ceil(computed / service.node.engine.block_size)
+    return {"do_remote_prefill": False, "do_remote_decode": True,
+            "remote_block_ids": list(range(blocks)), "remote_engine_id": service.engine_id,
+            "remote_host": service.spec.host, "remote_port": service.spec.port, "tp_size": 1,
+            "remote_request_id": job.id, "remote_num_tokens": computed}
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,8 +291,16 @@ class Running:
 
     async def answer(self) -> dict[str, Any]:
         parts = [text async for text in self._texts()]
-        kv = self.service.kv_transfer_params(self._job) if self._job.hold_kv else None
-        return self.prepared.envelope.complete("".join(parts), "length", self._usage(), kv)
+        job, service = self._job, self.service
+        kv = service.kv_transfer_params(job) if job.hold_kv else None
+        asked = self.prepared.parsed.kv_transfer_params is not None  # a D or kept local leg
+        if asked and not job.hold_kv and service.spec.readback_ttl_s is not None:
+            kv = service.kept_params(job, self.produced)
+        answer = self.prepared.envelope.complete("".join(parts), "length", self._usage(), kv)
+        if self.prepared.parsed.return_token_ids:
+            answer["prompt_token_ids"] = list(job.prompt_ids)
+            answer["choices"][0]["token_ids"] = list(job.output_ids[:self.produced])
+        return answer
 
     async def sse(self) -> AsyncIterator[bytes]:
         envelope = self.prepared.envelope

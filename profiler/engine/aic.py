@@ -104,11 +104,27 @@ class AicCost:
         from aiconfigurator_core.sdk.memory import estimate_num_gpu_blocks
 
         self._model()  # sets aiconfigurator's data roots
-        return int(estimate_num_gpu_blocks(
-            self.model, self.system, BACKEND, BACKEND_VERSION,
-            scheduler_block_size=block_size, max_num_tokens=max_num_batched_tokens,
-            max_batch_size=max_num_seqs, memory_fraction_kind="of_total",
-            memory_fraction_value=gpu_memory_utilization, tp_size=self.tp_size))
+        try:
+            return int(estimate_num_gpu_blocks(
+                self.model, self.system, BACKEND, BACKEND_VERSION,
+                scheduler_block_size=block_size, max_num_tokens=max_num_batched_tokens,
+                max_batch_size=max_num_seqs, memory_fraction_kind="of_total",
+                memory_fraction_value=gpu_memory_utilization, tp_size=self.tp_size))
+        except ValueError as exc:
+            if "no KV budget" not in str(exc):
+                raise
+            raise ValueError(self._no_room(str(exc))) from None
+
+    def _no_room(self, why: str) -> str:
+        """The model leaves no memory for a KV cache: say so, and the ways out."""
+        gpu, model = self.name.split(":")[:2]
+        more = max(2, self.tp_size * 2)
+        bigger = [name for name in GPUS if name != gpu]
+        return (f"cost preset {self.name}: {model} at TP{self.tp_size} leaves no memory for a "
+                f"KV cache on one {gpu} ({why}). Split it over more GPUs with tensor "
+                f"parallelism, `{gpu}:{model}:tp{more}` (e.g. `{gpu}:{model}:tp4`); or take a "
+                f"larger GPU ({', '.join(f'{name}:{model}' for name in bigger)}); or a "
+                "shorter context and smaller batches (fewer tokens per step)")
 
     def _model(self) -> Any:
         if self._perf is None:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,11 @@ if TYPE_CHECKING:
     from proxy.vocabulary import RouteKind
 
 SIMULATOR_ACTIONS = ("run", "grid", "paper", "live-costs")
+# A replay run simulated again on a preset: (run, preset, KV model, replies retokenized,
+# route) -> median real minus simulated TTFT of that route's turns 2+ in ms, or None.
+# `profiler.simulator.replay_twin.twin_ttft_gap_ms`, handed in by `ppd sim` (the simulator
+# stands above the engine model).
+TwinGap = Callable[[Path, str, str, bool, "RouteKind"], "float | None"]
 
 
 class _CommandsFormatter(argparse.RawDescriptionHelpFormatter):
@@ -125,9 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], twin_gap: TwinGap | None = None) -> int:
     """The engine model's actions (presets, step, fit, calibrate); `ppd sim` itself is
-    dispatched by `profiler.simulator.cli.main`, which runs run, grid, paper and live-costs."""
+    dispatched by `profiler.simulator.cli.main`, which runs run, grid, paper and live-costs
+    and hands calibrate the simulator's `twin_gap` for its second pass."""
     args = build_parser().parse_args(argv)
     if args.action in SIMULATOR_ACTIONS:
         raise ValueError(f"`ppd sim {args.action}` runs through `ppd sim` (profiler.cli)")
@@ -142,7 +149,9 @@ def main(argv: list[str]) -> int:
                           context=args.context, max_tokens=args.max_tokens)
         print(predict(load_cost(args.preset), shape).line())
     elif args.action == "calibrate":
-        print(run_calibrate(args))
+        if twin_gap is None:
+            raise ValueError("`ppd sim calibrate` needs the simulator: run it through `ppd sim`")
+        print(run_calibrate(args, twin_gap))
     else:
         print(run_fit(args.runs, args.out, args.name or args.out.stem))
     return 0
@@ -232,7 +241,7 @@ def run_fit(runs: list[Path], out: Path, name: str) -> str:
 VLLM_CPU_SERVER_TOKEN_BUDGET = 2048
 
 
-def run_calibrate(args: argparse.Namespace) -> str:
+def run_calibrate(args: argparse.Namespace, twin_gap: TwinGap) -> str:
     from profiler.engine.calibrate import calibrate
 
     if args.block_size < 1 or args.max_model_len < 1:
@@ -253,7 +262,7 @@ def run_calibrate(args: argparse.Namespace) -> str:
                        whole_prompt_transfer=whole_prompt, probe=probe)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     _write_preset(args.out, result.cost)
-    cost, settled = _settle_on_runs(args, result)
+    cost, settled = _settle_on_runs(args, result, twin_gap)
     host = cost.host
     kernel = cost.kernel
     assert isinstance(kernel, LinearCost)
@@ -279,8 +288,8 @@ def _write_preset(path: Path, cost: HostedCost) -> None:
     path.write_text(json.dumps(to_dict(cost), indent=2) + "\n")
 
 
-def _settle_on_runs(args: argparse.Namespace,
-                    result: Calibration) -> tuple[HostedCost, str]:
+def _settle_on_runs(args: argparse.Namespace, result: Calibration,
+                    twin_gap: TwinGap) -> tuple[HostedCost, str]:
     """Second pass: simulate every run on the written preset and move first the front end by
     the median gap between real and simulated local turn-2 TTFT, then the P->D hand-off by
     that of P->D TTFT. Both are then measured against the engine model's own dynamics (its
@@ -293,7 +302,7 @@ def _settle_on_runs(args: argparse.Namespace,
     cost, lines = result.cost, ""
     for route, term, label in ((RouteKind.LOCAL, "frontend_request_ms", "front end"),
                                (RouteKind.PD, "kv_handoff_ms", "P->D hand-off")):
-        gap, count = _median_gap(args, result, route)
+        gap, count = _median_gap(args, result, route, twin_gap)
         if gap is None:
             continue
         host = cost.host
@@ -307,18 +316,14 @@ def _settle_on_runs(args: argparse.Namespace,
     return cost, lines
 
 
-def _median_gap(args: argparse.Namespace, result: Calibration,
-                route: RouteKind) -> tuple[float | None, int]:
+def _median_gap(args: argparse.Namespace, result: Calibration, route: RouteKind,
+                twin_gap: TwinGap) -> tuple[float | None, int]:
     """Median over the runs of (real - simulated) TTFT on `route`, on the preset as written."""
-    from profiler.simulator.replay_twin import simulate_twin, ttft_gap_ms
-
     gaps = []
     for run in args.runs:
         if not (run / "summary.json").is_file():
             continue  # not a `ppd replay` directory: nothing to simulate it again from
-        simulated = simulate_twin(run, str(args.out), model=args.model,
-                                  reply_retokenized=result.reply_retokenized)
-        gap = ttft_gap_ms(run, simulated, route)
+        gap = twin_gap(run, str(args.out), args.model, result.reply_retokenized, route)
         if gap is not None:
             gaps.append(gap)
     if not gaps:

@@ -5,7 +5,7 @@ delivers the step's tokens at `result.end`: in virtual time (`simulate.py`, a di
 simulator) or in real time (an emulated HTTP node sleeping until `end`). Requests submitted
 while a step runs join the next one, as in vLLM.
 
-    engine = Engine(EngineConfig(role=NodeRole.DECODE), cost)
+    engine = Engine(EngineConfig(role=Role.DECODE), cost)
     engine.submit(Request("r1", max_tokens=64, prompt_token_ids=ids), now=0.0)
     while (start := engine.next_step_time()) is not None:
         result = engine.step(max(start, now))      # result.tokens, .finished, .end
@@ -18,12 +18,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from profiler.engine.batch import BatchShape
-from profiler.engine.config import EngineConfig, NodeRole
+from profiler.engine.config import EngineConfig
 from profiler.engine.cost import CostModel
 from profiler.engine.host import host_of
 from profiler.engine.prefix_cache import CacheObserver, block_hashes
 from profiler.engine.requests import Phase, Request, RequestRejected, Sequence
 from profiler.engine.scheduler import ScheduledItem, Scheduler
+from proxy.vocabulary import Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +90,7 @@ class Engine:
         """Queue a request. Raises RequestRejected if it could never run here."""
         if request.id in self._seqs:
             raise ValueError(f"request id {request.id} is already in the engine")
-        if request.kv_from is not None and self.config.role is NodeRole.PREFILL:
+        if request.kv_from is not None and self.config.role is Role.PREFILL:
             raise RequestRejected(f"request {request.id}: a P node does not receive KV")
         total = request.num_prompt_tokens + request.max_tokens
         if total > self.config.max_model_len:
@@ -118,6 +119,11 @@ class Engine:
             raise ValueError(f"request {request_id} is not waiting for KV ({seq.phase})")
         self._scheduler.kv_arrived(seq)
         self._stalled = False
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop the prefix cache (vLLM's POST /reset_prefix_cache): False while any request
+        holds KV blocks."""
+        return self._scheduler.cache.reset()
 
     def release_kv(self, request_id: str) -> None:
         """P: the D has read this finished request's KV; its blocks become cached/free."""

@@ -123,6 +123,19 @@ class PrefixCache:
         self._refs[block_hash] = 1
         return True
 
+    def reset(self) -> bool:
+        """Forget every cached block, as vLLM's reset_prefix_cache does: only while no request
+        holds a block (False, and no change, otherwise); the observer hears of each removal."""
+        if self._free + len(self._evictable) != self.num_blocks:
+            return False
+        removed = list(self._evictable)
+        self._evictable.clear()
+        self._refs.clear()
+        self._free = self.num_blocks
+        if removed and self.observer is not None:
+            self.observer.removed(removed)
+        return True
+
     def release(self, hashes: Sequence[int], anonymous: int) -> None:
         """Drop a holder's blocks. Hashed blocks stay cached; the tail is evicted first."""
         self._free += anonymous

@@ -37,6 +37,9 @@ class Request:
       the request waits in WAITING_KV until `Engine.kv_arrived(id)`, then decodes.
     - `send_kv`: this node is a P for the request: after it finishes, its KV blocks stay held
       for the D to read until `Engine.release_kv(id)` (vLLM's delayed free).
+    - `preloaded`: leading prompt tokens whose KV this node read from another before the
+      request reached it (a P reading the history back from a D: vLLM's bidirectional
+      NIXL, docs/readback.md); they count as computed at admission, like a prefix-cache hit.
     - `output_token_ids`: the ids to emit, in order (e.g. the text an emulator sends back,
       which the next turn's prompt repeats, so the prefix cache sees the same blocks vLLM
       would); at least `max_tokens` of them. Default: draws from the engine's seeded RNG.
@@ -50,6 +53,7 @@ class Request:
     kv_from: str | None = None
     send_kv: bool = False
     output_token_ids: SequenceOf[int] | None = None
+    preloaded: int = 0
 
     def __post_init__(self) -> None:
         if (self.prompt_token_ids is None) == (self.prompt_len is None):

@@ -181,6 +181,13 @@ class Scheduler:
             self.prefix_queries += seq.num_prompt
             self.prefix_hits += seq.num_computed
             seq.num_cached_prompt = seq.num_computed
+            # A readback: the tokens read from another node are in; the rest is computed
+            # (at least the last prompt token, to sample from). A preempted request lost them.
+            read = min(seq.request.preloaded, seq.num_prompt - 1)
+            if read > seq.num_computed:
+                self.external_queries += read - seq.num_computed
+                self.external_hits += read - seq.num_computed
+                seq.num_computed = read
 
     def _grow(self, seq: Sequence, num_tokens: int) -> bool:
         bs = self.config.block_size

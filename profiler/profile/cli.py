@@ -18,10 +18,7 @@ import httpx
 import yaml
 
 from profiler.cli import HelpFormatter, base_url
-from profiler.profile.probe import check_forced_route
-from profiler.profile.runner import ProfileGrid, Profiler, grid_from_mapping
-from profiler.replay.client import first_model
-from profiler.tables.io import build_meta, meta_path, read_table
+from profiler.profile.grid import ProfileGrid, grid_from_mapping
 from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES
 from proxy.redact import redacted_command, redacted_url, rerun_note
 from proxy.table import MEASURED, STATUS_COLUMN
@@ -158,6 +155,8 @@ def _split(text: str) -> list[str]:
 
 def table_files(out: Path) -> tuple[Path, ...]:
     """The files of the table NAME.csv: the CSV, its Parquet twin and its meta."""
+    from profiler.tables.io import meta_path
+
     return (out, out.with_suffix(".parquet"), meta_path(out))
 
 
@@ -193,6 +192,7 @@ def check_out_table(out: Path, grid: ProfileGrid, force: bool) -> int:
         set_aside(out)
         return 0
     from profiler.profile.runner import cell_key, measured_keys
+    from profiler.tables.io import read_table
 
     table = read_table(out)
     done = measured_keys(table)
@@ -245,6 +245,8 @@ def main(argv: list[str]) -> int:
 
 def interrupt_message(out: Path, command: str) -> str:
     """What a stopped run kept, and the command that resumes it (secrets shown as ***)."""
+    from profiler.tables.io import read_table
+
     again = f"Run the same command again to resume:\n  {command}{rerun_note(command)}"
     if not out.exists():
         return (f"ppd profile: interrupted before the first cell was finished: no table was "
@@ -277,6 +279,12 @@ def _load_tokenizer(path: Path | None) -> TokenCounter | None:
 
 async def _profile_target(args: argparse.Namespace, grid: ProfileGrid,
                           tokenizer: TokenCounter | None, command: str) -> Any:
+    # The runner (pandas, numpy) once the flags are known to be good.
+    from profiler.profile.probe import check_forced_route
+    from profiler.profile.runner import Profiler
+    from profiler.replay.client import first_model
+    from profiler.tables.io import build_meta
+
     async with httpx.AsyncClient(base_url=args.target, timeout=grid.timeout_s) as client:
         model = args.model or await first_model(client)
         # Before any cell: a target that does not force routes would give a table that lies.
@@ -316,5 +324,7 @@ async def reported_layout(client: httpx.AsyncClient) -> str:
 
 async def served_model(target: str) -> str:
     """The first model the proxy lists (the served model name the table records)."""
+    from profiler.replay.client import first_model
+
     async with httpx.AsyncClient(base_url=target, timeout=10) as client:
         return await first_model(client)

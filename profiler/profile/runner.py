@@ -31,7 +31,7 @@ import math
 import random
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,99 +39,19 @@ import httpx
 import numpy as np
 import pandas as pd
 
+# The grid lives apart (no pandas) for the command's parser; re-exported for callers.
+from profiler.profile.grid import GRID_KEYS as GRID_KEYS
+from profiler.profile.grid import ProfileGrid as ProfileGrid
+from profiler.profile.grid import grid_from_mapping as grid_from_mapping
 from profiler.replay.client import ReplayConfig, RequestRecord, replay
 from profiler.tables.io import KEY_COLUMNS, meta_path, normalize, read_table, write_table
 from profiler.traces.synthetic import two_turn_conversations
-from proxy.discretize import PAPER_CONTEXTS, TURN1_PROFILES, WORKLOAD_SHAPES, Cell, ContextClass
+from proxy.discretize import TURN1_PROFILES, Cell
 from proxy.tokens import TOKEN_DEFINITION, EstimateTokenCounter, TokenCounter
 from proxy.vocabulary import RouteKind
 
 PROFILED_ROUTES: tuple[RouteKind, RouteKind] = (RouteKind.PD, RouteKind.LOCAL)
 TURNS_PER_CONVERSATION = 2
-GRID_KEYS = frozenset(
-    {"contexts", "workloads", "qps", "duration_s", "warmup_conversations", "timeout_s",
-     "max_conversations"}
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ProfileGrid:
-    """What to measure. Built once from flags or a YAML file, validated here."""
-
-    # huge (an 8k-token turn 1) is opt-in: far too slow for the CPU cluster, too long for its
-    # max_model_len.
-    contexts: tuple[ContextClass, ...] = PAPER_CONTEXTS
-    workloads: tuple[str, ...] = tuple(WORKLOAD_SHAPES)
-    qps: tuple[float, ...] = (0.5, 1.0)
-    duration_s: float = 60.0
-    warmup_conversations: int = 2
-    timeout_s: float = 60.0
-    max_conversations: int | None = None
-
-    def __post_init__(self) -> None:
-        for context in self.contexts:
-            if context not in TURN1_PROFILES:
-                raise ValueError(
-                    f"context class {context!r} has no turn-1 profile; "
-                    f"profilable: {', '.join(TURN1_PROFILES)}"
-                )
-        unknown = [name for name in self.workloads if name not in WORKLOAD_SHAPES]
-        if unknown:
-            raise ValueError(
-                f"unknown workload shape(s) {unknown}; known: {', '.join(WORKLOAD_SHAPES)}"
-            )
-        if not self.contexts or not self.workloads or not self.qps:
-            raise ValueError("the grid needs at least one context, workload and qps point")
-        if any(q <= 0 for q in self.qps):
-            raise ValueError(f"qps points must be > 0, got {list(self.qps)}")
-        # Named by flag and grid key: the grid comes from flags or a YAML file.
-        for flag, key, value in (("--duration", "duration_s", self.duration_s),
-                                 ("--timeout", "timeout_s", self.timeout_s)):
-            if not value > 0:
-                raise ValueError(f"{flag} (grid key {key}) must be > 0 seconds, got {value:g}")
-        if self.warmup_conversations < 0:
-            raise ValueError("--warmup (grid key warmup_conversations) must be >= 0, got "
-                             f"{self.warmup_conversations}")
-
-    def cells(self) -> list[Cell]:
-        return [
-            Cell(context, workload, float(qps))
-            for context in self.contexts
-            for workload in self.workloads
-            for qps in self.qps
-        ]
-
-    def as_meta(self) -> dict[str, Any]:
-        record = asdict(self)
-        record["contexts"] = [str(context) for context in self.contexts]
-        return record
-
-
-def grid_from_mapping(values: Mapping[str, Any]) -> ProfileGrid:
-    """A grid from a YAML mapping; unknown keys are errors, not silently ignored."""
-    unknown = sorted(set(values) - GRID_KEYS)
-    if unknown:
-        raise ValueError(f"unknown grid key(s) {unknown}; known: {sorted(GRID_KEYS)}")
-    kwargs: dict[str, Any] = dict(values)
-    if "contexts" in kwargs:
-        kwargs["contexts"] = tuple(_context(name) for name in kwargs["contexts"])
-    for key in ("workloads", "qps"):
-        if key in kwargs:
-            kwargs[key] = tuple(kwargs[key])
-    if "qps" in kwargs:
-        kwargs["qps"] = tuple(float(q) for q in kwargs["qps"])
-    return ProfileGrid(**kwargs)
-
-
-def _context(name: str) -> ContextClass:
-    try:
-        return ContextClass(name)
-    except ValueError:
-        raise ValueError(
-            f"unknown context class {name!r}; known: {', '.join(c.value for c in ContextClass)}"
-        ) from None
-
-
 @dataclass(frozen=True, slots=True)
 class RouteStats:
     """Turn-2 measurements of one route in one cell."""

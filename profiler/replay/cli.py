@@ -105,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(0-1; default: only when none did)")
     parser.add_argument("--label", help="name of this run in reports (default: the --out "
                         "directory's name when it looks like NAME@X, else DATASET@RATE)")
+    parser.add_argument("--reset-prefix-cache", action="store_true",
+                        help="empty every node's prefix cache before the run (the nodes the "
+                        "target proxy lists; vLLM's POST /reset_prefix_cache, which needs "
+                        "VLLM_SERVER_DEV_MODE=1 - `ppd cluster up` sets it): runs compared "
+                        "with each other then all start cold")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -264,6 +269,11 @@ def main(argv: list[str]) -> int:
     tokenizer = token_counter(args.tokenizer)
     count = conversations_needed(rate, args.duration, args.max_conversations)
     conversations = load_dataset(dataset_spec(args), tokenizer, count)
+    if args.reset_prefix_cache:
+        from profiler.replay.prefix_reset import reset_prefix_caches
+
+        nodes = reset_prefix_caches(args.target)
+        print(f"ppd replay: reset the prefix cache of {len(nodes)} node(s)", file=sys.stderr)
     result = asyncio.run(replay_until_signal(conversations, config))
     summary = summarize(result.records, result.wall_time_s, slo=slo)
     label = args.label or default_label(args.out, args.dataset, rate)
@@ -278,6 +288,12 @@ def main(argv: list[str]) -> int:
     print(summary_table({**summary, "conversation_rate": rate},
                         title=f"ppd replay: {label} -> {redacted_url(args.target)}{on}"))
     print(f"outputs in {out}/")
+    later = [r for r in result.records if r.success and r.turn >= 2]
+    if args.force_route and later and not any(r.route == args.force_route for r in later):
+        # A proxy without --admin-key ignores x-ppd-route (it says so in x-ppd-route-ignored).
+        print(f"ppd replay: warning: no turn 2+ took the forced route {args.force_route}: the "
+              "proxy ignores x-ppd-route without an admin key (start it with --admin-key KEY "
+              "and pass the same key here with --admin-key KEY)", file=sys.stderr)
     failure = failure_report(result.records, threshold)
     if failure:
         print(failure, file=sys.stderr)

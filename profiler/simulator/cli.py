@@ -19,25 +19,12 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import pandas as pd
-
-from profiler.engine import cli as engine_cli
-from profiler.replay.cli import default_label
-from profiler.replay.output import summary_table
-from profiler.simulator import grid
 from profiler.simulator.flags import add_cluster_flags
-from profiler.simulator.live_costs import main as live_costs_main
-from profiler.simulator.paper import coverage_notes, load_grid
-from profiler.simulator.paper_report import write_report
-from profiler.simulator.run import (
-    RunSpec,
-    policy_label,
-    run_summary,
-    simulate,
-    write_sim_run,
-)
 from proxy.config import ConfigError, PolicyConfig
 from proxy.options import add_flags, option_fields
+
+# The simulator, pandas and the engine model are imported by each action once its flags are
+# parsed: a usage error or --help returns without them (benchmarks/cli_startup.py).
 
 
 def build_run_parser() -> argparse.ArgumentParser:
@@ -77,6 +64,17 @@ def policy_from_args(args: argparse.Namespace) -> PolicyConfig:
 
 def run_main(argv: list[str]) -> int:
     args = build_run_parser().parse_args(argv)
+    from profiler.replay.cli import default_label
+    from profiler.replay.output import summary_table
+    from profiler.simulator.run import (
+        RunSpec,
+        policy_label,
+        run_summary,
+        simulate,
+        simulated_setup,
+        write_sim_run,
+    )
+
     spec = RunSpec(layout=args.layout, dataset=args.dataset, qps=args.qps,
                    policy=policy_from_args(args), cost=args.cost, model=args.model,
                    link=args.link, duration_s=args.duration, timeout_s=args.timeout,
@@ -97,6 +95,7 @@ def run_main(argv: list[str]) -> int:
              f"{args.dataset}")
     print(summary_table({**summary, "conversation_rate": spec.qps}, title=title))
     print(f"  {'KV moved P->D':<33} {result.kv_bytes_moved / 1e9:.2f} GB")
+    print(simulated_setup(spec).line())
     print(f"simulated {result.wall_time_s:.1f} s of cluster time in {elapsed:.2f} s; "
           f"outputs in {out}/")
     return 0
@@ -109,11 +108,22 @@ def main(argv: list[str]) -> int:
                  "live-costs": live_costs_main}
     if argv and argv[0] in simulator:
         return simulator[argv[0]](argv[1:])
-    return engine_cli.main(argv)
+    from profiler.engine import cli as engine_cli
+    from profiler.simulator.replay_twin import twin_ttft_gap_ms
+
+    return engine_cli.main(argv, twin_gap=twin_ttft_gap_ms)
 
 
 def grid_main(argv: list[str]) -> int:
+    from profiler.simulator import grid
+
     return grid.main(argv)
+
+
+def live_costs_main(argv: list[str]) -> int:
+    from profiler.simulator.live_costs import main
+
+    return main(argv)
 
 
 def build_paper_parser() -> argparse.ArgumentParser:
@@ -136,10 +146,26 @@ def build_paper_parser() -> argparse.ArgumentParser:
 
 def paper_main(argv: list[str]) -> int:
     args = build_paper_parser().parse_args(argv)
+    import pandas as pd
+
+    from profiler.simulator.paper import coverage_notes, load_grid
+    from profiler.simulator.paper_report import write_report
+    from profiler.simulator.provenance import paper_differences, report_preface, setup_of_grid
+    from profiler.simulator.verdict import verdict_lines
+
     frame = pd.concat([load_grid(path) for path in args.grid], ignore_index=True)
+    setups = setup_of_grid(args.grid, frame)
     for note in coverage_notes(frame):
         print(f"ppd sim paper: warning: {note}", file=sys.stderr)
-    written = write_report(frame, args.out, source=" + ".join(map(str, args.grid)))
+    differences = paper_differences(setups)
+    if differences:
+        print(f"ppd sim paper: warning: not the paper's setup ({'; '.join(differences)}): "
+              "tables.md says so before setting its figures beside the paper's",
+              file=sys.stderr)
+    verdict = verdict_lines(frame)
+    written = write_report(frame, args.out, source=" + ".join(map(str, args.grid)),
+                           preface=report_preface(setups),
+                           closing=["## Verdict", "\n".join(f"- {line}" for line in verdict)])
     if args.ideal:
         from profiler.simulator.paper_compare import side_by_side_markdown
 
@@ -150,5 +176,7 @@ def paper_main(argv: list[str]) -> int:
         compare.write_text(side_by_side_markdown(frame, ideal))
         written.append(compare)
     print("\n".join(f"wrote {path}" for path in written))
+    print("\n".join(setup.line() for setup in setups))
+    print("\n".join(verdict))
     return 0
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from profiler.simulator.run import DEFAULT_COST, DEFAULT_LINK
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
+
+# Here, not in run.py: the parsers need them before the simulator (numpy, pandas) is imported.
+DEFAULT_COST = "h100:llama-3.1-8b"
+DEFAULT_LINK = "nvlink"
 
 
 def add_cluster_flags(parser: argparse.ArgumentParser) -> None:

@@ -20,20 +20,25 @@ the others they stay idle. `--layouts hybrids` names the paper's 4-node hybrids
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
-import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profiler.simulator.flags import add_cluster_flags
-from profiler.simulator.layout import Layout
-from profiler.simulator.run import RunSpec, policy_label, run_summary, simulate
+from profiler.simulator.provenance import METADATA_KEY, SimulatedSetup, describe, sidecar_path
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import PAPER_CONTEXTS, WORKLOAD_SHAPES
+from proxy.policies import registry
+from proxy.vocabulary import Layout
+
+if TYPE_CHECKING:  # the simulator (numpy, the engine model) is imported when a grid runs
+    from profiler.simulator.run import RunSpec
 
 PAPER_QPS = (0.5, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0)
 PAPER_LAYOUTS = ("4R", "1P3D", "2P2D", "3P1D")
@@ -47,8 +52,6 @@ SUMMARY_COLUMNS = (
     "total_tok_s", "requests_s", "local_share", "replica_share", "kv_bytes_moved",
     "wall_time_s",
 )
-_PPD = re.compile(r"^ppd(?:-wtpot(?P<tpot>[\d.]+))?$")
-_LIVE = re.compile(r"^live(?P<table>-table)?(?:-wtpot(?P<tpot>[\d.]+))?$")
 
 
 def paper_datasets() -> list[str]:
@@ -58,31 +61,10 @@ def paper_datasets() -> list[str]:
 
 
 def parse_policy(label: str, table: Path | None = None) -> PolicyConfig:
-    """A policy label (see the module docstring) as the proxy's PolicyConfig."""
-    label = label.strip()
-    if label.startswith("x="):
-        try:
-            x = float(label[2:])
-        except ValueError:
-            raise ValueError(f"bad policy {label!r}: x=F wants a number in [0, 1]") from None
-        return PolicyConfig(kind=Policy.FIXED, x=x)
-    if label.startswith("threshold-") and label[10:].isdigit():
-        return PolicyConfig(kind=Policy.THRESHOLD, non_cached_tokens=int(label[10:]))
-    if (match := _PPD.match(label)) is not None:
-        if table is None:
-            raise ValueError(f"policy {label} needs a decision table (--table or --table-dir)")
-        return PolicyConfig(kind=Policy.PPD, table=table,
-                            w_tpot=float(match["tpot"]) if match["tpot"] else 1.0)
-    if (match := _LIVE.match(label)) is not None:
-        if match["table"] and table is None:
-            raise ValueError(f"policy {label} needs a decision table (--table or --table-dir)")
-        return PolicyConfig(kind=Policy.LIVE, table=table if match["table"] else None,
-                            w_tpot=float(match["tpot"]) if match["tpot"] else 1.0)
-    try:
-        return PolicyConfig(kind=Policy(label))
-    except ValueError:
-        raise ValueError(f"unknown policy {label!r}: use pd, local, replica, x=F, ppd, "
-                         "ppd-wtpotW or threshold-N") from None
+    """A policy label (see the module docstring; each policy module parses its own) as the
+    proxy's PolicyConfig."""
+    name, flags = registry.parse_label(label, lambda: table)
+    return PolicyConfig(kind=Policy(name), **flags)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +94,11 @@ def grid_cells(layouts: Sequence[str], datasets: Sequence[str], qps: Sequence[fl
     for layout_name in layouts:
         layout = Layout.parse(layout_name)
         for label in policies:
-            is_replica = label == "replica"
-            if is_replica != (layout.replica > 0 and not layout.disaggregated):
+            name, flags = registry.parse_label(label, partial(table_for, layout.name))
+            on_replicas = registry.get(name).replicas_only
+            if on_replicas != (layout.replica > 0 and not layout.disaggregated):
                 continue
-            config = parse_policy(label, table_for(layout.name)
-                                  if label.startswith(("ppd", "live-table")) else None)
+            config = PolicyConfig(kind=Policy(name), **flags)
             for dataset in datasets:
                 for point in qps:
                     spec = replace(base, layout=layout.name, dataset=dataset, qps=point,
@@ -128,6 +110,8 @@ def grid_cells(layouts: Sequence[str], datasets: Sequence[str], qps: Sequence[fl
 def run_cell(cell: GridCell) -> dict[str, Any]:
     """One cell's row (what a worker process returns)."""
     started = time.perf_counter()
+    from profiler.simulator.run import run_summary, simulate
+
     result = simulate(cell.spec)
     summary = run_summary(cell.spec, result)
     row = cell.row()
@@ -166,15 +150,29 @@ def run_grid(cells: Sequence[GridCell], processes: int,
     return [row for row in rows if row is not None]
 
 
-def write_rows(rows: Iterable[dict[str, Any]], out: Path) -> Path:
+def write_rows(rows: Iterable[dict[str, Any]], out: Path,
+               setup: SimulatedSetup | None = None) -> Path:
+    """The grid table; with `setup`, its record in the Parquet metadata and a sidecar
+    (`provenance.sidecar_path`)."""
     import pandas as pd
 
     frame = pd.DataFrame(list(rows))
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".csv":
         frame.to_csv(out, index=False)
-    else:
+    elif setup is None:
         frame.to_parquet(out, index=False)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        metadata = {**(table.schema.metadata or {}),
+                    METADATA_KEY: json.dumps(setup.as_dict()).encode()}
+        pq.write_table(table.replace_schema_metadata(metadata), out)
+    if setup is not None:
+        sidecar_path(out).write_text(json.dumps({"setup": setup.as_dict(), "rows": len(frame)},
+                                                indent=2) + "\n")
     return out
 
 
@@ -226,6 +224,8 @@ def main(argv: list[str]) -> int:
         qps = [float(q) for q in _split(args.qps)]
     except ValueError:
         raise ValueError(f"--qps takes numbers, got {args.qps!r}") from None
+    from profiler.simulator.run import RunSpec
+
     base = RunSpec(layout="1P1D", dataset=datasets[0], qps=1.0, cost=args.cost,
                    model=args.model, link=args.link, duration_s=args.duration,
                    timeout_s=args.timeout, seed=args.seed, max_turns=args.max_turns,
@@ -253,10 +253,21 @@ def main(argv: list[str]) -> int:
             print(f"  {done}/{total} runs, {time.perf_counter() - started:.0f} s", flush=True)
 
     rows = run_grid(cells, args.processes, progress)
-    write_rows(rows, args.out)
+    layouts = list(dict.fromkeys(cell.spec.layout for cell in cells))
+    tables = {cell.spec.layout: cell.spec.policy.table for cell in cells
+              if cell.spec.policy.table is not None}
+    # The preset is loaded here only now that the workers are gone (see run_grid).
+    setup = describe(args.cost, args.link, base.model_name, layouts, tables)
+    write_rows(rows, args.out, setup)
     elapsed = time.perf_counter() - started
     print(f"simulated {len(rows)} runs in {elapsed:.1f} s with {args.processes} processes "
-          f"-> {args.out}")
+          f"-> {args.out} (setup in {sidecar_path(args.out)})")
+    print(setup.line())
+    import pandas as pd
+
+    from profiler.simulator.verdict import verdict_lines
+
+    print("\n".join(verdict_lines(pd.DataFrame(rows))))
     return 0
 
 
@@ -265,4 +276,4 @@ def _split(text: str) -> list[str]:
 
 
 __all__ = ["HYBRID_LAYOUTS", "GridCell", "expand_layouts", "grid_cells", "paper_datasets",
-           "parse_policy", "policy_label", "run_grid"]
+           "parse_policy", "run_grid"]

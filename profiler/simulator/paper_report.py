@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,10 @@ PPD_VARIANTS = (("ppd", 1.0), ("ppd-wtpot3", 3.0), ("ppd-wtpot6", 6.0))
 PREFILL_HEAVY = ("mid_paste", "big_paste", "huge_paste")
 
 
-def write_report(grid: pd.DataFrame, out: Path, *, source: Path | str) -> list[Path]:
-    """tables.md and the plots into out; the paths written."""
+def write_report(grid: pd.DataFrame, out: Path, *, source: Path | str,
+                 preface: Sequence[str] = (), closing: Sequence[str] = ()) -> list[Path]:
+    """tables.md and the plots into out; the paths written. `preface` sections follow the
+    source line (what was simulated), `closing` ones end the report (the verdict)."""
     out.mkdir(parents=True, exist_ok=True)
     qps = ", ".join(f"{q:g}" for q in sorted(grid["qps"].unique()))
     sections = [
@@ -39,6 +42,7 @@ def write_report(grid: pd.DataFrame, out: Path, *, source: Path | str) -> list[P
         f"{grid['dataset'].nunique()} workloads; qps {qps}; "
         f"policies {', '.join(sorted(grid['policy'].unique()))}). Each cell: ours (paper).",
     ]
+    sections += list(preface)
     notes = coverage_notes(grid)
     if notes:  # a partial grid says so before any table that sits beside the paper's
         sections += ["## Not the paper's whole setup", "\n".join(f"- {n}" for n in notes)]
@@ -64,6 +68,7 @@ def write_report(grid: pd.DataFrame, out: Path, *, source: Path | str) -> list[P
     means = policy_means(grid)
     sections += ["## Means per layout and policy (over workloads and qps)",
                  markdown(means, digits=2)]
+    sections += list(closing)
     path = out / "tables.md"
     path.write_text("\n\n".join(sections) + "\n")
     return [path, *write_plots(grid, out)]

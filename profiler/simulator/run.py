@@ -28,20 +28,19 @@ from profiler.replay.output import (
     records_frame,
 )
 from profiler.simulator import paper_client
-from profiler.simulator.layout import Layout
+from profiler.simulator.flags import DEFAULT_COST, DEFAULT_LINK
 from profiler.simulator.live_costs import step_costs_for
 from profiler.simulator.paper_client import PAPER_CONNECTIONS, ClientKind, kept_reply_tokens
+from profiler.simulator.provenance import SimulatedSetup, describe
 from profiler.simulator.virtual_cluster import DEFAULT_TIMEOUT_S, SimResult, SimSetup, Simulator
 from profiler.simulator.workload import arrivals, conversations_needed, load_conversations
 from proxy.config import Policy, PolicyConfig
 from proxy.live import StepCosts
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
-from proxy.policies import RoutingPolicy
+from proxy.policies import RoutingPolicy, registry
+from proxy.policies.base import Need
 from proxy.table import DecisionTable
-from proxy.vocabulary import Role, RouteKind
-
-DEFAULT_COST = "h100:llama-3.1-8b"
-DEFAULT_LINK = "nvlink"
+from proxy.vocabulary import Layout, Role, RouteKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,13 +79,14 @@ class RunSpec:
                              "benchmarks.reply_retokenization` and keep its table in "
                              "profiler/simulator/paper_client.py (REPLY_HIT_SHARE)")
         layout = Layout.parse(self.layout)
-        replica = self.policy.kind is Policy.REPLICA
+        replica = registry.get(self.policy.kind).replicas_only
         if replica and not layout.replica:
-            raise ValueError(f"policy replica needs R nodes; layout {self.layout} has none "
-                             "(use e.g. 4R)")
+            raise ValueError(f"policy {self.policy.kind} needs R nodes; layout {self.layout} "
+                             "has none (use e.g. 4R)")
         if not replica and not layout.disaggregated:
             raise ValueError(f"policy {self.policy.kind} needs P and D nodes; layout "
-                             f"{self.layout} has none (use e.g. 1P3D, or --policy replica)")
+                             f"{self.layout} has none (use e.g. 1P3D, or a policy that serves "
+                             "from replicas)")
 
     @property
     def model_name(self) -> str:
@@ -137,8 +137,8 @@ def routing_policy(config: PolicyConfig, costs: StepCosts | None = None) -> Rout
 
 
 def live_costs(spec: RunSpec) -> StepCosts | None:
-    """Policy live's step costs: its --live-costs file, else fitted to the run's preset."""
-    if spec.policy.kind is not Policy.LIVE:
+    """A policy's step costs (live's): its --live-costs file, else fitted to the run's preset."""
+    if registry.get(spec.policy.kind).needs.costs is Need.NO:
         return None
     if spec.policy.live_costs is not None:
         return StepCosts.load(spec.policy.live_costs)
@@ -185,7 +185,8 @@ def run_summary(spec: RunSpec, result: SimResult) -> dict[str, Any]:
 
 def write_sim_run(out_dir: Path, spec: RunSpec, result: SimResult, summary: dict[str, Any],
                   *, label: str) -> list[Path]:
-    """The replay's run directory for a simulated run."""
+    """The replay's run directory for a simulated run (summary.json's `simulated_setup`
+    says what was simulated: `simulated_setup(spec)`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     frame = records_frame(result.records)
     csv_frame = frame.copy()
@@ -201,6 +202,7 @@ def write_sim_run(out_dir: Path, spec: RunSpec, result: SimResult, summary: dict
         "cost": spec.cost,
         "backend": f"simulated ({spec.cost}, {spec.link})",
         "config": spec.config(),
+        "simulated_setup": simulated_setup(spec).as_dict(),
         "nodes": result.node_stats,
         "summary": summary,
     }
@@ -208,6 +210,12 @@ def write_sim_run(out_dir: Path, spec: RunSpec, result: SimResult, summary: dict
     plot_ttft_cdf(result.records, out_dir / TTFT_CDF_PNG, title=f"{label} (simulated)")
     return [out_dir / name for name in (REQUESTS_CSV, REQUESTS_PARQUET, SUMMARY_FILE,
                                         TTFT_CDF_PNG)]
+
+
+def simulated_setup(spec: RunSpec) -> SimulatedSetup:
+    """What a run simulated: preset (with its vLLM version), link, model, layout, table."""
+    tables = {spec.layout: spec.policy.table} if spec.policy.table is not None else {}
+    return describe(spec.cost, spec.link, spec.model_name, [spec.layout], tables)
 
 
 def _json_default(value: object) -> object:
@@ -219,17 +227,5 @@ def _json_default(value: object) -> object:
 
 
 def policy_label(config: PolicyConfig) -> str:
-    """A short name for a policy config: pd, local, x=0.33, ppd, ppd-wtpot3, replica, ..."""
-    kind = config.kind
-    if kind is Policy.FIXED:
-        return f"x={config.x:.2g}"
-    if kind is Policy.THRESHOLD:
-        return f"threshold-{config.non_cached_tokens}"
-    if kind in (Policy.PPD, Policy.LIVE):
-        prefix = "ppd" if kind is Policy.PPD else (
-            "live-table" if config.table is not None else "live")
-        weights = "" if (config.w_ttft, config.w_tpot) == (1.0, 1.0) else (
-            f"-wtpot{config.w_tpot:g}" if config.w_ttft == 1.0
-            else f"-w{config.w_ttft:g}:{config.w_tpot:g}")
-        return f"{prefix}{weights}"
-    return str(kind)
+    """A short name for a policy config (its module's label): pd, x=0.33, ppd-wtpot3, ..."""
+    return registry.get(config.kind).label(config)

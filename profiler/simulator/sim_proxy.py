@@ -9,6 +9,12 @@ loaded - with in-flight slots held through `proxy.lease` exactly as the router h
 Nothing here decides a route or picks a node by itself: `proxy.turn_plan.plan_turn`, which
 the router calls too, gives the decision and the nodes to try; this runs them on the clock.
 
+The readback route (docs/readback.md) keeps the proxy's books too: a `ReadbackBook` entry per
+session for the ids D's blocks hold after a P->D or readback turn (what D's whole answer
+names; the simulator says which ids), offered until D's TTL less the proxy's margin, and taken
+by the turn that reads them back; `plan_turn` turns a readback without an entry into P->D with
+its reason, as the router does.
+
 Transcripts are chat messages with placeholder text (`conv/turn/user`, `conv/turn/reply`):
 the ledger's continuation rule (a request must strictly extend what D holds) sees the same
 message structure as a real chat replay, so a turn after a failed one is a new branch here too.
@@ -16,8 +22,9 @@ message structure as a real chat replay, so a turn after a failed one is a new b
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy import turn_plan
@@ -27,10 +34,12 @@ from proxy.lease import Admission, Lease
 from proxy.live import TurnState
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S, RateMeter
 from proxy.policies import RoutingPolicy
+from proxy.readback import EXPIRY_MARGIN_S, HeldKV
 from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, SessionLedger
+from proxy.sessions.readback_book import ReadbackBook
 from proxy.sessions.session import Lookup, Session, Transcript
 from proxy.turn_plan import Pick
-from proxy.vocabulary import Decision, Role, RouteKind, Workload
+from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
 
 
 @dataclass(slots=True)
@@ -45,6 +54,7 @@ class Plan:
     lookup: Lookup
     transcript: Transcript
     lease: Lease
+    held: HeldKV | None = None  # a readback: the ids D's blocks hold (taken from the book)
 
     @property
     def session_id(self) -> str:
@@ -75,7 +85,8 @@ class SimProxy:
 
     def __init__(self, nodes: Sequence[tuple[str, Role]], policy: RoutingPolicy,
                  clock: Callable[[], float], *, load_window_s: float = DEFAULT_LOAD_WINDOW_S,
-                 forced: Callable[[int], RouteKind | None] | None = None) -> None:
+                 forced: Callable[[int], RouteKind | None] | None = None,
+                 readback_ttl_s: float | None = None) -> None:
         self.pool = BackendPool(clock=clock)
         for url, role in nodes:
             self.pool.add(url, role)
@@ -84,6 +95,10 @@ class SimProxy:
         self.load = RateMeter(load_window_s, clock)
         self.admission = Admission(self.pool)
         self._forced = forced
+        self._clock = clock
+        # D keeps a turn's blocks for a readback this long (None: the nodes do not offer it).
+        self.readback_ttl_s = readback_ttl_s
+        self.readback = ReadbackBook(DEFAULT_MAX_SESSIONS, clock)
         self._observe: Callable[[Session], TurnState] | None = None
 
     def observe_with(self, observe: Callable[[Session], TurnState]) -> None:
@@ -100,19 +115,28 @@ class SimProxy:
                             self.load.rate())
         forced = self._forced(turn) if self._forced is not None else None
         plan = turn_plan.plan_turn(self.policy, self.pool, lookup, workload, forced,
-                                   self._observe)
+                                   self._observe, readback=self._readback_status(lookup))
         lease = self.admission.admit()
         session = lookup.session
+        decision, held = plan.decision, None
         for attempt in plan.attempts:
+            if attempt.route is RouteKind.READBACK:
+                taken = self._take_readback(lookup)
+                if not isinstance(taken, HeldKV):
+                    decision = Decision(RouteKind.PD, taken)
+                    continue  # the plan's P->D attempt serves it
+                held = taken
             nodes = [self._choose(pick) for pick in attempt.picks]
             if None in nodes and attempt is not plan.attempts[-1]:
+                if attempt.route is RouteKind.READBACK:
+                    decision, held = Decision(RouteKind.PD, Reason.NO_HOME), None
                 continue  # the session's D cannot take it now: the next attempt (P->D)
             decode, *prefill = [self._hold(lease, node) for node in nodes]
             session.decode = decode.url
             if prefill:
                 session.prefill = prefill[0].url
-            return Plan(attempt.route, plan.decision, decode, prefill[0] if prefill else None,
-                        workload, lookup, transcript, lease)
+            return Plan(attempt.route, decision, decode, prefill[0] if prefill else None,
+                        workload, lookup, transcript, lease, held)
         raise AssertionError("a turn plan ends with an attempt that serves or raises")
 
     def prefilled(self, plan: Plan) -> None:
@@ -120,14 +144,44 @@ class SimProxy:
         if plan.prefill is not None:
             plan.lease.settle(plan.prefill, ok=True)
 
-    def end(self, plan: Plan, ok: bool, prompt_tokens: int, completion_tokens: int) -> None:
-        """The turn is over: a complete answer is recorded as held by the session's D."""
+    def read_back_instead(self, plan: Plan, reason: Reason) -> Plan:
+        """A readback that cannot read (too few tokens match): the turn runs P->D."""
+        return replace(plan, route=RouteKind.PD, decision=Decision(RouteKind.PD, reason),
+                       held=None)
+
+    def end(self, plan: Plan, ok: bool, prompt_tokens: int, completion_tokens: int,
+            kept_ids: Sequence[int] | None = None) -> None:
+        """The turn is over: a complete answer is recorded as held by the session's D, and
+        `kept_ids`, the ids whose KV D keeps for a readback (a P->D or readback turn)."""
         if ok:
             plan.lease.settle(plan.decode, ok=True)
             held = plan.transcript.held_after(
                 reply_text(plan.session_id, plan.lookup.turn), prompt_tokens + completion_tokens)
-            self.ledger.record_turn(plan.lookup, held)
+            recorded = self.ledger.record_turn(plan.lookup, held)
+            if recorded is not None and self.readback_ttl_s is not None:
+                if kept_ids and plan.route in (RouteKind.PD, RouteKind.READBACK,
+                                               RouteKind.LOCAL):
+                    self.readback.put(recorded.id, held.digest, HeldKV(
+                        {}, plan.decode.url, array("q", kept_ids),
+                        self._clock() + self.readback_ttl_s - EXPIRY_MARGIN_S))
+                else:
+                    self.readback.discard(recorded.id)
         plan.lease.release()
+
+    def _readback_status(self, lookup: Lookup) -> Reason | None:
+        if self.readback_ttl_s is None or not lookup.continuation:
+            return Reason.READBACK_MISSING
+        held = lookup.session.held
+        return self.readback.status(lookup.session.id, held.digest if held else None)
+
+    def _take_readback(self, lookup: Lookup) -> HeldKV | Reason:
+        if self.readback_ttl_s is None or not lookup.continuation:
+            return Reason.READBACK_MISSING
+        held = lookup.session.held
+        taken = self.readback.take(lookup.session.id, held.digest if held else None)
+        if isinstance(taken, HeldKV) and taken.decode != lookup.session.decode:
+            return Reason.READBACK_MISSING
+        return taken
 
     def _choose(self, pick: Pick) -> Backend | None:
         if pick.only_preferred:

@@ -16,7 +16,12 @@ on every run:
 
 A P->D turn follows vLLM's protocol: P prefills with max_tokens=1 and keeps the KV; then D
 is asked, allocates the blocks it does not already cache and pulls the rest over the link;
-when the transfer ends D decodes and P frees its blocks. Records are the replay client's
+when the transfer ends D decodes and P frees its blocks. A readback turn (docs/readback.md)
+first moves the history's KV that P lacks from the D that keeps it over D's own link (as
+many tokens of the new prompt as are the ids D's blocks hold, less P's own prefix-cache
+hits), then runs P->D with P computing only the rest (`Request.preloaded`). Not modelled: D
+keeping every finished P->D turn's blocks pinned for the TTL (they stay cached here, but
+evictable). Records are the replay client's
 `RequestRecord`s, so the replay's summaries, files and reports apply unchanged. Inter-token
 gaps are not recorded (itl_s is empty): TTFT and TPOT come from the first and last token.
 """
@@ -30,24 +35,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from profiler.engine.config import EngineConfig, NodeRole
+from profiler.engine.config import EngineConfig
 from profiler.engine.cost import CostModel
 from profiler.engine.engine import Engine, StepResult
 from profiler.engine.host import host_of
+from profiler.engine.prefix_cache import block_hashes
 from profiler.engine.requests import Request, RequestRejected
 from profiler.engine.transfer import Link, SharedLink
 from profiler.replay.client import RequestRecord
 from profiler.simulator.cluster_state import observer
-from profiler.simulator.layout import Layout, SimNode
+from profiler.simulator.layout import SimNode, sim_nodes
 from profiler.simulator.sim_proxy import Plan, SimProxy
 from profiler.simulator.workload import Arrival, SimConversation
-from proxy.config import Policy
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.policies import RoutingPolicy
-from proxy.vocabulary import Role, RouteKind
+from proxy.readback import MIN_READBACK_TOKENS, VLLM_DECODER_BLOCKS_TTL_S, matched_tokens
+from proxy.vocabulary import Layout, Reason, Role, RouteKind
 
-_ENGINE_ROLE = {Role.PREFILL: NodeRole.PREFILL, Role.DECODE: NodeRole.DECODE,
-                Role.REPLICA: NodeRole.REPLICA}
 # User-message token ids start here: far above any vocabulary, so they never equal a sampled
 # output token, and every (conversation, turn) gets its own range (no cross-conversation hits).
 _USER_TOKEN_BASE = 1 << 40
@@ -80,6 +84,9 @@ class SimSetup:
     # replies never round-trip: docs/engine-model.md). False: the reply's own token ids come
     # back (a model whose text re-tokenizes to what it generated; the paper's assumption).
     reply_retokenized: bool = False
+    # D keeps a finished P->D turn's blocks for a readback this long (vLLM's
+    # decoder_kv_blocks_ttl, as `ppd cluster up` sets it); None: no readback route.
+    readback_ttl_s: float | None = VLLM_DECODER_BLOCKS_TTL_S
     # The paper's client sends the reply back as text: of a reply of n tokens, the first
     # kept_reply(n) keep their ids (and hit), the rest come back as new ids
     # (`paper_client.kept_reply_tokens`). None: as reply_retokenized says.
@@ -102,7 +109,7 @@ class _Node:
     spec: SimNode
     engine: Engine
     busy: bool = False  # a step is running (its end event is queued)
-    link: SharedLink | None = None  # P: the egress port its transfers share
+    link: SharedLink | None = None  # P (and D, for readbacks): the egress port transfers share
     link_event: float | None = None  # the queued completion time of link (None: none queued)
 
 
@@ -118,6 +125,7 @@ class _Turn:
     plan: Plan
     done: bool = False
     prefill_id: str | None = None
+    preloaded: int = 0  # a readback: prompt tokens P reads from D instead of computing
 
 
 class Simulator:
@@ -131,20 +139,23 @@ class Simulator:
         self._events: list[tuple[float, int, int, Any]] = []
         self._sequence = itertools.count()
         self._nodes: dict[str, _Node] = {}
-        for spec in setup.layout.nodes():
+        for spec in sim_nodes(setup.layout):
             config = _node_config(setup.engine, spec)
             node = _Node(spec, Engine(config, setup.cost))
-            if spec.role is Role.PREFILL:
+            if spec.role is Role.PREFILL or (spec.role is Role.DECODE
+                                             and setup.readback_ttl_s is not None):
                 node.link = SharedLink(setup.link)
             self._nodes[spec.url] = node
         self.proxy = SimProxy([(url, n.spec.role) for url, n in self._nodes.items()],
                               setup.policy, lambda: self.now,
-                              load_window_s=setup.load_window_s, forced=setup.forced)
-        if setup.policy.kind is Policy.LIVE:
+                              load_window_s=setup.load_window_s, forced=setup.forced,
+                              readback_ttl_s=setup.readback_ttl_s)
+        if setup.policy.spec.needs.live_view:
             self.proxy.observe_with(observer({url: n.engine for url, n in self._nodes.items()},
                                              self.proxy.pool, lambda cid: self._history.get(cid)))
         self._turns: dict[str, _Turn] = {}  # request id (D's / R's) -> turn
         self._by_prefill: dict[str, _Turn] = {}  # P's request id -> turn
+        self._reading_back: dict[str, _Turn] = {}  # D->P readback transfer id -> turn
         self._history: dict[str, list[int]] = {}  # conversation id -> its context's token ids
         self._records: list[RequestRecord] = []
         # per node, vLLM's request histograms as sums and counts (what its /metrics shows)
@@ -203,17 +214,51 @@ class Simulator:
         turn = _Turn(conversation, index, request_id, start, prompt, plan)
         self._turns[request_id] = turn
         self._push(self.now + self.setup.timeout_s, _TIMEOUT, request_id)
-        if plan.route is RouteKind.PD:
-            assert plan.prefill is not None
-            turn.prefill_id = f"{request_id}/p"
-            self._by_prefill[turn.prefill_id] = turn
-            self._submit_via_frontend(turn, plan.prefill.url,
-                                      Request(turn.prefill_id, max_tokens=1,
-                                              prompt_token_ids=prompt, send_kv=True))
+        if plan.route is RouteKind.READBACK:
+            self._read_back(turn)
+        elif plan.route is RouteKind.PD:
+            self._submit_prefill(turn)
         else:
             self._submit_via_frontend(turn, plan.decode.url,
                          Request(request_id, max_tokens=turn_spec.max_tokens,
                                  prompt_token_ids=prompt))
+
+    def _submit_prefill(self, turn: _Turn) -> None:
+        """P->D's P leg (a readback's too, with the tokens P read back)."""
+        plan = turn.plan
+        assert plan.prefill is not None
+        turn.prefill_id = f"{turn.request_id}/p"
+        self._by_prefill[turn.prefill_id] = turn
+        self._submit_via_frontend(turn, plan.prefill.url,
+                                  Request(turn.prefill_id, max_tokens=1,
+                                          prompt_token_ids=turn.prompt, send_kv=True,
+                                          preloaded=turn.preloaded))
+
+    def _read_back(self, turn: _Turn) -> None:
+        """A readback: the tokens of the new prompt that D's blocks hold (their common
+        prefix, as the proxy computes it) move D->P over D's link - all but P's own
+        prefix-cache hits - then P's leg computes the rest. Too few: P->D."""
+        plan = turn.plan
+        assert plan.held is not None and plan.prefill is not None
+        matched = matched_tokens(plan.held.token_ids, turn.prompt)
+        if matched < MIN_READBACK_TOKENS:
+            turn.plan = self.proxy.read_back_instead(plan, Reason.READBACK_MISMATCH)
+            self._submit_prefill(turn)
+            return
+        turn.preloaded = matched
+        prefill = self._nodes[plan.prefill.url]
+        size = prefill.engine.config.block_size
+        cached = prefill.engine.cached_prefix_tokens(block_hashes(turn.prompt[:matched], size))
+        source = self._nodes[plan.held.decode]
+        tokens = matched - min(cached, matched)
+        if tokens <= 0 or source.link is None:
+            self._submit_prefill(turn)
+            return
+        transfer_id = f"{turn.request_id}/rb"
+        self._reading_back[transfer_id] = turn
+        source.link.start(transfer_id, tokens * self.setup.kv_bytes_per_token, self.now,
+                          setup_s=self.host.handoff_s(tokens, self.setup.engine.block_size))
+        self._schedule_link(source)
 
     def _submit_via_frontend(self, turn: _Turn, url: str, request: Request) -> None:
         """The node's API server takes its front-end time before its engine sees the
@@ -262,13 +307,18 @@ class Simulator:
         end = self.now + self.host.frontend_finish_ms / 1000
         self._record(turn, success=True, ttft=first - turn.start, end=end,
                      n_output=len(outputs), error=None, status=200)
-        self.proxy.end(turn.plan, True, len(turn.prompt), len(outputs))
+        # D keeps the KV of the prompt and all but the last output (never computed); the
+        # proxy keeps a local turn's too (its leg asks D to: proxy.readback.KEEP_BLOCKS).
+        kept = (turn.prompt + outputs[:-1]
+                if turn.plan.route in (RouteKind.PD, RouteKind.READBACK, RouteKind.LOCAL)
+                else None)
+        self.proxy.end(turn.plan, True, len(turn.prompt), len(outputs), kept)
         history = self._history[turn.conversation.id]
         history[len(history):] = turn.prompt[len(history):]
         if self.setup.kept_reply is not None:
-            kept = min(len(outputs), self.setup.kept_reply(len(outputs)))
-            history.extend(outputs[:kept])
-            history.extend(self._fresh_tokens(len(outputs) - kept))
+            same_ids = min(len(outputs), self.setup.kept_reply(len(outputs)))
+            history.extend(outputs[:same_ids])
+            history.extend(self._fresh_tokens(len(outputs) - same_ids))
         elif self.setup.reply_retokenized:
             history.extend(self._fresh_tokens(len(outputs)))
         else:
@@ -415,6 +465,11 @@ class Simulator:
             return  # superseded: a transfer started since moved the completion
         source.link_event = None
         for request_id in source.link.advance(self.now):
+            read_back = self._reading_back.pop(request_id, None)
+            if read_back is not None:  # D's blocks are in P: P's leg computes the rest
+                if not read_back.done:
+                    self._submit_prefill(read_back)
+                continue
             turn = self._turns.get(request_id)
             if turn is None or turn.done:
                 continue
@@ -429,7 +484,7 @@ class Simulator:
 
 
 def _node_config(base: EngineConfig, spec: SimNode) -> EngineConfig:
-    return replace(base, role=_ENGINE_ROLE[spec.role], seed=hash_seed(base.seed, spec.name))
+    return replace(base, role=spec.role, seed=hash_seed(base.seed, spec.name))
 
 
 def hash_seed(seed: int, name: str) -> int:

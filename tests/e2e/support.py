@@ -16,10 +16,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from profiler.cluster.kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET
 from profiler.cluster.launcher import Cluster, default_cores, start_cluster
 from profiler.cluster.plan import NIXL_SIDE_CHANNEL_OFFSET, ClusterConfig, Connector, parse_layout
 from profiler.cluster.procs import port_free
+from profiler.node_kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET
 from proxy import ServerThread, config_from_args, create_app
 
 # The vLLM counters the tests read (sample names, summed over engines and label sets).
@@ -30,6 +30,9 @@ PROMPT_TOKENS = "vllm:prompt_tokens_total"
 # P keeps the KV of a D that never pulls for this long (vLLM's default: 30 s); short, so the
 # tests can watch P free it.
 KV_LEASE_S = 6
+# D keeps a finished turn's blocks for a readback this long (vLLM's decoder_kv_blocks_ttl;
+# default 480 s): short, so a test can wait for the proxy to stop offering them.
+KV_READBACK_TTL_S = 20
 COUNTERS = (PREFIX_HITS, EXTERNAL_HITS, REQUESTS, PROMPT_TOKENS)
 KV_USAGE = "vllm:kv_cache_usage_perc"  # gauge: share of KV blocks held by requests (0..1)
 # P's count of prompts whose KV it freed because no D pulled it before the lease ran out.
@@ -74,6 +77,7 @@ def start_e2e_cluster(layout: str, tiny_model: Path, tmp_path_factory: pytest.Te
     parsed = parse_layout(layout)
     config = ClusterConfig(
         model=str(tiny_model), layout=parsed, connector=connector, kv_lease_s=KV_LEASE_S,
+        kv_readback_ttl_s=KV_READBACK_TTL_S,
         state_dir=tmp_path_factory.mktemp(f"cluster-{layout}-{connector.value}"),
         base_port=free_base_port(parsed.size), cores=default_cores(), startup_timeout_s=420.0,
         max_model_len=max_model_len, vllm_args=vllm_args,

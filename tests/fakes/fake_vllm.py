@@ -71,6 +71,11 @@ class FakeVLLM:
         self.streams_cancelled = 0
         self.streams_finished = 0
         self.requests_cancelled = 0
+        # POST /reset_prefix_cache (vLLM's dev-mode route): False answers 404 as vLLM without
+        # VLLM_SERVER_DEV_MODE=1; `reset_refusals` answers {"success": false} that many times.
+        self.dev_mode = True
+        self.reset_refusals = 0
+        self.prefix_cache_resets = 0
         self.url = ""
         self.app = self._build_app()
         self._running: Any = None
@@ -109,6 +114,16 @@ class FakeVLLM:
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
             return {"object": "list", "data": [{"id": self.model, "object": "model"}]}
+
+        @app.post("/reset_prefix_cache")
+        async def reset_prefix_cache() -> tuple[dict[str, Any], int]:
+            if not self.dev_mode:
+                return {"detail": "Not Found"}, 404
+            if self.reset_refusals > 0:
+                self.reset_refusals -= 1
+                return {"success": False}, 200
+            self.prefix_cache_resets += 1
+            return {"success": True}, 200
 
         @app.post("/v1/chat/completions")
         async def chat() -> Response:

@@ -10,12 +10,20 @@ Each node answers /health, /v1/models and both completion endpoints like `FakeVL
 `kv_transfer_params.do_remote_decode`, gets kv_transfer_params back; SSE when streamed); its
 reply text names it; P's kv_transfer_params carry the X-Request-Id of the prefill that made
 them (`remote_request_id`). A refused connection never reaches the node, so it is not received.
+
+With `keeps_readback`, a D answers a whole P->D leg as vLLM's bidirectional NIXL does: its
+kv_transfer_params name blocks holding the prompt and all but the last reply token
+(`remote_num_tokens`), and `return_token_ids` adds the ids. `/tokenize` renders a chat (role
+marker, one id per word of content, end marker; the generation prompt) with `fake_ids`, the
+one fake tokenizer both sides use; `reply_ids` replaces a reply's own ids (a reply that
+re-tokenizes into other ids).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import zlib
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -26,6 +34,26 @@ import httpx
 from profiler.emulate.openai_format import DONE, Envelope, usage
 
 MODEL = "fake-model"
+# Fake tokenizer ids of the chat markers.
+_ROLE_IDS = {"system": 1, "user": 2, "assistant": 3}
+_END_ID = 4
+
+
+def fake_ids(text: str) -> list[int]:
+    """One stable id per whitespace-separated word (the mock's tokenizer)."""
+    return [10 + zlib.crc32(word.encode()) % 50000 for word in text.split()]
+
+
+def fake_chat_ids(messages: list[dict[str, Any]], generation_prompt: bool = True) -> list[int]:
+    """A chat rendered and tokenized as the mock nodes do."""
+    ids: list[int] = []
+    for message in messages:
+        # The fuzz sends messages without content, or with parts: a tokenizer takes the text.
+        content = message.get("content") if isinstance(message, dict) else None
+        text = content if isinstance(content, str) else json.dumps(content) if content else ""
+        role = message.get("role") if isinstance(message, dict) else None
+        ids += [_ROLE_IDS.get(role, 5) if isinstance(role, str) else 5, *fake_ids(text), _END_ID]
+    return ids + [_ROLE_IDS["assistant"]] if generation_prompt else ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +127,8 @@ class MockNode:
     cancelled: int = 0  # requests or streams the caller abandoned
     finished: int = 0  # streams sent to the end
     open: int = 0  # requests being served right now
+    keeps_readback: bool = False  # a D with vLLM's bidirectional_kv_xfer on
+    reply_ids: list[int] | None = None  # the ids a reply reports (default: its words' ids)
 
     def __post_init__(self) -> None:
         if self.kv_params is None:
@@ -153,6 +183,8 @@ class MockNode:
                                "code": fault.status_code}}
             return httpx.Response(fault.status_code, content=json.dumps(error).encode(),
                                   headers={"content-type": "application/json"})
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"tokens": fake_chat_ids(body["messages"])})
         if fault.kind == "garbage":
             return httpx.Response(200, content=b"<html>502 Bad Gateway</html>",
                                   headers={"content-type": "application/json"})
@@ -181,8 +213,24 @@ class MockNode:
             # Each prefill's params name its request, so a test can tell whose params D got.
             kv_params = self.kv_params and {
                 **self.kv_params, "remote_request_id": request.headers["x-request-id"]}
-        return envelope.complete(" ".join(words), "stop", usage(10, len(words), None),
-                                 kv_params)
+        given = body.get("kv_transfer_params") or {}
+        prompt_ids = fake_chat_ids(body["messages"]) if "messages" in body else []
+        reply_ids = self.reply_ids if self.reply_ids is not None else fake_ids(" ".join(words))
+        if self.keeps_readback and "kv_transfer_params" in body and not given.get(
+                "do_remote_decode"):  # a D leg, or a local leg asking D to keep its blocks
+            kv_params = {"do_remote_prefill": False, "do_remote_decode": True,
+                         "remote_engine_id": f"engine-{self.name}",
+                         "remote_request_id": request.headers["x-request-id"],
+                         "remote_block_ids": [7, 8, 9], "remote_host": "10.0.0.2",
+                         "remote_port": 5601,
+                         "remote_num_tokens": len(prompt_ids) + len(reply_ids) - 1,
+                         "remote_blocks_expiry_time": 1e9}
+        answer = envelope.complete(" ".join(words), "stop", usage(10, len(words), None),
+                                   kv_params)
+        if body.get("return_token_ids"):
+            answer["prompt_token_ids"] = prompt_ids
+            answer["choices"][0]["token_ids"] = reply_ids
+        return answer
 
 
 

@@ -25,19 +25,34 @@ async def two_turns(client: httpx.AsyncClient, headers: dict[str, str] | None = 
     return first, second
 
 
+ADMIN = {"authorization": "Bearer adm"}
+
+
 async def test_forcing_header_overrides_the_policy(cluster: dict[str, FakeVLLM]) -> None:
-    async with serve_proxy(config_for(cluster, Policy.PD)) as proxy:
-        _, forced_local = await two_turns(proxy.client, {"x-ppd-route": "local"})
+    async with serve_proxy(config_for(cluster, Policy.PD, admin_key="adm")) as proxy:
+        _, forced_local = await two_turns(proxy.client, {"x-ppd-route": "local", **ADMIN})
     assert forced_local.headers["x-ppd-route"] == "local"
-    async with serve_proxy(config_for(cluster, Policy.LOCAL)) as proxy:
-        _, forced_pd = await two_turns(proxy.client, {"x-ppd-route": "pd"})
+    async with serve_proxy(config_for(cluster, Policy.LOCAL, admin_key="adm")) as proxy:
+        _, forced_pd = await two_turns(proxy.client, {"x-ppd-route": "pd", **ADMIN})
         turn1 = await proxy.client.post("/v1/chat/completions", json=chat_body("new"),
-                                        headers={"x-ppd-route": "local"})
+                                        headers={"x-ppd-route": "local", **ADMIN})
         bad = await proxy.client.post("/v1/chat/completions", json=chat_body("x"),
-                                      headers={"x-ppd-route": "fast"})
+                                      headers={"x-ppd-route": "fast", **ADMIN})
     assert forced_pd.headers["x-ppd-route"] == "pd"
     assert turn1.headers["x-ppd-route"] == "pd"  # nothing to append to on turn 1
     assert bad.status_code == 400
+    assert "x-ppd-route-ignored" not in forced_pd.headers
+
+
+async def test_without_an_admin_key_the_forcing_header_is_ignored(
+        cluster: dict[str, FakeVLLM]) -> None:
+    async with serve_proxy(config_for(cluster, Policy.PD)) as proxy:
+        _, second = await two_turns(proxy.client, {"x-ppd-route": "local"})
+        odd = await proxy.client.post("/v1/chat/completions", json=chat_body("x"),
+                                      headers={"x-ppd-route": "fast"})
+    assert second.status_code == 200 and second.headers["x-ppd-route"] == "pd"
+    assert "--admin-key" in second.headers["x-ppd-route-ignored"]
+    assert odd.status_code == 200  # ignored, whatever it holds
 
 
 async def test_forcing_and_sessions_need_the_admin_key(cluster: dict[str, FakeVLLM]) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config import ConfigError, Policy, config_from_args
+from proxy.policies import registry
 from proxy.vocabulary import Role
 
 NODES = ["--prefill", "http://127.0.0.1:8100", "--decode", "http://127.0.0.1:8200"]
@@ -51,6 +52,20 @@ def test_cluster_file(tmp_path: Path) -> None:
     assert [n.role for n in config.nodes] == [Role.PREFILL, Role.DECODE]  # duplicates merged
 
 
+def test_cluster_file_readback_ttl_unless_a_flag_says_otherwise(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.json"
+    nodes = [{"role": "prefill", "url": "http://p:1"}, {"role": "decode", "url": "http://d:1"}]
+    path.write_text(json.dumps({"kv_readback_ttl_s": 480, "nodes": nodes}))
+    assert config_from_args(["--cluster", str(path)]).kv_readback_ttl == 480.0
+    assert config_from_args(["--cluster", str(path), "--kv-readback-ttl", "30"]
+                            ).kv_readback_ttl == 30.0
+    path.write_text(json.dumps({"kv_readback_ttl_s": None, "nodes": nodes}))
+    assert config_from_args(["--cluster", str(path)]).kv_readback_ttl is None
+    path.write_text(json.dumps({"kv_readback_ttl_s": "soon", "nodes": nodes}))
+    with pytest.raises(ConfigError, match="kv_readback_ttl_s"):
+        config_from_args(["--cluster", str(path)])
+
+
 @pytest.mark.parametrize(("argv", "fragment"), [
     ([], "no route can be served"),
     (["--decode", "http://d:1"], "no route can be served"),
@@ -64,6 +79,7 @@ def test_cluster_file(tmp_path: Path) -> None:
     (["--prefill", "http://x:1", "--decode", "http://x:1"], "two roles"),
     ([*NODES, "--discovery", "127.0.0.1:5555"], "tcp://"),
     ([*NODES, "--max-sessions", "0"], "max-sessions"),
+    ([*NODES, "--kv-readback-ttl", "0"], "kv-readback-ttl"),
 ])
 def test_invalid_configurations(argv: list[str], fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
@@ -71,7 +87,8 @@ def test_invalid_configurations(argv: list[str], fragment: str) -> None:
 
 
 def test_discovery_alone_is_enough() -> None:
-    assert config_from_args(["--discovery", "tcp://127.0.0.1:0"]).discovery == "tcp://127.0.0.1:0"
+    assert config_from_args(["--discovery", "tcp://127.0.0.1:0", "--discovery-token", "T"]
+                            ).discovery == "tcp://127.0.0.1:0"
 
 
 def test_unknown_config_keys_are_errors(tmp_path: Path) -> None:
@@ -86,7 +103,8 @@ def test_unknown_config_keys_are_errors(tmp_path: Path) -> None:
     ("c.toml", "port = ", "not valid"),
     ("c.yaml", "- a\n- b\n", "mapping"),
     ("c.yaml", "port: abc\n", "bad value"),
-    ("c.yaml", "policy: fastest\n", "bad value"),
+    ("c.yaml", "policy: fastest\n", r"unknown policy 'fastest'.*policy names: .*local.*pd"),
+    ("c.yaml", "policy: lcoal\n", "did you mean local"),
 ])
 def test_bad_config_files(tmp_path: Path, name: str, text: str, fragment: str) -> None:
     path = tmp_path / name
@@ -115,3 +133,35 @@ def test_breaker_flags_reach_the_pool() -> None:
     with pytest.raises(ConfigError, match="breaker-failures"):
         config_from_args(["--prefill", "http://p:1", "--decode", "http://d:1",
                           "--breaker-failures", "0"])
+
+
+def test_a_misspelt_policy_flag_names_the_likely_one_and_every_valid_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        config_from_args([*NODES, "--policy", "lcoal"])
+    err = capsys.readouterr().err
+    assert "unknown policy 'lcoal': did you mean local" in err
+    assert f"policy names: {', '.join(registry.names())})" in err
+    with pytest.raises(ConfigError, match="did you mean local"):  # a caller's check raises
+        config_from_args([*NODES, "--policy", "lcoal"], exit_on_error=False)
+
+
+def _cluster_file(tmp_path: Path, **doc: object) -> Path:
+    path = tmp_path / "cluster.json"
+    nodes = [{"role": "prefill", "url": "http://127.0.0.1:8100"},
+             {"role": "decode", "url": "http://127.0.0.1:8101"}]
+    path.write_text(json.dumps({"nodes": nodes, **doc}))
+    return path
+
+
+def test_live_without_a_cost_file_names_the_command_for_its_cluster(tmp_path: Path) -> None:
+    emulated = _cluster_file(tmp_path, model="llama-3.1-8b", emulated={
+        "preset": "h100:llama-3.1-8b", "cost": "h100:llama-3.1-8b", "link": "rdma-400g"})
+    with pytest.raises(ConfigError, match=r"`ppd sim live-costs --cost h100:llama-3.1-8b "
+                       r"--model llama-3.1-8b --link rdma-400g --out live-costs.json`"):
+        config_from_args(["--cluster", str(emulated), "--policy", "live"])
+    tiny = _cluster_file(tmp_path, model="tiny")
+    with pytest.raises(ConfigError, match="shipped tables/tiny-cpu-1p1d.costs.json"):
+        config_from_args(["--cluster", str(tiny), "--policy", "live"])
+    with pytest.raises(ConfigError, match="ppd sim calibrate"):  # nodes of unknown make
+        config_from_args([*NODES, "--policy", "live"])

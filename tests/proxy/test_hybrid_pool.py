@@ -98,8 +98,7 @@ LARGE_BATCH = NodeState(300.0, 0.0, None, 16, 300 / 1999)
 
 def score_without_membership(work: Workload, state: TurnState) -> float:
     """The placement's score as it was before each route was charged for the batch it joins."""
-    scorer = LiveScorer(1.0, 1.0)
-    scorer.count_turn(work)
+    scorer = LiveScorer(1.0, 1.0).counted(work)
     prediction = predict_placement(work, state, COSTS)
     return scorer.score(replace(prediction, joins_local=None, joins_pd=None), first_turn=True)
 

@@ -192,8 +192,7 @@ def test_placement_charges_each_route_for_the_batch_it_joins() -> None:
     assert on_replica.per_step_ms == pytest.approx(0.032)
     assert on_replica.own_step_ms == pytest.approx(6.0 + 41 * 0.032)  # step(B + 1 decodes)
     assert on_d.own_step_ms == pytest.approx(6.0 + 11 * 0.032)
-    scorer = LiveScorer(1.0, 1.0)
-    scorer.n_out = 200.0  # the mean output so far
+    scorer = LiveScorer(1.0, 1.0, n_out=200.0)  # the mean output so far
     # The replica's 40 others: min(1, 100 / 199) of their tokens each, from their lengths
     # (100 x 40 / 199 = 20.1 requests' worth); D's 10: min(1, 100 / 200) from the mean.
     m_replica = 6.0 + 41 * 0.032 + 0.032 * 100 * 40 / 199
@@ -213,10 +212,51 @@ def test_placement_charges_each_route_for_the_batch_it_joins() -> None:
 
 
 def test_membership_weight_is_one_for_turn_one_and_the_turns_left_for_a_replacement() -> None:
-    scorer = LiveScorer(1.0, 1.0)
-    scorer.followup_share = 0.75  # conversations of four turns on average
+    scorer = LiveScorer(1.0, 1.0, followup_share=0.75)  # conversations of four turns on average
     assert scorer.membership_weight(first_turn=True) == 1.0
     # Per turn-2+ decision (share 0.75), a re-placed conversation has four turns left.
     assert scorer.membership_weight(first_turn=False) == pytest.approx(0.75 * 4)
-    scorer.followup_share = 1.0  # only re-placements seen: bounded, not infinite
+    scorer = scorer._replace(followup_share=1.0)  # only re-placements seen: bounded
     assert scorer.membership_weight(first_turn=False) == pytest.approx(20.0)
+
+
+def test_readback_is_pd_with_ps_prefill_cut_to_the_new_tokens_plus_the_read() -> None:
+    off = predict(turn(), state(2048), COSTS)
+    on = predict(turn(), replace(state(2048), readback=True), COSTS)
+    assert off.ttft_readback_ms is None
+    assert on.ttft_readback_ms is not None
+    # P computes 64 tokens instead of 2,112, and reads 2,048 tokens' KV (0.3 ms per 1k).
+    assert on.ttft_pd_ms - on.ttft_readback_ms == pytest.approx(2048 * 0.02 - 2.048 * 0.3)
+    # What P holds already is neither read nor computed.
+    warm = predict(turn(), replace(state(2048, p_held=2000), readback=True), COSTS)
+    assert warm.ttft_pd_ms - warm.ttft_readback_ms == pytest.approx(48 * 0.02 - 0.048 * 0.3)
+
+
+def test_readback_score_is_its_ttft_gain_over_pd() -> None:
+    scorer = LiveScorer(w_ttft=2.0, w_tpot=3.0)
+    prediction = predict(turn(), replace(state(2048), readback=True), COSTS)
+    scorer.score(prediction)
+    gain = prediction.ttft_pd_ms - (prediction.ttft_readback_ms or 0.0)
+    assert scorer.readback_score(prediction) == pytest.approx(2.0 * gain / prediction.ttft_pd_ms)
+    assert scorer.readback_score(predict(turn(), state(2048), COSTS)) is None
+
+
+def test_live_reads_back_where_local_would_stall_the_batch() -> None:
+    policy = RoutingPolicy(replace(LIVE, w_tpot=3.0), costs=COSTS)
+    paste = turn(n_in=1024)
+    # A small batch: local's append-prefill costs it little, and local's TTFT is the lowest.
+    calm = policy.decide(paste, "s", True, replace(state(2048, running=2), readback=True))
+    assert calm.kind is RouteKind.LOCAL
+    # A 1,024-token append beside 128 decodes costs their TPOT more than local's TTFT gains:
+    # readback keeps P->D's TPOT without P's whole-history prefill.
+    busy = policy.decide(paste, "s", True, replace(state(2048, running=128), readback=True))
+    assert busy.kind is RouteKind.READBACK and busy.reason is Reason.LIVE
+    # The same turn without blocks to read back goes P->D.
+    assert policy.decide(paste, "s", True, state(2048, running=128)).kind is RouteKind.PD
+
+
+def test_a_readback_that_gains_nothing_is_not_taken() -> None:
+    # P already holds the whole history: reading it back saves nothing over P->D.
+    policy = RoutingPolicy(replace(LIVE, w_tpot=3.0), costs=COSTS)
+    warm = replace(state(2048, running=128, p_held=2048), readback=True)
+    assert policy.decide(turn(n_in=1024), "s", True, warm).kind is RouteKind.PD

@@ -1,7 +1,9 @@
 """Policy live behind the real proxy: KV events from a fake publisher, /metrics from a fake D.
 
 A session D holds stays local (reason live); once D evicted part of its history the next turn
-goes P->D with reason `evicted`; the proxy's metrics count both. D's legs carry the session
+goes P->D with reason `evicted`; a session D's events never named is decided blind
+(`live_blind`); the proxy's metrics count each, and /stats and /metrics show the events'
+health per node. D's legs carry the session
 id in vLLM's `session_id` field, which is what makes D's events name the session.
 """
 
@@ -89,5 +91,30 @@ async def test_evicted_session_goes_p_to_d_and_resident_one_stays_local(tmp_path
                 assert stats["reasons"]["live"] == 1 and stats["reasons"]["evicted"] == 1
                 exposition = (await client.get(f"{server.url}/metrics")).text
                 assert 'reason="evicted"' in exposition
+
+                # KV-event health: what shows that events arrive and residency is known.
+                health = stats["kv_events"][d.url]
+                assert health["events"] >= 2 and health["batches"] >= 2
+                assert health["last_seq"] == publisher.seq - 1
+                assert 0 <= health["last_batch_age_s"] < 5
+                assert health["sessions_known"] == 1 and health["rejected"] == {}
+                assert health["memory_bytes"] > 0
+                node = f'node="{d.url}"'
+                assert f"ppd_kv_events_received_total{{{node}}}" in exposition
+                assert f"ppd_kv_residency_sessions{{{node}}} 1.0" in exposition
+                assert f'ppd_kv_events_rejected_total{{{node},reason="cycle"}} 0.0' \
+                    in exposition
+
+                # A conversation D's events never named: live decides blind, and says so.
+                other = {**body, "conversation_id": "other",
+                         "messages": [{"role": "user", "content": "hello"}]}
+                reply = await client.post(url, json=other)
+                other["messages"] = [*other["messages"],
+                                     {"role": "assistant", "content": reply.json()["choices"][
+                                         0]["message"]["content"]},
+                                     {"role": "user", "content": "more"}]
+                await client.post(url, json=other)
+                stats = (await client.get(f"{server.url}/stats")).json()
+                assert stats["reasons"]["live_blind"] == 1
     finally:
         publisher.close()

@@ -69,3 +69,13 @@ async def test_background_scrape_keeps_the_last_reading_and_its_age_grows() -> N
     finally:
         await signals.stop()
     assert signals.age("http://unknown") is None
+
+
+def test_kv_capacity_in_blocks_from_cache_config_info() -> None:
+    page = ('vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="2048"} 1.0\n'
+            'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="1024"} 1.0\n'
+            "vllm:num_requests_running 1\n")
+    assert parse_metrics(page, 0.0).kv_blocks == 3072
+    assert parse_metrics("vllm:num_requests_running 1\n", 0.0).kv_blocks is None
+    odd = 'vllm:cache_config_info{num_gpu_blocks="None"} 1.0\n'  # before the engine profiled
+    assert parse_metrics(odd, 0.0).kv_blocks is None

@@ -69,7 +69,8 @@ def always_pd(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def plan(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload: Workload,
              forced: RouteKind | None = None,
-             observe: Callable[[Session], TurnState] | None = None) -> TurnPlan:
+             observe: Callable[[Session], TurnState] | None = None,
+             readback: Reason | None = None) -> TurnPlan:
         session = lookup.session
         return TurnPlan(Decision(RouteKind.PD, Reason.FORCED), (Attempt(RouteKind.PD, (
             Pick(Role.DECODE, session.decode), Pick(Role.PREFILL, session.prefill))),))

@@ -154,11 +154,13 @@ def test_cpu_commands_default_to_nixl_with_host_buffers_and_ucx_over_tcp(tmp_pat
     assert "--dtype" not in argv_p  # vLLM's default unless the model asks
     fp32 = node_command(config, ServedModel("smollm2", Path("/m"), "float32"), p)
     assert fp32[fp32.index("--dtype") + 1] == "float32"
-    # The roles vLLM 0.32 wants (kv_both is deprecated), host buffers on the CPU.
+    # The roles vLLM 0.32 wants (kv_both is deprecated), host buffers on the CPU; both roles
+    # with bidirectional transfer (the readback route), D keeping blocks vLLM's default 480 s.
+    readback = {"bidirectional_kv_xfer": True, "decoder_kv_blocks_ttl": 480}
     assert _transfer(argv_p) == {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
-                                 "kv_buffer_device": "cpu"}
+                                 "kv_buffer_device": "cpu", "kv_connector_extra_config": readback}
     assert _transfer(argv_d) == {"kv_connector": "NixlConnector", "kv_role": "kv_consumer",
-                                 "kv_buffer_device": "cpu"}
+                                 "kv_buffer_device": "cpu", "kv_connector_extra_config": readback}
     for argv in (argv_p, argv_d):  # NIXL moves partial prefills: vLLM's chunked prefill stays
         assert "--no-enable-chunked-prefill" not in argv
         assert "--max-num-batched-tokens" not in argv
@@ -173,11 +175,37 @@ def test_cpu_commands_default_to_nixl_with_host_buffers_and_ucx_over_tcp(tmp_pat
 
 
 def test_nixl_kv_lease_goes_to_the_connector_extra_config(tmp_path: Path) -> None:
-    config = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path, kv_lease_s=8)
+    config = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path, kv_lease_s=8,
+                           kv_readback_ttl_s=None)
     p, _ = plan_nodes(config)
     assert _transfer(node_command(config, MODEL, p)) == {
         "kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu",
         "kv_connector_extra_config": {"kv_lease_duration": 8}}
+
+
+def test_readback_ttl_goes_to_both_roles_and_off_means_no_bidirectional(tmp_path: Path) -> None:
+    short = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path, kv_readback_ttl_s=20)
+    off = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path, kv_readback_ttl_s=None)
+    for node in plan_nodes(short):
+        assert _transfer(node_command(short, MODEL, node))["kv_connector_extra_config"] == {
+            "bidirectional_kv_xfer": True, "decoder_kv_blocks_ttl": 20}
+    for node in plan_nodes(off):
+        assert "kv_connector_extra_config" not in _transfer(node_command(off, MODEL, node))
+
+
+def test_cluster_up_no_kv_readback_flag(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    seen: list[ClusterConfig] = []
+
+    def fake_start(config: ClusterConfig, progress: object = None) -> Cluster:
+        seen.append(config)
+        raise ClusterError("stop here")
+
+    monkeypatch.setattr(cluster_cli, "start_cluster", fake_start)
+    for extra, ttl in (([], 480), (["--kv-readback-ttl", "30"], 30), (["--no-kv-readback"], None)):
+        with pytest.raises(ClusterError, match="stop here"):
+            cluster_cli.main(["up", "--model", str(tmp_path), "--layout", "1P1D",
+                              "--state", str(tmp_path / "s"), *extra])
+        assert seen[-1].kv_readback_ttl_s == ttl
 
 
 def test_shared_storage_uses_example_connector_with_one_dir_and_whole_prefills(tmp_path: Path
@@ -229,7 +257,7 @@ def test_replicas_get_no_kv_transfer(tmp_path: Path) -> None:
     ("kw", "match"),
     [({"base_port": 0}, "base port"), ({"max_model_len": 8}, "max model length"),
      ({"kv_cache_gib": 0}, "KV cache"), ({"startup_timeout_s": 0}, "timeout"),
-     ({"kv_lease_s": 5}, "lease")],
+     ({"kv_lease_s": 5}, "lease"), ({"kv_readback_ttl_s": 0}, "readback")],
 )
 def test_config_validation(kw: dict[str, object], match: str, tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match=match):
@@ -257,11 +285,12 @@ def test_up_writes_cluster_json_and_down_stops_everything(
     running: Cluster, record_dir: Path, tmp_path: Path
 ) -> None:
     doc = json.loads((tmp_path / "state" / "cluster.json").read_text())
-    assert set(doc) == {"model", "layout", "connector", "nodes"}
+    assert set(doc) == {"model", "layout", "connector", "kv_readback_ttl_s", "nodes"}
+    assert doc["kv_readback_ttl_s"] == 480  # the proxy offers the readback route for it
     assert doc["model"] == "mymodel" and doc["layout"] == "1P2D" and doc["connector"] == "nixl"
     assert [n["role"] for n in doc["nodes"]] == ["prefill", "decode", "decode"]
     for node in doc["nodes"]:
-        # D nodes also name their KV event endpoints (profiler.cluster.kv_events).
+        # D nodes also name their KV event endpoints (profiler.node_kv_events).
         extra = {"kv_events", "kv_events_replay"} if node["role"] == "decode" else set()
         assert set(node) == {"role", "url", "pid", "log"} | extra
         assert httpx.get(node["url"] + "/v1/models").json()["data"][0]["id"] == "mymodel"
@@ -418,12 +447,27 @@ def test_cli_bad_layout_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> 
     assert "bad layout '3X'" in capsys.readouterr().err
 
 
-def test_cli_down_without_cluster_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(ClusterError, match="no cluster in .*cluster.json not found"):
-        cluster_cli.main(["down", "--state", str(tmp_path)])
+def test_cli_down_without_cluster_says_so_and_succeeds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Cleanup scripts run `down` whether or not a cluster is up: exit 0, saying so.
+    assert cluster_cli.main(["down", "--state", str(tmp_path)]) == 0
+    assert "nothing was running" in capsys.readouterr().out
 
 
 def test_cli_policy_needs_with_proxy(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match="--policy and --proxy-args need --with-proxy"):
         cluster_cli.main(["up", "--model", "tiny", "--layout", "1P1D", "--policy", "pd",
                           "--state", str(tmp_path)])
+
+
+@pytest.mark.parametrize(("host", "dev_mode"), [("127.0.0.1", True), ("localhost", True),
+                                                 ("::1", True), ("0.0.0.0", False),
+                                                 ("10.0.0.5", False)])
+def test_loopback_nodes_serve_vllms_dev_routes_for_prefix_cache_resets(
+        tmp_path: Path, host: str, dev_mode: bool) -> None:
+    # POST /reset_prefix_cache needs VLLM_SERVER_DEV_MODE=1; the dev routes also expose
+    # sleep and RPC, so never on a node other hosts can reach.
+    config = ClusterConfig("tiny", parse_layout("1P1D"), tmp_path / "st", host=host)
+    for node in plan_nodes(config):
+        env = node_env(config, node, {})
+        assert (env.get("VLLM_SERVER_DEV_MODE") == "1") is dev_mode

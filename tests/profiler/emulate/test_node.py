@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from profiler.emulate.host import HostedNode, hosted
 from profiler.emulate.presets import resolve
-from profiler.emulate.vocab import Vocabulary
+from profiler.emulate.tokenizer import Vocabulary
 from proxy.pd_protocol import decode_body, prefill_body
 from proxy.vocabulary import Role
 
@@ -276,3 +276,16 @@ async def test_a_replica_node_serves_whole_requests_and_rejects_a_kv_pull_to_a_p
                                     json=chat(kv_transfer_params=params))
     assert refused.status_code == 400
     assert "does not receive KV" in refused.json()["error"]["message"]
+
+
+async def test_reset_prefix_cache_empties_the_cache_as_vllms_dev_route_does(
+    nodes: list[HostedNode], client: httpx.AsyncClient
+) -> None:
+    d = nodes[1]
+    await client.post(f"{d.url}/v1/chat/completions", json=chat(max_tokens=4))
+    warm = (await client.post(f"{d.url}/v1/chat/completions", json=chat(max_tokens=4))).json()
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    reset = await client.post(f"{d.url}/reset_prefix_cache")
+    assert reset.status_code == 200 and reset.json() == {"success": True}
+    cold = (await client.post(f"{d.url}/v1/chat/completions", json=chat(max_tokens=4))).json()
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

@@ -23,6 +23,9 @@ class ScriptedEngine:
     released: list[str] = field(default_factory=list)
     held: set[str] = field(default_factory=set)
 
+    def cached_tokens(self, prompt_ids: object) -> int:
+        return 0
+
     def submit(self, job: Job, now: float) -> None:
         self.jobs[job.id] = len(job.output_ids)
         if job.hold_kv:
@@ -47,6 +50,9 @@ class ScriptedEngine:
 
     def release_kv(self, job_id: str) -> None:
         self.released.append(job_id)
+
+    def reset_prefix_cache(self) -> bool:
+        return True
 
     def abort(self, job_id: str, now: float) -> None:
         self.jobs.pop(job_id, None)

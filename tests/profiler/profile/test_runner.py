@@ -46,7 +46,7 @@ def test_grid_rejects_unknown_names_and_keys(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(ValueError, match="unknown workload"):
         ProfileGrid(workloads=("tiny", "enormous"))
     # Every class has a turn-1 profile now; the check still guards a class added without one.
-    monkeypatch.setattr("profiler.profile.runner.TURN1_PROFILES",
+    monkeypatch.setattr("profiler.profile.grid.TURN1_PROFILES",
                         {ContextClass.SMALL: Shape(128, 128)})
     with pytest.raises(ValueError, match="no turn-1 profile"):
         ProfileGrid(contexts=(ContextClass.LARGE,))

@@ -6,13 +6,12 @@ from pathlib import Path
 
 import pytest
 
-import proxy.policies
+import proxy.policies.live
 from profiler.engine import LinearCost
 from profiler.engine.config import EngineConfig
 from profiler.engine.transfer import load_link, load_model_shape
 from profiler.simulator import cli as sim_cli
 from profiler.simulator.grid import parse_policy
-from profiler.simulator.layout import Layout
 from profiler.simulator.live_costs import fit_step_costs
 from profiler.simulator.run import policy_label
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
@@ -20,7 +19,7 @@ from profiler.simulator.workload import Arrival, SimConversation, SimTurn
 from proxy.config import Policy, PolicyConfig
 from proxy.live import StepCosts
 from proxy.policies import RoutingPolicy
-from proxy.vocabulary import Decision
+from proxy.vocabulary import Decision, Layout
 
 NVLINK = load_link("nvlink")
 LLAMA_KV = load_model_shape("llama-3.1-8b").kv_bytes_per_token
@@ -29,14 +28,14 @@ LLAMA_KV = load_model_shape("llama-3.1-8b").kv_bytes_per_token
 def _run(hand_cost: LinearCost, blocks: int,
          monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, int, str]], list[Decision]]:
     decisions: list[Decision] = []
-    decide = proxy.policies.RoutingPolicy._decide_live
+    predicted = proxy.policies.live._predicted
 
-    def spy(self, workload, state):  # type: ignore[no-untyped-def]
-        decision = decide(self, workload, state)
+    def spy(turn, state, inputs, scorer):  # type: ignore[no-untyped-def]
+        decision, scorer = predicted(turn, state, inputs, scorer)
         decisions.append(decision)
-        return decision
+        return decision, scorer
 
-    monkeypatch.setattr(proxy.policies.RoutingPolicy, "_decide_live", spy)
+    monkeypatch.setattr(proxy.policies.live, "_predicted", spy)
     costs = StepCosts(hand_cost.base_ms, hand_cost.per_prefill_token_ms,
                       hand_cost.per_decode_seq_ms)
     setup = SimSetup(Layout.parse("1P1D"), hand_cost,

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-import proxy.policies
+import proxy.policies.fixed
 from profiler.engine import LinearCost
 from profiler.engine.transfer import SharedLink, load_link, load_model_shape
-from profiler.simulator.layout import Layout
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
 from proxy.config import Policy, PolicyConfig
 from proxy.policies import RoutingPolicy
+from proxy.vocabulary import Layout
 
 LLAMA_KV = load_model_shape("llama-3.1-8b").kv_bytes_per_token
 NVLINK = load_link("nvlink")
@@ -104,9 +104,9 @@ def test_a_policy_change_in_proxy_policies_changes_the_simulated_routes(
 
     assert 0.0 < local_share() < 1.0
     # The fixed policy's draw lives in proxy.policies; the simulator runs that very code.
-    monkeypatch.setattr(proxy.policies, "stable_fraction", lambda session, turn: 0.0)
+    monkeypatch.setattr(proxy.policies.fixed, "stable_fraction", lambda session, turn: 0.0)
     assert local_share() == 1.0
-    monkeypatch.setattr(proxy.policies, "stable_fraction", lambda session, turn: 0.99)
+    monkeypatch.setattr(proxy.policies.fixed, "stable_fraction", lambda session, turn: 0.99)
     assert local_share() == 0.0
 
 
@@ -160,3 +160,41 @@ def test_a_request_waits_in_the_front_end_per_request_its_node_runs(
     # the steps at the same point and the TTFT grows by exactly that.
     assert second_ttft(11.0) - second_ttft(0.0) == pytest.approx(0.011, abs=1e-9)
     assert second_ttft(0.0) < second_ttft(5.0) <= second_ttft(11.0)  # (it waits for a step)
+
+
+def _readback_setup(cost: LinearCost, **kw: object) -> SimSetup:
+    from dataclasses import replace
+
+    from proxy.vocabulary import RouteKind
+
+    return replace(_setup(cost), forced=lambda turn: RouteKind.READBACK if turn >= 2 else None,
+                   **kw)
+
+
+def test_a_readback_turn_moves_the_history_d_to_p_then_p_computes_the_rest(
+        hand_cost: LinearCost) -> None:
+    conv = _conversation("c", (100, 3), (50, 2))
+    result = Simulator(_readback_setup(hand_cost)).run([Arrival(0.0, conv)])
+    first, second = result.records
+    assert (first.route, second.route) == ("pd", "readback")
+    # D keeps the prompt and 2 of the 3 outputs (102 ids); they open turn 2's 153-token
+    # prompt. P caches 96 of them (turn 1's 6 full blocks): 6 tokens move D->P; P computes
+    # the other 51 (10 + 5.1 ms); D, which caches 96, pulls 57; then D's one-token step.
+    to_p = 5e-6 + 6 * LLAMA_KV / 450e9
+    to_d = 5e-6 + 57 * LLAMA_KV / 450e9
+    assert second.ttft_s == pytest.approx(to_p + 0.0151 + to_d + 0.011, abs=1e-9)
+    assert result.kv_bytes_moved == (100 + 6 + 57) * LLAMA_KV
+
+
+def test_readback_without_blocks_to_read_runs_pd(hand_cost: LinearCost) -> None:
+    conv = _conversation("c", (100, 3), (50, 2))
+    off = Simulator(_readback_setup(hand_cost, readback_ttl_s=None)).run([Arrival(0.0, conv)])
+    assert [r.route for r in off.records] == ["pd", "pd"]
+    # The tiny CPU model's replies re-tokenize into other ids: only the 100-token prompt
+    # matches, still enough to read back.
+    retok = Simulator(_readback_setup(hand_cost, reply_retokenized=True)).run(
+        [Arrival(0.0, _conversation("c", (100, 3), (50, 2)))])
+    assert [r.route for r in retok.records] == ["pd", "readback"]
+    short = Simulator(_readback_setup(hand_cost, reply_retokenized=True)).run(
+        [Arrival(0.0, _conversation("c", (40, 3), (50, 2)))])
+    assert [r.route for r in short.records] == ["pd", "pd"]  # 40 < 64 tokens match

@@ -122,7 +122,8 @@ def test_a_request_refused_on_its_headers_gets_its_answer_despite_a_large_body()
     # the connection closed under the client's feet ("Server disconnected"), now and then.
     cluster = MockCluster("p1", "d1")
     config = ProxyConfig(nodes=(NodeSpec("http://p1", Role.PREFILL),
-                                NodeSpec("http://d1", Role.DECODE)), port=0, health_interval=600)
+                                NodeSpec("http://d1", Role.DECODE)), port=0, health_interval=600,
+                         admin_key="adm")  # without one the header is ignored, not refused
     body = json.dumps({"model": "fake-model", "messages": [
         {"role": "user", "content": "x" * 100} for _ in range(5000)]}).encode()
     with ServerThread(create_app(config, transport=cluster.transport)) as server, \

@@ -1,0 +1,95 @@
+"""What a policy module declares, and what its `decide` is given.
+
+A policy is one module of this package (`proxy.policies.registry` finds it by its `NAME`):
+
+    NAME = "always-local"                      # required: the --policy value
+    def decide(turn: Turn, inputs: Inputs) -> Decision: ...   # required, pure
+
+and, when it needs them (the registry fills in the defaults):
+
+    FLAGS = {"x": option(None, "help", metavar="F")}   # its own flags (`proxy.options.option`)
+    NEEDS = Needs(table=Need.REQUIRED)         # default: nothing beyond the turn
+    ROLES = ((Role.PREFILL, Role.DECODE),)     # role sets that serve its turns; [0] to start
+    PLACES = True                              # may place a homeless conversation on a replica
+    IGNORES_FORCING = True                     # x-ppd-route does not apply (no P/D routes)
+    def check(config) -> None                  # flag combinations it rejects (ValueError)
+    def label(config) -> str                   # its name in reports (default NAME)
+    def parse_label(text, table) -> dict|None  # a report label back to flags (default NAME)
+    def describe(config) -> str                # startup-line detail (default "")
+    def remember(config) -> M                  # learned state; then decide(turn, inputs, M)
+                                               # returns (Decision, M): decide stays pure
+
+`decide` reads no clock and does no I/O: the proxy (`proxy.router`) and the simulator
+(`profiler.simulator.sim_proxy`) call the same function through `RoutingPolicy`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.discretize import Cell
+from proxy.live import StepCosts, TurnState
+from proxy.table import DecisionTable
+from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
+
+PD_PAIR: tuple[Role, ...] = (Role.PREFILL, Role.DECODE)
+
+
+class Need(enum.Enum):
+    """Whether a policy needs an input: not at all, if given, or always."""
+
+    NO = "no"
+    OPTIONAL = "optional"
+    REQUIRED = "required"
+
+
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """What a policy reads besides the turn: a decision table (`--table`), a step-cost model
+    (`--live-costs`, or in the simulator one fitted to the run's preset), and the cluster's
+    state now (`proxy.live_view`: KV events and /metrics; the engines in the simulator)."""
+
+    table: Need = Need.NO
+    costs: Need = Need.NO
+    live_view: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One turn as a policy sees it.
+
+    can_local: the request continues its session and the session's D is usable.
+    state: the cluster now (policies that need the live view; None: not observed).
+    replica_home: the conversation lives on a usable replica (a hybrid pool).
+    can_pd: a usable P and D exist (told only to policies that place; True otherwise).
+    """
+
+    workload: Workload
+    session_id: str
+    can_local: bool
+    state: TurnState | None = None
+    replica_home: bool = False
+    can_pd: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """What a policy was configured with, loaded once: its flags (`config`), the decision
+    table and its verdicts per cell at the configured weights, and the step costs."""
+
+    config: Any  # proxy.config.PolicyConfig (built from every policy's FLAGS)
+    table: DecisionTable | None = None
+    verdicts: dict[Cell, RouteKind] | None = None
+    costs: StepCosts | None = None
+
+
+def disaggregated_default(turn: Turn) -> Decision | None:
+    """What every P/D policy answers before its own rule: turn 1 and a turn whose session has
+    no usable D go P->D (the only route that needs no cached state); None: the policy decides."""
+    if turn.workload.turn <= 1:
+        return Decision(RouteKind.PD, Reason.TURN1)
+    if not turn.can_local:
+        return Decision(RouteKind.PD, Reason.NO_HOME)
+    return None

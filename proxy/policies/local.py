@@ -1,0 +1,13 @@
+"""`--policy local`: turn 2+ on the session's D, which holds the history (x=1)."""
+
+from __future__ import annotations
+
+from proxy.policies.base import Inputs, Turn, disaggregated_default
+from proxy.vocabulary import Decision, Reason, RouteKind
+
+NAME = "local"
+
+
+def decide(turn: Turn, inputs: Inputs) -> Decision:
+    """Append-prefill on the session's D whenever it is usable."""
+    return disaggregated_default(turn) or Decision(RouteKind.LOCAL, Reason.POLICY)

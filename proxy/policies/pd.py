@@ -1,0 +1,13 @@
+"""`--policy pd`: every turn P->D (x=0): P prefills the whole history, D decodes."""
+
+from __future__ import annotations
+
+from proxy.policies.base import Inputs, Turn, disaggregated_default
+from proxy.vocabulary import Decision, Reason, RouteKind
+
+NAME = "pd"
+
+
+def decide(turn: Turn, inputs: Inputs) -> Decision:
+    """P->D, whatever the turn."""
+    return disaggregated_default(turn) or Decision(RouteKind.PD, Reason.POLICY)

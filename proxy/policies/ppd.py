@@ -1,0 +1,109 @@
+"""`--policy ppd --table PATH`: the decision table's verdict for the turn's cell.
+
+A cell the table lacks goes P->D, the route that needs no cached state (reason MISSING_CELL,
+counted in metrics). The table's flags (`Flags`) and its weights' label suffix
+(`ppd-wtpot3`) are shared with policy live, which takes the table as its prior.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from proxy.discretize import classify
+from proxy.options import option
+from proxy.policies.base import Inputs, Need, Needs, Turn, disaggregated_default
+from proxy.table import DEFAULT_SUCCESS_MARGIN
+from proxy.vocabulary import Decision, Reason, RouteKind, Workload
+
+NAME = "ppd"
+LABEL_HELP = f"{NAME}, {NAME}-wtpotW"
+
+
+@dataclass(frozen=True)
+class Flags:
+    """The table and its weights (live's too: `proxy.policies.live.Flags` extends these)."""
+
+    table: Path | None = option(None, "policy ppd: decision table (CSV or Parquet)",
+                                metavar="PATH")
+    w_ttft: float = option(1.0, "policies ppd and live: weight of the turn's TTFT change",
+                           metavar="W")
+    w_tpot: float = option(1.0, "policies ppd and live: weight of the TPOT change",
+                           metavar="W")
+    success_margin: float = option(
+        DEFAULT_SUCCESS_MARGIN, "policy ppd: a route whose success rate trails the other's by "
+        "more than M loses", metavar="M")
+
+
+NEEDS = Needs(table=Need.REQUIRED)
+# A report label: the name, then `-wtpotW` when only the TPOT weight differs from 1.
+WEIGHTS_LABEL = r"(?:-wtpot(?P<tpot>[\d.]+))?$"
+_LABEL = re.compile(rf"^{NAME}{WEIGHTS_LABEL}")
+
+
+def check_flags(config: Any) -> None:
+    """The table's weights and margin, whichever policy is chosen."""
+    for name in ("w_ttft", "w_tpot"):
+        value = getattr(config, name)
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0")
+    if not (0.0 <= config.success_margin <= 1.0):
+        raise ValueError("success margin must be in [0, 1]")
+
+
+def weights_label(config: Any) -> str:
+    """`-wtpot3` (only TPOT's weight differs), `-w2:3`, or nothing at the default weights."""
+    if (config.w_ttft, config.w_tpot) == (1.0, 1.0):
+        return ""
+    if config.w_ttft == 1.0:
+        return f"-wtpot{config.w_tpot:g}"
+    return f"-w{config.w_ttft:g}:{config.w_tpot:g}"
+
+
+def label_weights(match: re.Match[str]) -> dict[str, Any]:
+    """The flags a label's weight suffix stands for."""
+    return {"w_tpot": float(match["tpot"]) if match["tpot"] else 1.0}
+
+
+def needed_table(text: str, table: Callable[[], Path | None]) -> Path:
+    """The grid's table for a label that needs one, or a clear error."""
+    path = table()
+    if path is None:
+        raise ValueError(f"policy {text} needs a decision table (--table or --table-dir)")
+    return path
+
+
+def label(config: Any) -> str:
+    return f"{NAME}{weights_label(config)}"
+
+
+def parse_label(text: str, table: Callable[[], Path | None]) -> dict[str, Any] | None:
+    match = _LABEL.match(text)
+    if match is None:
+        return None
+    return {"table": needed_table(text, table), **label_weights(match)}
+
+
+def describe(config: Any) -> str:
+    return (f"table {config.table}, w_ttft={config.w_ttft:g}, w_tpot={config.w_tpot:g}, "
+            f"success margin {config.success_margin:g}")
+
+
+def table_decision(workload: Workload, inputs: Inputs) -> Decision:
+    """The table's verdict for the workload's cell (MISSING_CELL -> P->D)."""
+    assert inputs.table is not None and inputs.verdicts is not None
+    cell = classify(workload.n_ctx, workload.n_in, workload.n_out, workload.qps,
+                    inputs.table.qps_points)
+    verdict = inputs.verdicts.get(cell)
+    if verdict is None:
+        return Decision(RouteKind.PD, Reason.MISSING_CELL, cell)
+    return Decision(verdict, Reason.TABLE, cell)
+
+
+def decide(turn: Turn, inputs: Inputs) -> Decision:
+    """The table's verdict for a turn that could run locally."""
+    return disaggregated_default(turn) or table_decision(turn.workload, inputs)

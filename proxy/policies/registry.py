@@ -1,0 +1,126 @@
+"""Every policy by name: the modules of this package that set `NAME` (`proxy.policies.base`).
+
+Dropping a module in is enough: the `--policy` choices and flags (`proxy.config.PolicyConfig`),
+the startup line, the simulator's labels (`ppd sim grid --policies`, run names) and the
+checks on what a policy needs and which nodes serve it all come from here.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass, is_dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from proxy.policies.base import PD_PAIR, Needs
+from proxy.vocabulary import Role
+
+_PACKAGE = "proxy.policies"
+
+
+def _nothing(config: Any) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    """One policy module's declarations, with the defaults filled in."""
+
+    name: str
+    decide: Callable[..., Any]
+    flags: type | None  # a frozen dataclass of `option(...)` fields, or None
+    needs: Needs
+    roles: tuple[tuple[Role, ...], ...]  # role sets that serve its turns; [0]: to start
+    places: bool  # may place a homeless conversation on a replica (plan_turn tells it can_pd)
+    ignores_forcing: bool  # the x-ppd-route header does not apply
+    check: Callable[[Any], None]  # rejects a config of this policy (ValueError)
+    check_flags: Callable[[Any], None]  # rejects its flags' values, whichever policy runs
+    label: Callable[[Any], str]
+    parse_label: Callable[[str, Callable[[], Path | None]], dict[str, Any] | None]
+    label_help: str
+    describe: Callable[[Any], str]
+    remember: Callable[[Any], Any] | None  # the learned state decide is given and returns
+
+    @property
+    def replicas_only(self) -> bool:
+        """It starts on replicas alone (no P/D pair): replica."""
+        return self.roles[0] == (Role.REPLICA,)
+
+    @classmethod
+    def of(cls, module: ModuleType) -> PolicySpec:
+        name: str = module.NAME
+        flags = getattr(module, "Flags", None)
+        if flags is not None and not (isinstance(flags, type) and is_dataclass(flags)):
+            raise TypeError(f"policy module {module.__name__}: Flags must be a dataclass")
+
+        def by_name(text: str, table: Callable[[], Path | None]) -> dict[str, Any] | None:
+            return {} if text == name else None
+
+        return cls(
+            name=name, decide=module.decide, flags=flags,
+            needs=getattr(module, "NEEDS", Needs()),
+            roles=getattr(module, "ROLES", (PD_PAIR,)),
+            places=getattr(module, "PLACES", False),
+            ignores_forcing=getattr(module, "IGNORES_FORCING", False),
+            check=getattr(module, "check", _nothing),
+            check_flags=getattr(module, "check_flags", _nothing),
+            label=getattr(module, "label", lambda config: name),
+            parse_label=getattr(module, "parse_label", by_name),
+            label_help=getattr(module, "LABEL_HELP", name),
+            describe=getattr(module, "describe", lambda config: ""),
+            remember=getattr(module, "remember", None))
+
+
+@functools.cache
+def policies() -> dict[str, PolicySpec]:
+    """Every policy module of the package, by name (sorted)."""
+    package = importlib.import_module(_PACKAGE)
+    found: dict[str, PolicySpec] = {}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        module = importlib.import_module(f"{_PACKAGE}.{info.name}")
+        if not hasattr(module, "NAME"):
+            continue  # the package's own machinery (base, registry, routing)
+        spec = PolicySpec.of(module)
+        if spec.name in found:
+            raise ValueError(f"two policy modules are named {spec.name!r}")
+        found[spec.name] = spec
+    return found
+
+
+def names() -> tuple[str, ...]:
+    """The `--policy` choices."""
+    return tuple(policies())
+
+
+def get(name: str) -> PolicySpec:
+    """One policy by name (ValueError naming the choices when there is none)."""
+    try:
+        return policies()[str(name)]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r} (choose from {', '.join(names())})") \
+            from None
+
+
+def flag_classes() -> tuple[type, ...]:
+    """Every policy's Flags, a class another extends left out (live's extend ppd's)."""
+    classes = {spec.flags for spec in policies().values() if spec.flags is not None}
+    return tuple(c for c in sorted(classes, key=lambda c: c.__module__)
+                 if not any(other is not c and issubclass(other, c) for other in classes))
+
+
+def parse_label(label: str, table: Callable[[], Path | None]) -> tuple[str, dict[str, Any]]:
+    """A report label (`x=0.33`, `ppd-wtpot3`, `live-table`, ...) as (policy, flags);
+    `table` gives the grid's decision table to a label that needs one."""
+    label = label.strip()
+    for spec in policies().values():
+        flags = spec.parse_label(label, table)
+        if flags is not None:
+            return spec.name, flags
+    if label in policies():
+        return label, {}  # its flags missing: PolicyConfig says which
+    forms = ", ".join(spec.label_help for spec in policies().values())
+    raise ValueError(f"unknown policy {label!r}: use {forms}")

@@ -1,0 +1,62 @@
+"""`RoutingPolicy`: the configured policy with its inputs loaded and its learned state kept.
+
+The proxy's router and the simulator's SimProxy hold one; `decide` builds the policy's
+`Turn`, calls the policy module's pure `decide`, and keeps what a learning policy hands back
+(live's running means) for the next turn - the state lives here, not in the policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.live import StepCosts, TurnState
+from proxy.policies import registry
+from proxy.policies.base import Inputs, Need, Turn
+from proxy.table import DecisionTable
+from proxy.vocabulary import Decision, Role, Workload
+
+
+class RoutingPolicy:
+    """The configured policy (`config`: a `proxy.config.PolicyConfig`), with the decision
+    table's verdicts precomputed for a policy that reads the table."""
+
+    def __init__(self, config: Any, table: DecisionTable | None = None,
+                 costs: StepCosts | None = None) -> None:
+        self.spec = registry.get(config.kind)
+        needs = self.spec.needs
+        if needs.table is Need.REQUIRED and table is None:
+            raise ValueError(f"policy {self.spec.name} needs a decision table")
+        if needs.costs is Need.REQUIRED and costs is None:
+            raise ValueError(f"policy {self.spec.name} needs a step-cost model")
+        verdicts = (table.decisions(config.w_ttft, config.w_tpot, config.success_margin)
+                    if table is not None and needs.table is not Need.NO else None)
+        self.config = config
+        self.inputs = Inputs(config, table, verdicts, costs)
+        self.memory = self.spec.remember(config) if self.spec.remember is not None else None
+
+    @property
+    def kind(self) -> Any:
+        """The configured policy (a `proxy.config.Policy`)."""
+        return self.config.kind
+
+    @property
+    def table(self) -> DecisionTable | None:
+        return self.inputs.table
+
+    @property
+    def serving_roles(self) -> tuple[tuple[Role, ...], ...]:
+        """Sets of roles, any one of which (a usable node of each) serves every turn."""
+        return self.spec.roles
+
+    def decide(self, workload: Workload, session_id: str, can_local: bool,
+               state: TurnState | None = None, *, replica_home: bool = False,
+               can_pd: bool = True) -> Decision:
+        """The route of one turn (`state`: the cluster now, read by a policy that needs the
+        live view; `replica_home`: the turn continues a conversation whose replica is usable;
+        `can_pd`: the pool has a usable P and D - told to a policy that places)."""
+        turn = Turn(workload, session_id, can_local, state, replica_home, can_pd)
+        if self.spec.remember is None:
+            decision: Decision = self.spec.decide(turn, self.inputs)
+            return decision
+        decision, self.memory = self.spec.decide(turn, self.inputs, self.memory)
+        return decision

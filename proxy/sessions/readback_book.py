@@ -1,0 +1,63 @@
+"""Which blocks each session's D keeps for a readback (`proxy.readback`), read at most once.
+
+One entry per (session, held text): the `HeldKV` D named in its answer to the turn that made
+that text, kept only from a D's own answer (a client's kv_transfer_params never reach it). An
+entry is taken, not read: once P has read D's blocks, D frees them (vLLM frees them when P's
+notification arrives), so a second reader - a concurrent turn of the session, a fork of an
+older point, a retry - could read blocks D has since given to another request. It expires
+with D's TTL, less a margin (`proxy.readback.EXPIRY_MARGIN_S`).
+
+The book lives in this process: with `--workers N` a turn served by another worker than the
+one that recorded the previous turn finds no entry and goes P->D (`readback_missing`), never a
+wrong one. It is bounded like the in-memory ledger (least recently written first).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+from proxy.readback import HeldKV
+from proxy.vocabulary import Reason
+
+
+class ReadbackBook:
+    """Each session's latest HeldKV, with the digest of the text it holds; the clock is
+    injected."""
+
+    def __init__(self, max_entries: int, clock: Callable[[], float]) -> None:
+        self._max = max_entries
+        self._clock = clock
+        self._entries: OrderedDict[str, tuple[str, HeldKV]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, session_id: str, digest: str, held: HeldKV) -> None:
+        """D keeps `held` for the session's text `digest`; it replaces the session's older
+        entry, whose text no next turn continues (D frees those blocks at its TTL)."""
+        self._entries.pop(session_id, None)
+        self._entries[session_id] = (digest, held)
+        while len(self._entries) > self._max:
+            self._entries.popitem(last=False)
+
+    def discard(self, session_id: str) -> None:
+        """The session moved on without D keeping anything: its older entry is stale."""
+        self._entries.pop(session_id, None)
+
+    def status(self, session_id: str, digest: str | None) -> Reason | None:
+        """None when a readback can be offered now, else why not (missing, expired)."""
+        entry = self._entries.get(session_id)
+        if entry is None or digest is None or entry[0] != digest:
+            return Reason.READBACK_MISSING
+        if self._clock() >= entry[1].expires:
+            return Reason.READBACK_EXPIRED
+        return None
+
+    def take(self, session_id: str, digest: str | None) -> HeldKV | Reason:
+        """The entry, removed (no one reads D's blocks twice), or why there is none."""
+        why = self.status(session_id, digest)
+        if why is Reason.READBACK_MISSING:
+            return why
+        _, held = self._entries.pop(session_id)
+        return held if why is None else why
