@@ -1,6 +1,6 @@
 """The default `h100:*` host terms fitted on real vLLM 0.24 on an H100, and how well they fit.
 
-    python -m benchmarks.fit_h100_vllm [--data profiler/engine/data/h100-vllm-0.24/measured.json]
+    python -m benchmarks.fit_h100_vllm [--data profiler/engine/data/h100_vllm_0_24/measured.json]
 
 Prints the fitted terms, then measured beside modelled, per prompt length (client TTFT and
 vLLM's own prefill time, on an idle engine: `ppd sim idle`'s model) and per decode batch

@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Iterator
 
 BLOCK = 16
-LENGTHS = (32, 64, 128, 256, 512, 1024)
+LENGTHS = (32, 64, 128, 256, 384, 512, 1024)
 
 
 def user_prompts(count: int, min_chars: int = 80, max_chars: int = 600) -> list[str]:
@@ -98,13 +98,18 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replies", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--canonical-only", action="store_true",
+                        help="no model: the replies are ShareGPT's own assistant replies, "
+                        "encoded by the tokenizer (its part alone; seconds, not minutes)")
     args = parser.parse_args(argv)
+    if args.canonical_only:
+        return _canonical_only(args.replies, args.tokens)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from profiler.models.prepare import ModelName, prepare_model
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # a shared machine: one thread does not spin against others
     path = prepare_model(ModelName.SMOLLM2)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
@@ -118,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         ends.append(next((i for i, t in enumerate(reply) if t in special), len(reply)))
         for length, generated, canonical in shares(tokenizer, prompt, reply, lengths):
             rows[length].append((generated, canonical))
+        print(f"reply {len(ends)}: first special token at {ends[-1]}, share hit at "
+              f"{lengths[-1]} tokens {rows[lengths[-1]][-1][0]:.2f}", flush=True)
     print(f"SmolLM2-135M-Instruct, {args.replies} ShareGPT prompts, greedy, ignore_eos; "
           f"first special token at reply token {sorted(ends)}")
     print("| reply tokens | share hit, as generated (mean) | min-max | share hit, canonical |")
@@ -126,6 +133,40 @@ def main(argv: list[str] | None = None) -> int:
         got = [g for g, _ in values]
         print(f"| {length} | {statistics.fmean(got):.2f} | {min(got):.2f}-{max(got):.2f} | "
               f"{statistics.fmean(c for _, c in values):.2f} |")
+    return 0
+
+
+def _canonical_only(count: int, tokens: int) -> int:
+    """The tokenizer's part alone: real replies (ShareGPT's assistant turns) as the
+    tokenizer's own ids, sent back as text the way the paper's client does."""
+    import ijson
+    from transformers import AutoTokenizer
+
+    from profiler.models.prepare import ModelName, prepare_model
+    from profiler.traces.loader import sharegpt_package_file
+
+    tokenizer = AutoTokenizer.from_pretrained(prepare_model(ModelName.SMOLLM2))
+    lengths = tuple(n for n in LENGTHS if n <= tokens)
+    rows: dict[int, list[float]] = {n: [] for n in lengths}
+    with sharegpt_package_file().open("rb") as handle:
+        for record in ijson.items(handle, "item"):
+            turns = record.get("conversations") or []
+            if len(turns) < 2 or turns[0].get("from") != "human":
+                continue
+            prompt, reply = str(turns[0]["value"]), str(turns[1]["value"])
+            reply_ids = tokenizer.encode(reply, add_special_tokens=False)
+            if not prompt.isascii() or len(reply_ids) < lengths[-1]:
+                continue
+            for length, generated, _ in shares(tokenizer, prompt, reply_ids, lengths):
+                rows[length].append(generated)
+            if len(rows[lengths[-1]]) == count:
+                break
+    print(f"SmolLM2 tokenizer, {count} ShareGPT replies as canonical ids")
+    print("| reply tokens | share hit (mean) | min-max |")
+    print("|---|---|---|")
+    for length, values in rows.items():
+        print(f"| {length} | {statistics.fmean(values):.2f} | {min(values):.2f}-"
+              f"{max(values):.2f} |")
     return 0
 
 

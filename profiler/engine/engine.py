@@ -75,6 +75,9 @@ class Engine:
         self._kv_held: dict[str, Sequence] = {}  # P: finished, blocks kept for the D
         self._busy_until = float("-inf")
         self._last_start = float("-inf")  # start of the step that ends at _busy_until
+        # Nothing was left to run when the last step ended: the next step starts cold. Not a
+        # clock comparison: a real-time driver calls step() a little after _busy_until.
+        self._idle = True
         host = host_of(cost)
         self._schedules_ahead = host.schedules_ahead
         self._cold_step = host.cold_step_ms
@@ -153,7 +156,7 @@ class Engine:
 
     def step(self, now: float) -> StepResult:
         """Schedule and run one step starting at `now` (not before the previous step's end)."""
-        cold = now > self._busy_until  # no step in flight: nothing hides this one's host work
+        cold = self._idle  # no step in flight: nothing hides this one's host work
         start = max(now, self._busy_until)
         # vLLM's async scheduling scheduled this step while the previous one started on the
         # GPU: requests that came later wait for the step after (`HostModel.schedules_ahead`).
@@ -163,6 +166,7 @@ class Engine:
         step_ms = self.cost.step_ms(shape) + (self._cold_step(shape) if cold else 0.0)
         end = start + step_ms / 1000.0
         self._busy_until, self._last_start = end, start
+        self._idle = not batch
         self._stalled = not batch and not self._scheduler.kv_pulls
         self._num_preemptions += len(self._scheduler.preempted)
         tokens: dict[str, int] = {}
@@ -187,6 +191,7 @@ class Engine:
             if len(outputs) >= request.max_tokens:
                 self._finish(seq, end)
                 finished.append(request.id)
+        self._idle = self._idle or not self._scheduler.has_work()
         return StepResult(start=start, end=end, shape=shape, tokens=tokens,
                           finished=tuple(finished),
                           preempted=tuple(self._scheduler.preempted),

@@ -1,6 +1,6 @@
 """Real vLLM 0.24.0 on one H100, and the host terms of the default `h100:*` presets fitted on it.
 
-The data (`data/h100-vllm-0.24/measured.json`, how it was made in the README beside it) is
+The data (`data/h100_vllm_0_24/measured.json`, how it was made in the README beside it) is
 what `measure.py` there read from a real server: per request, the client's TTFT and token
 gaps and the server's own histograms (`vllm:request_prefill_time_seconds`,
 `vllm:request_queue_time_seconds`, `vllm:time_to_first_token_seconds`,
@@ -40,9 +40,9 @@ from profiler.engine.batch import BatchShape
 from profiler.engine.cost import CostModel
 from profiler.engine.host import HostModel, vllm_capture_sizes
 
-DATA = Path(__file__).parent / "data" / "h100-vllm-0.24" / "measured.json"
+DATA = Path(__file__).parent / "data" / "h100_vllm_0_24" / "measured.json"
 SOURCE = ("real vLLM 0.24.0 on one H100 80GB HBM3, Llama-3.1-8B (dummy weights), 2026-11-27 "
-          "(profiler/engine/data/h100-vllm-0.24)")
+          "(profiler/engine/data/h100_vllm_0_24)")
 # The micro-benchmark shape of phase C: 2048 cached + 32 new prompt tokens, 64 outputs.
 DECODE_CONTEXT = 2048 + 32 + 64 // 2
 # vLLM's default token budget on an H100 for `vllm serve`: EngineArgs.get_batch_defaults

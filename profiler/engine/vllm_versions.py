@@ -43,7 +43,7 @@ def _fit_013(kernel: CostModel) -> HostModel:
 VERSIONS: dict[str, VllmVersion] = {
     "0.24": VllmVersion(
         "0.24", "vLLM 0.24.0, async scheduling (its default), token budget 8192",
-        "real vLLM 0.24.0 on one H100 (profiler/engine/data/h100-vllm-0.24/measured.json: "
+        "real vLLM 0.24.0 on one H100 (profiler/engine/data/h100_vllm_0_24/measured.json: "
         "fresh-prompt TTFT and vLLM's prefill/queue histograms, decode TPOT by batch)",
         _fit_024),
     "0.13": VllmVersion(

@@ -14,7 +14,9 @@ from ppd's ideal client in three ways the simulator models:
   `python -m benchmarks.reply_retokenization` (a real instruct model from an installed
   package, greedy, never stopping at its end-of-text token; docs/paper-reproduction.md), not
   fitted to any result: a reply keeps its ids for its first `kept_reply_tokens(n)` tokens
-  and the rest comes back as new ids.
+  and the rest comes back as new ids. The table below is the tokenizer's part (`--canonical-
+  only`); the model's part (a reply that runs past its end-of-text token under `ignore_eos`)
+  is measured by the same script without that flag, on a real model, when the machine allows.
 """
 
 from __future__ import annotations
@@ -30,22 +32,25 @@ class ClientKind(enum.StrEnum):
 
 PAPER_CONNECTIONS = 50
 
-# benchmarks/reply_retokenization.py (SmolLM2-135M-Instruct, 8 ShareGPT prompts, greedy,
-# ignore_eos): mean share of a reply of n tokens whose ids survive the text round trip and
-# still hit the prefix cache (whole 16-token blocks).
-REPLY_HIT_SHARE: dict[int, float] = {}
+# `python -m benchmarks.reply_retokenization --canonical-only --replies 40 --tokens 512`
+# (2026-11-28): 40 of ShareGPT's assistant replies as the SmolLM2 tokenizer's own ids, sent
+# back as the paper's client does: mean share of a reply of n tokens that still hits the
+# prefix cache (whole 16-token blocks). The tokenizer's part: what a model that emits its
+# tokenizer's segmentation and stops before max_tokens loses (the blocks where the reply
+# meets the text around it) - an upper bound for `ignore_eos` replies that run past the
+# model's end-of-text token (docs/paper-reproduction.md).
+REPLY_HIT_SHARE: dict[int, float] = {32: 0.79, 64: 0.90, 128: 0.95, 256: 0.98, 384: 0.98,
+                                     512: 0.99}
 
 
 def kept_reply_tokens(n: int) -> int:
     """Leading reply tokens that still hit the prefix cache when the reply of n tokens comes
     back as text: the measured share at the nearest measured length at or below n (the
-    shortest above it for shorter replies); past the longest measured reply, the hit stays
-    what it was there (a mismatch ends the hit for good)."""
+    shortest for shorter replies; the longest for longer ones - the measurement says nothing
+    past it, so its share is carried)."""
     if n <= 0 or not REPLY_HIT_SHARE:
         return 0
     lengths = sorted(REPLY_HIT_SHARE)
-    if n >= lengths[-1]:
-        return int(REPLY_HIT_SHARE[lengths[-1]] * lengths[-1])
     index = bisect.bisect_right(lengths, n) - 1
     length = lengths[max(index, 0)]
     return min(n, int(REPLY_HIT_SHARE[length] * n))

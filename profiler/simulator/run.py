@@ -27,6 +27,7 @@ from profiler.replay.output import (
     plot_ttft_cdf,
     records_frame,
 )
+from profiler.simulator import paper_client
 from profiler.simulator.flags import DEFAULT_COST, DEFAULT_LINK
 from profiler.simulator.live_costs import step_costs_for
 from profiler.simulator.paper_client import PAPER_CONNECTIONS, ClientKind, kept_reply_tokens
@@ -72,6 +73,11 @@ class RunSpec:
         known = [kind.value for kind in ClientKind]
         if self.client not in known:
             raise ValueError(f"unknown client {self.client!r}; known: {', '.join(known)}")
+        if self.client == ClientKind.PAPER and not paper_client.REPLY_HIT_SHARE:
+            raise ValueError("--client paper needs the measured share of a reply that still "
+                             "hits the prefix cache: run `python -m "
+                             "benchmarks.reply_retokenization` and keep its table in "
+                             "profiler/simulator/paper_client.py (REPLY_HIT_SHARE)")
         layout = Layout.parse(self.layout)
         replica = registry.get(self.policy.kind).replicas_only
         if replica and not layout.replica:

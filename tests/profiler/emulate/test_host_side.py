@@ -17,7 +17,8 @@ def test_gpu_preset_nodes_sleep_the_modelled_front_end_and_handoff() -> None:
     host = preset.cost.host  # type: ignore[attr-defined]
     prefill, decode = node_specs(preset, "llama-3.1-8b", [(Role.PREFILL, 0), (Role.DECODE, 0)])
     assert decode.frontend_request_s == pytest.approx(host.frontend_request_ms / 1000)
-    assert decode.frontend_request_s > 0.01  # tens of ms: vLLM's API server, as fitted
+    # milliseconds: vLLM 0.24's API server and its client, as fitted on the real H100
+    assert 0.003 < decode.frontend_request_s < 0.01
     # NIXL: 64 descriptors per 16-token block at ~3.75 us each, per token
     assert decode.handoff_per_token_s == pytest.approx(
         host.kv_descriptor_us * host.descriptors_per_block / 16 / 1e6)

@@ -44,3 +44,62 @@ def test_a_capped_client_counts_the_wait_for_a_connection_in_ttft() -> None:
 def test_connection_cap_must_be_positive() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         RunSpec(layout="1P1D", dataset="synthetic:small-tiny", qps=1.0, client_connections=0)
+
+
+def _turn2_ttft(kept_reply) -> float:
+    setup = SimSetup(Layout.parse("2R"), HAND, RoutingPolicy(PolicyConfig(kind=Policy.REPLICA)),
+                     load_link("nvlink"), load_model_shape("llama-3.1-8b").kv_bytes_per_token,
+                     kept_reply=kept_reply)
+    conversation = SimConversation("c", (SimTurn(200, 160), SimTurn(16, 4)))
+    records = Simulator(setup).run([Arrival(0.0, conversation)]).records
+    return records[1].ttft_s
+
+
+def test_a_reply_sent_back_as_text_hits_only_its_kept_share() -> None:
+    whole = _turn2_ttft(None)  # the reply's own ids come back: all of it hits
+    nothing = _turn2_ttft(lambda n: 0)
+    half = _turn2_ttft(lambda n: n // 2)
+    # the hand cost charges 0.1 ms per computed prompt token: 160 reply tokens recomputed
+    # cost 16 ms, half of them 8 ms (block rounding aside)
+    assert nothing - whole == pytest.approx(0.016, abs=0.002)
+    assert half - whole == pytest.approx(0.008, abs=0.002)
+
+
+def test_kept_reply_tokens_follow_the_measured_table(monkeypatch) -> None:
+    from profiler.simulator import paper_client
+
+    monkeypatch.setattr(paper_client, "REPLY_HIT_SHARE", {32: 1.0, 128: 0.5, 512: 0.25})
+    sizes = (0, 16, 64, 128, 300, 512, 4096)
+    kept = [paper_client.kept_reply_tokens(n) for n in sizes]
+    # shorter than the shortest: its share; between: the share at or below; past the
+    # longest: that share
+    assert kept == [0, 16, 64, 64, 150, 128, 1024]
+    assert all(k <= n for k, n in zip(kept, sizes, strict=True))
+    assert all(0.0 <= share <= 1.0 for share in paper_client.REPLY_HIT_SHARE.values())
+
+
+def test_the_paper_client_refuses_to_run_without_its_measurement(monkeypatch) -> None:
+    from profiler.simulator import paper_client
+
+    monkeypatch.setattr(paper_client, "REPLY_HIT_SHARE", {})
+    with pytest.raises(ValueError, match="benchmarks.reply_retokenization"):
+        RunSpec(layout="1P1D", dataset="synthetic:small-tiny", qps=1.0, client="paper")
+    with pytest.raises(ValueError, match="unknown client 'bogus'"):
+        RunSpec(layout="1P1D", dataset="synthetic:small-tiny", qps=1.0, client="bogus")
+
+
+def test_paper_setup_has_fifty_connections_and_the_reply_model(hand_preset: str,
+                                                                monkeypatch) -> None:
+    from profiler.simulator import paper_client
+    from profiler.simulator.run import setup_for
+
+    if not paper_client.REPLY_HIT_SHARE:
+        monkeypatch.setattr(paper_client, "REPLY_HIT_SHARE", {128: 0.5})
+
+    setup = setup_for(RunSpec(layout="1P1D", dataset="synthetic:small-tiny", qps=1.0,
+                              cost=hand_preset, model="llama-3.1-8b", client="paper"))
+    assert setup.client_connections == paper_client.PAPER_CONNECTIONS == 50
+    assert setup.kept_reply is paper_client.kept_reply_tokens
+    ideal = setup_for(RunSpec(layout="1P1D", dataset="synthetic:small-tiny", qps=1.0,
+                              cost=hand_preset, model="llama-3.1-8b"))
+    assert ideal.client_connections is None and ideal.kept_reply is None
