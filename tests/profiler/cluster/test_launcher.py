@@ -200,7 +200,8 @@ def test_cluster_up_no_kv_readback_flag(monkeypatch: pytest.MonkeyPatch, tmp_pat
         seen.append(config)
         raise ClusterError("stop here")
 
-    monkeypatch.setattr(cluster_cli, "start_cluster", fake_start)
+    # `ppd cluster up` imports the launcher once its flags parse (a fast usage error).
+    monkeypatch.setattr(cluster_mod, "start_cluster", fake_start)
     for extra, ttl in (([], 480), (["--kv-readback-ttl", "30"], 30), (["--no-kv-readback"], None)):
         with pytest.raises(ClusterError, match="stop here"):
             cluster_cli.main(["up", "--model", str(tmp_path), "--layout", "1P1D",
