@@ -116,8 +116,9 @@ def main(argv: list[str]) -> int:
 
 def grid_main(argv: list[str]) -> int:
     from profiler.simulator import grid
+    from profiler.simulator.verdict import verdict_lines
 
-    return grid.main(argv)
+    return grid.main(argv, verdict=verdict_lines)
 
 
 def live_costs_main(argv: list[str]) -> int:
