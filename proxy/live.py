@@ -312,16 +312,18 @@ class LiveScorer(NamedTuple):
         turn 2+, and the mean output length."""
         alpha = self._alpha
         share = self.followup_share + alpha * (float(workload.turn > 1) - self.followup_share)
-        return self._replace(followup_share=share,
-                             n_out=_moved(self.n_out, float(max(workload.n_out, 1)), alpha))
+        n_out = _moved(self.n_out, float(max(workload.n_out, 1)), alpha)
+        # The constructor, not _replace: this runs on every decision.
+        return LiveScorer(self.w_ttft, self.w_tpot, self.halflife_turns, self.ttft_pd_ms,
+                          self.ttft_pd_first_ms, self.step_ms, n_out, share)
 
     def scored(self, prediction: Prediction,
                first_turn: bool = False) -> tuple[float, LiveScorer]:
         """The score (> 0: local - or, placing turn 1, the replica - is better by the table's
         weights) and the means with this prediction counted."""
         alpha = self._alpha
-        ttft_name = "ttft_pd_first_ms" if first_turn else "ttft_pd_ms"
-        ttft_ref = _moved(getattr(self, ttft_name), prediction.ttft_pd_ms, alpha)
+        ttft_ref = _moved(self.ttft_pd_first_ms if first_turn else self.ttft_pd_ms,
+                          prediction.ttft_pd_ms, alpha)
         step_ref = _moved(self.step_ms, prediction.decode_step_ms, alpha)
         gain = (prediction.ttft_pd_ms - prediction.ttft_local_ms) / ttft_ref
         if prediction.tpot_sensitivity is not None:  # the batch's own output lengths
@@ -336,7 +338,11 @@ class LiveScorer(NamedTuple):
                 - self.membership_ms(prediction.joins_pd))
         tpot_loss = summed / step_ref if step_ref > 0 else 0.0
         score = self.w_ttft * gain - self.w_tpot * tpot_loss
-        return score, self._replace(**{ttft_name: ttft_ref}, step_ms=step_ref)
+        moved = LiveScorer(self.w_ttft, self.w_tpot, self.halflife_turns,
+                           self.ttft_pd_ms if first_turn else ttft_ref,
+                           ttft_ref if first_turn else self.ttft_pd_first_ms, step_ref,
+                           self.n_out, self.followup_share)
+        return score, moved
 
     def score(self, prediction: Prediction, first_turn: bool = False) -> float:
         """`scored`'s score alone."""

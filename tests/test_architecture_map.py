@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
 PACKAGES = ("proxy", "profiler")
-_MAP_ENTRY = re.compile(r"^- `(?P<path>(?:proxy|profiler)/[\w/]+\.py)`: ", re.M)
+_MAP_ENTRY = re.compile(r"^- `(?P<path>(?:proxy|profiler)/[\w/.-]+\.py)`: ", re.M)
 _DOTTED = re.compile(r"`(?P<name>(?:proxy|profiler)(?:\.\w+)+)")
 _PATH = re.compile(r"`(?P<path>(?:proxy|profiler)/[\w/]*\w(?:\.py|/))`")
 _FENCE = re.compile(r"^ *```.*?^ *```", re.S | re.M)

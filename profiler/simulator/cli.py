@@ -18,6 +18,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from profiler.simulator.flags import add_cluster_flags
 from proxy.config import ConfigError, PolicyConfig
@@ -117,7 +118,12 @@ def main(argv: list[str]) -> int:
 def grid_main(argv: list[str]) -> int:
     from profiler.simulator import grid
 
-    return grid.main(argv)
+    def verdict(frame: Any) -> list[str]:  # pandas only once a grid has run
+        from profiler.simulator.verdict import verdict_lines
+
+        return verdict_lines(frame)
+
+    return grid.main(argv, verdict=verdict)
 
 
 def live_costs_main(argv: list[str]) -> int:

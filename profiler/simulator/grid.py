@@ -217,7 +217,11 @@ def shipped_table(table_dir: Path, cost: str, layout: str) -> Path:
     return table_dir / f"{name}-{layout.lower()}.csv"
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str],
+         verdict: Callable[[Any], list[str]] | None = None) -> int:
+    """`ppd sim grid`; `verdict` (`profiler.simulator.verdict.verdict_lines`, handed in by
+    `ppd sim`: the verdict reads the paper's tables, which read this module) prints the
+    grid's verdict lines after the table is written."""
     args = build_parser().parse_args(argv)
     datasets = paper_datasets() if args.datasets == "paper" else _split(args.datasets)
     try:
@@ -263,11 +267,10 @@ def main(argv: list[str]) -> int:
     print(f"simulated {len(rows)} runs in {elapsed:.1f} s with {args.processes} processes "
           f"-> {args.out} (setup in {sidecar_path(args.out)})")
     print(setup.line())
-    import pandas as pd
+    if verdict is not None:
+        import pandas as pd
 
-    from profiler.simulator.verdict import verdict_lines
-
-    print("\n".join(verdict_lines(pd.DataFrame(rows))))
+        print("\n".join(verdict(pd.DataFrame(rows))))
     return 0
 
 
