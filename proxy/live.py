@@ -173,8 +173,10 @@ def predict(workload: Workload, state: TurnState, costs: StepCosts) -> Predictio
         # last block is recomputed on either route.
         missing = 0
     local = _beside_batch(state.decode, missing + n_in, held, n_ctx, costs)
-    # D's blocks hold the whole history (n_ctx: what its usage said it computed).
-    readback = (_pd_ttft_ms(workload, state, n_ctx, costs, read_back=n_ctx)
+    # P can read back only what D still holds: vLLM pins a finished turn's kept blocks (no
+    # eviction event), so on a real D that is the whole history; where D's residency says
+    # blocks are gone (the simulator does not pin them), P computes them as on P->D.
+    readback = (_pd_ttft_ms(workload, state, n_ctx, costs, read_back=n_ctx - missing)
                 if state.readback else None)
     return Prediction(local.ttft_ms, _pd_ttft_ms(workload, state, n_ctx, costs),
                       local.decode_step_ms,
