@@ -200,7 +200,7 @@ def test_cluster_up_no_kv_readback_flag(monkeypatch: pytest.MonkeyPatch, tmp_pat
         seen.append(config)
         raise ClusterError("stop here")
 
-    monkeypatch.setattr(cluster_cli, "start_cluster", fake_start)
+    monkeypatch.setattr(cluster_mod, "start_cluster", fake_start)  # `up` imports it late
     for extra, ttl in (([], 480), (["--kv-readback-ttl", "30"], 30), (["--no-kv-readback"], None)):
         with pytest.raises(ClusterError, match="stop here"):
             cluster_cli.main(["up", "--model", str(tmp_path), "--layout", "1P1D",
