@@ -38,6 +38,8 @@ from profiler.replay.client import ReplayConfig, replay
 from profiler.traces.synthetic import named_workload
 from proxy.tokens import token_counter
 
+ADMIN_KEY = "bench-admin"  # forcing a route needs the proxy's admin key
+
 PAPER_QPS = (0.5, 1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 20.0)
 COUNTERS = ("ppd:emulator_steps_total", "ppd:emulator_late_steps_total",
             "ppd:emulator_lag_seconds_total", "ppd:emulator_tokens_total",
@@ -87,7 +89,8 @@ def run_point(cluster: Cluster, qps: float, duration: float, workload: str, rout
     pid = cluster.nodes[0].proc.pid
     count = max(1, math.ceil(qps * duration * 1.5))
     conversations = named_workload(workload, count, seed=seed, tokenizer=tokenizer)  # type: ignore[arg-type]
-    headers: Mapping[str, str] = {} if route == "auto" else {"x-ppd-route": route}
+    headers: Mapping[str, str] = ({} if route == "auto" else
+                                  {"x-ppd-route": route, "authorization": f"Bearer {ADMIN_KEY}"})
     config = ReplayConfig(target=cluster.proxy_url, qps=qps, duration_s=duration, max_turns=2,
                           timeout_s=30.0, seed=seed,
                           headers_for_turn=lambda turn: headers if turn >= 2 else {})
@@ -152,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         config = ClusterConfig(model=args.model, layout=parse_layout(args.layout),
                                state_dir=Path(state), base_port=args.base_port)
         with start_emulated_cluster(config, args.emulate) as cluster:
-            cluster.start_proxy("local", port=args.base_port + 90)
+            cluster.start_proxy("local", port=args.base_port + 90,
+                                extra_args=["--admin-key", ADMIN_KEY])
             tokenizer = token_counter(cluster.model_path)
             print(f"emulated {args.layout} {args.emulate}:{args.model}, one process "
                   f"(pid {cluster.nodes[0].proc.pid}); proxy policy local; workload "

@@ -49,6 +49,7 @@ BLOCKS = 48  # D's whole KV cache, in vLLM-CPU's 128-token blocks
 MAX_MODEL_LEN = 2048
 SESSION_WORDS = 600  # ~1,900 tokens: 15 blocks
 FLOOD = 5  # sessions after A and B: more than D's 48 blocks in all
+ADMIN_KEY = "bench-admin"  # the proxy forces the "forced local" turns only with its admin key
 _WORDS = ("river", "mountain", "signal", "packet", "kernel", "window", "garden", "silver",
           "orange", "thunder", "market", "lantern", "engine", "harbor", "velvet", "copper",
           "meadow", "canyon", "violet", "rocket", "planet", "forest", "marble", "tunnel",
@@ -86,8 +87,8 @@ class Session:
         body = {"model": self.model, "messages": self.messages, "max_tokens": 8,
                 "temperature": 0, "ignore_eos": True, "stream": True}
         headers = {"x-session-id": self.name}
-        if route is not None:
-            headers["x-ppd-route"] = route
+        if route is not None:  # forcing needs the proxy's admin key
+            headers.update({"x-ppd-route": route, "authorization": f"Bearer {ADMIN_KEY}"})
         start = time.monotonic()
         ttft = None
         content = []
@@ -212,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             proxy_config = config_from_args([
                 "--cluster", str(cluster.cluster_file), "--policy", "live", "--port", "0",
                 "--tokenizer", str(model), "--live-costs", str(LIVE_COSTS),
-                "--metrics-interval", "0.2", "--w-tpot", f"{args.w_tpot:g}"])
+                "--metrics-interval", "0.2", "--w-tpot", f"{args.w_tpot:g}",
+                "--admin-key", ADMIN_KEY])
             with ServerThread(create_app(proxy_config)) as server:
                 rows = [row for n in range(args.rounds)
                         for row in one_round(n, server.url, cluster)]

@@ -1,6 +1,6 @@
 """The H100 preset against inference-sim's sim-to-real measurements, per experiment and stage.
 
-    python -m benchmarks.h100_sim_to_real [--preset h100:llama-3.1-8b] [--seconds 120]
+    python -m benchmarks.h100_sim_to_real [--preset h100:llama-3.1-8b@vllm-0.13] [--seconds 120]
 
 Held out: no constant of the preset comes from these numbers (its front end was fitted on the
 study's summary range, `public.SIM_TO_REAL_TTFT_MS`; see docs/engine-model.md). Each stage runs
@@ -8,8 +8,10 @@ one engine (vLLM 0.15.1's max_num_seqs 128 and the stage's token budget) in virt
 constant arrivals at the stage's rate, each prompt a group's shared system prompt plus its own
 question (inference-perf's shared_prefix data), a fixed number of outputs (ignore_eos). TTFT is
 the engine's first token plus the preset's front end; TPOT is (E2E - TTFT) / (outputs - 1) of
-the means, as the measured column is computed from the study's means. Printed with vLLM's
-scheduling as the preset has it (synchronous) and with async scheduling (0.15.1's default).
+the means, as the measured column is computed from the study's means. vLLM 0.15.1 lies
+between the two engines ppd models, so both are printed: `--preset` (default the paper's
+vLLM 0.13 engine, `h100:llama-3.1-8b@vllm-0.13`) with its synchronous scheduling and with
+async scheduling (0.15.1's default), and the default vLLM 0.24 preset (`--newer`).
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ def _err(predicted: float, measured: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="h100:llama-3.1-8b")
+    parser.add_argument("--preset", default="h100:llama-3.1-8b@vllm-0.13")
+    parser.add_argument("--newer", default="h100:llama-3.1-8b",
+                        help="the other engine printed beside it (default: vLLM 0.24)")
     parser.add_argument("--seconds", type=float, default=120.0,
                         help="simulated seconds per stage (the stages ran 600-1,200 s; the "
                         "queue settles within seconds at these loads)")
@@ -72,16 +76,18 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(cost, HostedCost):
         raise SystemExit(f"{args.preset}: a kernels + host preset is needed (not :kernels)")
     asynchronous = replace(cost, host=replace(cost.host, async_scheduling=True))
-    kernels = load_cost(f"{args.preset}:kernels")
+    newer = load_cost(args.newer)
+    kernels = load_cost(f"{args.preset.partition('@')[0]}:kernels")
     print(f"source: {public.SIM_TO_REAL_STAGES_SOURCE}")
-    models = "preset (err) | async (err) | kernels only (err)"
+    print(f"preset = {cost.name}, async = the same with async scheduling, newer = {newer.name}")
+    models = "preset (err) | async (err) | newer (err) | kernels only (err)"
     print(f"| exp | workload | budget | req/s | TTFT mean measured | {models} "
           f"| TPOT measured | {models} |")
-    print("|" + "---|" * 12)
+    print("|" + "---|" * 14)
     errors: dict[str, list[float]] = {}
     for stage in public.SIM_TO_REAL_STAGES:
         cells = []
-        for name, model in (("preset", cost), ("async", asynchronous)):
+        for name, model in (("preset", cost), ("async", asynchronous), ("newer", newer)):
             ttft, tpot = predict(stage, model, args.seconds)
             cells.append((name, ttft, tpot))
         ttft, tpot = predict(stage, kernels, args.seconds)

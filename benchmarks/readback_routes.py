@@ -1,6 +1,7 @@
 """Turn 2 on each of the three routes - readback, pd, local - on a real vLLM-CPU NIXL cluster.
 
     python -m benchmarks.readback_routes [--rounds 3] [--contexts 300,1500] [--base-port 8100]
+                                         [--after-local]
 
 A 1P1D cluster of the tiny model as `ppd cluster up` starts it (NIXL with
 bidirectional_kv_xfer, D keeping a turn's blocks 480 s), behind an in-process `ppd proxy`
@@ -12,6 +13,10 @@ each round runs one fresh conversation per route, in a rotating order:
    whole answer only, so this is what makes a readback possible;
 2. turn 2, streamed, forced to the route: a 64-word question, 32 tokens out (ignore_eos).
    TTFT is the client's time to the first content chunk, TPOT the mean gap after it.
+
+With `--after-local` a whole turn 2 runs on D alone first (`local`: P never sees it; the proxy
+asks D to keep its blocks), and the measured turn is turn 3: the history P lacks is then
+turn 2's, which a readback reads and P->D recomputes.
 
 P's computed tokens per turn 2 are the delta of its `vllm:request_prefill_kv_computed_tokens`
 sum (P serves nothing else meanwhile). Prints one row per turn 2 and the medians per
@@ -94,16 +99,29 @@ def _busy(d_url: str, stop: threading.Event) -> None:
         threading.Thread(target=one, args=(i,), daemon=True).start()
 
 
+def _whole_turn(proxy: str, session: str, messages: list[dict[str, str]],
+                route: str | None) -> str:
+    headers = {"x-session-id": session}
+    if route is not None:
+        headers.update({"x-ppd-route": route, "authorization": f"Bearer {ADMIN}"})
+    answer = httpx.post(f"{proxy}/v1/chat/completions", timeout=300, headers=headers,
+                        json={"model": "tiny", "messages": messages, "max_tokens": 16,
+                              "temperature": 0, "ignore_eos": True})
+    answer.raise_for_status()
+    return str(answer.json()["choices"][0]["message"]["content"])
+
+
 def _conversation(proxy: str, p_url: str, route: str, words: int, seed: int, context: int,
-                  load: str) -> Turn2:
+                  load: str, after_local: bool) -> Turn2:
     session = f"bench-{route}-{seed}"
     messages = [{"role": "user", "content": _text(words, seed)}]
-    first = httpx.post(f"{proxy}/v1/chat/completions", timeout=300, headers={
-        "x-session-id": session}, json={"model": "tiny", "messages": messages,
-                                        "max_tokens": 16, "temperature": 0, "ignore_eos": True})
-    first.raise_for_status()
-    messages += [{"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]},
-                 {"role": "user", "content": _text(TURN2_WORDS, seed + 1)}]
+    messages.append({"role": "assistant", "content": _whole_turn(proxy, session, messages,
+                                                                 None)})
+    if after_local:
+        messages.append({"role": "user", "content": _text(words // 2, seed + 2)})
+        messages.append({"role": "assistant",
+                         "content": _whole_turn(proxy, session, messages, "local")})
+    messages.append({"role": "user", "content": _text(TURN2_WORDS, seed + 1)})
     before = _sum(p_url, COMPUTED)
     body = {"model": "tiny", "messages": messages, "max_tokens": TURN2_TOKENS, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
@@ -134,6 +152,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--contexts", default="300,1500", help="turn-1 prompt tokens, about")
     parser.add_argument("--base-port", type=int, default=8100)
+    parser.add_argument("--after-local", action="store_true",
+                        help="measure turn 3, after a whole local turn 2")
     args = parser.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="ppd-readback-"))
@@ -162,7 +182,7 @@ def main() -> None:
                             for route in order:
                                 seed += 10
                                 row = _conversation(server.url, p_url, route, words, seed,
-                                                    context, load)
+                                                    context, load, args.after_local)
                                 results.append(row)
                                 print(f"{row.context:>5} {row.load:<5} {row.route:<8} "
                                       f"served={row.served:<8} prompt={row.prompt_tokens:>5} "
@@ -171,7 +191,8 @@ def main() -> None:
                     finally:
                         stop.set()
                         time.sleep(1.0)
-    print("\nmedians (turn 2): context load route | TTFT ms | TPOT ms | P computed tokens | "
+    measured = "turn 3, after a local turn 2" if args.after_local else "turn 2"
+    print(f"\nmedians ({measured}): context load route | TTFT ms | TPOT ms | P computed tokens | "
           "served as asked")
     for context in contexts:
         for load in LOADS:

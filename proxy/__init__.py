@@ -14,7 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from proxy.app import create_app
+    from proxy.app import create_app, serve
     from proxy.config import (
         ConfigError,
         NodeSpec,
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
         config_from_args,
     )
     from proxy.errors import ProxyError
-    from proxy.server import Server, ServerThread, running, serve
+    from proxy.server import Server, ServerThread, running
     from proxy.table import TABLE_COLUMNS, DecisionTable, TableError
     from proxy.vocabulary import Role, RouteKind, Workload
 
@@ -47,7 +47,7 @@ _SOURCES = {
     "config_from_args": "proxy.config",
     "create_app": "proxy.app",
     "running": "proxy.server",
-    "serve": "proxy.server",
+    "serve": "proxy.app",
 }
 
 __all__ = [

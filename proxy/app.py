@@ -45,6 +45,7 @@ from proxy.load_meter import RateMeter
 from proxy.metrics import ProxyMetrics
 from proxy.preflight import load_policy
 from proxy.router import Router
+from proxy.server import serve_app
 from proxy.sessions.open_store import open_store
 from proxy.sessions.readback_book import ReadbackBook
 from proxy.sessions.store import SessionStore, watch_store
@@ -102,7 +103,8 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
         metrics.registry.register(KvEventCollector(live.subscribers.subscribers))
     router.view = live.view if live is not None else None
     discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock,
-                           config.discovery_token) if config.discovery else None)
+                           config.discovery_token, insecure=config.discovery_insecure)
+                 if config.discovery else None)
     return ProxyState(config, pool, sessions, router, metrics, load, discovery, transport,
                       live=live)
 
@@ -239,3 +241,8 @@ def _register_error_handlers(app: Quart) -> None:
     async def unexpected(exc: Exception) -> Response:
         log.exception("unexpected error: %s", exc)
         return _error(ProxyError(f"internal proxy error: {type(exc).__name__}"))
+
+
+def serve(config: ProxyConfig) -> None:
+    """Run the proxy on config.host:config.port until SIGINT or SIGTERM (blocking)."""
+    serve_app(create_app(config), config.host, config.port, config.shutdown_grace)

@@ -11,14 +11,57 @@ in `proxy.breaker`, the pool only keeps each node's `Circuit` and applies the ru
 from __future__ import annotations
 
 import enum
+import functools
+import ipaddress
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from proxy.breaker import CLOSED, Breaker, Circuit, CircuitState
 from proxy.config import NodeSpec
 from proxy.vocabulary import Role
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@functools.lru_cache(maxsize=4096)
+def node_key(url: str) -> tuple[str, str, int | None, str]:
+    """What identifies the server a URL reaches: scheme, host, port and path, with every
+    spelling of this host's loopback (`localhost`, `127.0.0.1`, `127.1`, any 127/8 address,
+    `[::1]`, `0.0.0.0`, `[::]`) as one, IPv4 short forms written out, the scheme's default
+    port explicit and trailing slashes dropped. Host names other than `localhost` are not
+    resolved (that would block the event loop): a heartbeat naming a static node by another
+    DNS name is a new node, still under the discovery token's protection."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    try:
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+    except ValueError:
+        port = None
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address | None
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        try:  # 127.1, 2130706433: forms the OS resolver accepts for IPv4
+            address = ipaddress.IPv4Address(socket.inet_aton(host))
+        except (OSError, UnicodeError):
+            address = None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if host == "localhost" or (address is not None
+                               and (address.is_loopback or address.is_unspecified)):
+        host = "loopback"
+    elif address is not None:
+        host = str(address)
+    return parts.scheme, host, port, parts.path.rstrip("/")
+
+
+def same_node(a: str, b: str) -> bool:
+    """Whether two URLs reach the same server (`node_key`)."""
+    return node_key(a) == node_key(b)
 
 
 class Source(enum.StrEnum):
@@ -67,8 +110,8 @@ class BackendPool:
 
         A discovered node (a heartbeat) never changes a static one, whatever it claims: not
         its role, zmq address (where P2pNccl sends the KV), models, health or lifetime; the
-        static node is returned unchanged. Its URL is matched without a trailing slash, so a
-        twin spelled `http://host:port/` cannot slip in beside it either."""
+        static node is returned unchanged. Its URL is matched however spelt (`node_key`), so a
+        twin such as `http://localhost:PORT/` cannot slip in beside it either."""
         if source is Source.DISCOVERED and (static := self.static_twin(url)) is not None:
             return static
         node = self._nodes.get(url)
@@ -84,10 +127,10 @@ class BackendPool:
         return node
 
     def static_twin(self, url: str) -> Backend | None:
-        """The static node at url (trailing slashes ignored), if any."""
-        base = url.rstrip("/")
+        """The static node url names, however spelt (`same_node`), if any."""
+        key = node_key(url)
         return next((n for n in self._nodes.values()
-                     if n.source is Source.STATIC and n.base == base), None)
+                     if n.source is Source.STATIC and node_key(n.url) == key), None)
 
     def remove(self, url: str) -> bool:
         """Drop a node; its sessions are re-homed on their next turn."""

@@ -157,8 +157,9 @@ class ProxyConfig:
     discovery_token: str | None = option(
         None, "shared secret every heartbeat must carry (env PPD_DISCOVERY_TOKEN for "
         "`ppd register`)", metavar="T")
-    insecure_discovery: bool = option(
-        False, "allow --discovery on a non-loopback address without --discovery-token")
+    discovery_insecure: bool = option(
+        False, "let --discovery register nodes without --discovery-token (any process that "
+        "reaches the socket, on loopback any local one, can then add nodes)")
     heartbeat_timeout: float = option(
         10.0, "drop a registered node after S seconds without a heartbeat", metavar="S")
     session_ttl: float = option(DEFAULT_SESSION_TTL_S, "forget a session idle for S seconds",
@@ -246,12 +247,14 @@ class ProxyConfig:
                               f"{live_costs_hint(None)}")
         if self.discovery is not None and not self.discovery.startswith("tcp://"):
             raise ConfigError(f"--discovery must look like tcp://HOST:PORT, got {self.discovery!r}")
-        if (self.discovery is not None and not self.discovery_token
-                and not self.insecure_discovery and not _is_loopback_endpoint(self.discovery)):
-            raise ConfigError(f"--discovery {self.discovery} is reachable from other hosts: "
-                              "anyone who can send it a heartbeat receives user prompts. Set "
-                              "--discovery-token T (nodes register with --token T), bind "
-                              "127.0.0.1, or pass --insecure-discovery")
+        if self.discovery is not None and not self.discovery_token \
+                and not self.discovery_insecure:
+            reach = ("other hosts" if not _is_loopback_endpoint(self.discovery)
+                     else "every local process")
+            raise ConfigError(f"--discovery {self.discovery} without --discovery-token: "
+                              f"{reach} could register a node, and a node receives user "
+                              "prompts. Set --discovery-token T (nodes register with "
+                              "`ppd register --token T`), or pass --discovery-insecure")
         if self.discovery is None and not self._servable():
             need = ("--replica" if spec.replicas_only
                     else "at least one --prefill and one --decode")

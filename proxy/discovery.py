@@ -7,14 +7,17 @@ Two heartbeat formats (msgpack maps), both accepted on the same socket:
   "models": [...]}` (models optional).
 A registered node that sends nothing for `heartbeat_timeout` seconds leaves the pool.
 
-Trust: a node in the pool receives user prompts, so with `--discovery-token` every heartbeat
-must carry `"token": T` (compared in constant time; `ppd register --token`), and without one
-the proxy refuses to bind a non-loopback address unless `--insecure-discovery` (ProxyConfig).
-vLLM's own P2pNccl heartbeats cannot carry a token: with a token set, legacy nodes register
-through `ppd register --legacy --token`. Heartbeats never touch a static node (configured by
-flag, file or cluster.json, matched without a trailing slash): they cannot change its role,
-zmq address, model list or health, nor make it expire; a heartbeat from a static node is
-ignored (give such a P2pNccl node as a discovered one if it needs the legacy request id).
+Trust: a node in the pool receives user prompts, so every heartbeat must carry `"token": T`
+(`--discovery-token`, compared in constant time; `ppd register --token`) - on loopback too,
+where any local process could otherwise register - unless `--discovery-insecure` says
+otherwise (ProxyConfig refuses --discovery with neither; a Discovery built with neither
+refuses every heartbeat). vLLM's own P2pNccl heartbeats cannot carry a token: legacy nodes
+register through `ppd register --legacy --token`. Heartbeats never touch a static node
+(configured by flag, file or cluster.json): they cannot change its role, zmq address, model
+list or health, nor make it expire; a heartbeat from a static node is ignored (give such a
+P2pNccl node as a discovered one if it needs the legacy request id). A URL that names a
+static node another way - `localhost`, `127.1`, `[::1]` or `0.0.0.0` for `127.0.0.1`, an
+explicit default port, a trailing slash - is that node (`proxy.backends.same_node`).
 """
 
 from __future__ import annotations
@@ -132,9 +135,11 @@ class Discovery:
     """Receives heartbeats on a bound ROUTER socket and keeps the pool's registered nodes."""
 
     def __init__(self, pool: BackendPool, address: str, heartbeat_timeout: float,
-                 clock: Callable[[], float], token: str | None = None) -> None:
+                 clock: Callable[[], float], token: str | None = None, *,
+                 insecure: bool = False) -> None:
         self._pool = pool
         self._token = token.encode() if token else None
+        self._insecure = insecure  # no token needed (--discovery-insecure)
         self.rejected = 0  # heartbeats dropped: malformed, unauthenticated, or for a static node
         self._ignored: set[str] = set()  # static nodes whose heartbeats were ignored (logged)
         self._warned_at = -math.inf
@@ -166,7 +171,10 @@ class Discovery:
         try:
             beat = parse_heartbeat(payload)
             if not self._authentic(beat):
-                raise HeartbeatError(f"heartbeat for {beat.url} without the discovery token")
+                raise HeartbeatError(
+                    f"heartbeat for {beat.url} without the discovery token" if self._token
+                    else f"heartbeat for {beat.url} refused: the proxy has no "
+                    "--discovery-token (nor --discovery-insecure)")
             static = self._pool.static_twin(beat.url)
             if static is not None and static.role is not beat.role:
                 raise HeartbeatError(f"{beat.url} is a static {static.role} node; a heartbeat "
@@ -195,7 +203,7 @@ class Discovery:
 
     def _authentic(self, beat: Heartbeat) -> bool:
         if self._token is None:
-            return True
+            return self._insecure
         return beat.token is not None and hmac.compare_digest(beat.token.encode(), self._token)
 
     def expire(self) -> list[str]:

@@ -29,9 +29,9 @@ from proxy.errors import (
 from proxy.logs import AccessEntry
 from proxy.relay import Relay
 from proxy.router import Incoming, Reply, Router
+from proxy.routes import FORCIBLE
 from proxy.server import DISCONNECT_EXTENSION, HEAD_WITH_BODY_EXTENSION, DisconnectSignal
 from proxy.validate import Endpoint, check_session_id, parse_json_object, validate_body
-from proxy.vocabulary import RouteKind
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -40,7 +40,6 @@ ASGIApp = Callable[..., Awaitable[None]]
 
 log = logging.getLogger("ppd.proxy")
 
-FORCIBLE = {route.value: route for route in (RouteKind.PD, RouteKind.LOCAL, RouteKind.READBACK)}
 _PATHS = {endpoint.value: endpoint for endpoint in Endpoint}
 _WANTED = (b"authorization", b"x-ppd-route", b"x-session-id", b"content-length")
 # Every request's header lines together (names and values): past this, 431 (nginx's

@@ -47,8 +47,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import NamedTuple
 
 from proxy.vocabulary import Workload
 
@@ -257,8 +258,7 @@ def _pd_ttft_ms(workload: Workload, state: TurnState, context: int,
 _MIN_TURN1_SHARE = 0.05
 
 
-@dataclass(frozen=True, slots=True)
-class LiveScorer:
+class LiveScorer(NamedTuple):
     """The decision table's score for one turn, against the cluster's typical turn.
 
     The table scores a cell by mean turn-2+ TTFT relative to P->D's and mean TPOT relative
@@ -269,8 +269,8 @@ class LiveScorer:
     a request sits in a batch for a time proportional to its output, B / (mean n_out). The
     means are exponentially weighted over the turns decided so far (the policy's own inputs
     and predictions: no clock, no I/O), starting from this turn's own values. The scorer is
-    immutable: `counted` and `scored` hand back the moved means, which the policy's caller
-    keeps (`proxy.policies.registry.RoutingPolicy`).
+    immutable (a NamedTuple: cheap to copy on every decision): `counted` and `scored` hand
+    back the moved means, which the policy's caller keeps (`proxy.policies.RoutingPolicy`).
 
     A turn-1 placement (a hybrid pool: a replica or P->D) is scored the same way against the
     mean turn-1 TTFT, kept apart (a whole prompt's P->D TTFT is not a follow-up's), with the
@@ -312,8 +312,8 @@ class LiveScorer:
         turn 2+, and the mean output length."""
         alpha = self._alpha
         share = self.followup_share + alpha * (float(workload.turn > 1) - self.followup_share)
-        return replace(self, followup_share=share,
-                       n_out=_moved(self.n_out, float(max(workload.n_out, 1)), alpha))
+        return self._replace(followup_share=share,
+                             n_out=_moved(self.n_out, float(max(workload.n_out, 1)), alpha))
 
     def scored(self, prediction: Prediction,
                first_turn: bool = False) -> tuple[float, LiveScorer]:
@@ -336,14 +336,14 @@ class LiveScorer:
                 - self.membership_ms(prediction.joins_pd))
         tpot_loss = summed / step_ref if step_ref > 0 else 0.0
         score = self.w_ttft * gain - self.w_tpot * tpot_loss
-        return score, replace(self, **{ttft_name: ttft_ref}, step_ms=step_ref)
+        return score, self._replace(**{ttft_name: ttft_ref}, step_ms=step_ref)
 
     def score(self, prediction: Prediction, first_turn: bool = False) -> float:
         """`scored`'s score alone."""
         return self.scored(prediction, first_turn)[0]
 
     def readback_score(self, prediction: Prediction) -> float | None:
-        """Readback's score against P->D, on the means `score` just updated (call it first):
+        """Readback's score against P->D, on the means `scored` returned (call it first):
         its TTFT gain alone, since D's batch is untouched as on P->D. None: no readback."""
         if prediction.ttft_readback_ms is None:
             return None

@@ -69,6 +69,13 @@ class HeldKV:
         return len(self.token_ids)
 
 
+# A local leg's kv_transfer_params when the proxy wants D to keep its blocks for a readback:
+# params that ask for no transfer, so D serves the turn as a plain local request, yet a D with
+# bidirectional transfer keeps and names its blocks when it finishes (vLLM's request_finished
+# does so for any request with non-empty params and no do_remote_decode).
+KEEP_BLOCKS: dict[str, Any] = {"do_remote_prefill": False, "do_remote_decode": False}
+
+
 def wants_token_ids(body: dict[str, Any]) -> bool:
     """Whether a client asked for the token ids itself (then the answer keeps them)."""
     return bool(body.get(TOKEN_IDS))
@@ -77,6 +84,11 @@ def wants_token_ids(body: dict[str, Any]) -> bool:
 def with_token_ids(body: dict[str, Any]) -> dict[str, Any]:
     """A D leg body that also asks for the prompt's and the reply's token ids."""
     return {**body, TOKEN_IDS: True}
+
+
+def keeping_blocks(body: dict[str, Any]) -> dict[str, Any]:
+    """A local leg body that makes D keep and name the turn's blocks (with their ids)."""
+    return {**body, "kv_transfer_params": dict(KEEP_BLOCKS), TOKEN_IDS: True}
 
 
 def held_kv(answer: Any, decode: str, now: float, ttl: float) -> HeldKV | None:

@@ -296,9 +296,13 @@ class Router:
                                            lambda decode: self._pd(turn, decode, prefill, held),
                                            _Served.proves)
 
+        local_body = pd_protocol.local_body(body)
+        if attempt.route is RouteKind.LOCAL and self._keeps_readbacks(turn):
+            local_body = readback.keeping_blocks(local_body)  # D keeps them for a readback
+            turn.token_ids_added = True
+
         def leg(node: Backend) -> Awaitable[_Served]:
-            return self._leg(turn, attempt.route, node, pd_protocol.local_body(body),
-                             pd_protocol.request_id())
+            return self._leg(turn, attempt.route, node, local_body, pd_protocol.request_id())
 
         if answering.only_preferred:
             home = (self.pool.take(answering.prefer, answering.role)
@@ -401,8 +405,10 @@ class Router:
     def _keeps_readbacks(self, turn: _Turn) -> bool:
         """Whether D's answer to this turn can name blocks for a readback: the nodes offer it,
         and the answer is whole (vLLM names them in a whole answer only, never in a stream)."""
+        body = turn.incoming.body
         return (self.readback is not None and not turn.incoming.stream
-                and not readback.wants_token_ids(turn.incoming.body))
+                and not readback.wants_token_ids(body)
+                and body.get("n", 1) == 1)  # one sequence: its blocks are the history
 
     def _client(self) -> httpx.AsyncClient:
         if self.client is None:

@@ -1,7 +1,8 @@
 """Running an ASGI app (the proxy, or a test's fake vLLM) on a loopback port.
 
-- `serve(config)`: blocking, for `ppd proxy`; SIGINT/SIGTERM stop accepting connections and
-  let open streams finish for up to `--shutdown-grace` seconds before they are cut.
+- `serve_app(app, host, port, grace)`: blocking (`proxy.app.serve` runs the proxy on it);
+  SIGINT/SIGTERM stop accepting connections and let open streams finish for up to
+  `--shutdown-grace` seconds before they are cut.
 - `running(app, host, port)`: async context manager yielding a `Server` (url, port); port 0
   lets the OS choose, so tests and in-process demos never collide.
 - `ServerThread`: the same in a background thread with its own event loop, for synchronous
@@ -30,7 +31,6 @@ from types import TracebackType
 from typing import Any
 
 from proxy import heap
-from proxy.config import ProxyConfig
 from proxy.errors import BadRequest, ProxyError, RequestTimeout
 from proxy.lifespan import Lifespan
 
@@ -439,13 +439,6 @@ class ServerThread:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
-
-
-def serve(config: ProxyConfig) -> None:
-    """Run the proxy on config.host:config.port until SIGINT or SIGTERM (blocking)."""
-    from proxy.app import create_app  # here, so fakes can use this module without the app
-
-    serve_app(create_app(config), config.host, config.port, config.shutdown_grace)
 
 
 def serve_app(app: Any, host: str, port: int, grace: float = SHUTDOWN_GRACE_S,

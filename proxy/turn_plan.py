@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from proxy.backends import BackendPool
 from proxy.live import TurnState
 from proxy.policies import RoutingPolicy
+from proxy.routes import ROUTES
 from proxy.sessions.session import Lookup, Session
 from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
 
@@ -91,27 +92,33 @@ def plan_turn(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload
             pool.candidate(Role.DECODE) is not None and pool.candidate(Role.PREFILL) is not None)
         decision = policy.decide(workload, session.id, can_local, state,
                                  replica_home=replica_home, can_pd=can_pd)
-    elif forced in (RouteKind.LOCAL, RouteKind.READBACK) and not can_local:
+    elif ROUTES[forced].needs_home and not can_local:
         # Nothing to append to or read back (turn 1, or the session's D is gone): P->D.
-        decision = Decision(RouteKind.PD, Reason.NO_HOME)
+        decision = Decision(ROUTES[forced].fallback or RouteKind.PD, Reason.NO_HOME)
     else:
         decision = Decision(forced, Reason.FORCED)
     if decision.kind is RouteKind.READBACK and readback is not None:
         decision = Decision(RouteKind.PD, readback)  # no blocks to read: P->D says why
-    pd = Attempt(RouteKind.PD, (Pick(Role.DECODE, session.decode),
-                                Pick(Role.PREFILL, session.prefill)))
     if decision.reason is Reason.REPLICA_HOME:
-        home = Attempt(RouteKind.REPLICA, (Pick(Role.REPLICA, session.decode, True),))
-        return TurnPlan(decision, (home, pd))
-    if decision.kind is RouteKind.REPLICA:
-        return TurnPlan(decision, (Attempt(RouteKind.REPLICA,
-                                           (Pick(Role.REPLICA, session.decode),)),))
-    if decision.kind is RouteKind.READBACK:
-        # P reads D's blocks, then hands the turn to a D: the session's, whose prefix cache
-        # holds the history, so it pulls only the new tokens. Without one, P->D.
-        readback_attempt = Attempt(RouteKind.READBACK, pd.picks)
-        return TurnPlan(decision, (readback_attempt, pd))
-    if decision.kind is RouteKind.LOCAL and session.decode is not None:
-        local = Attempt(RouteKind.LOCAL, (Pick(Role.DECODE, session.decode, True),))
-        return TurnPlan(decision, (local, pd))
-    return TurnPlan(decision, (pd,))
+        home = _attempt(RouteKind.REPLICA, session, home_only=True)
+        return TurnPlan(decision, (home, _attempt(RouteKind.PD, session)))
+    attempts: list[Attempt] = []
+    kind: RouteKind | None = decision.kind
+    while kind is not None:
+        route = ROUTES[kind]
+        if not (route.home_only and _home(session, route.roles[0]) is None):
+            attempts.append(_attempt(kind, session))
+        kind = route.fallback
+    return TurnPlan(decision, tuple(attempts))
+
+
+def _home(session: Session, role: Role) -> str | None:
+    """The session's node of a role (its D, or its replica, is `session.decode`)."""
+    return session.prefill if role is Role.PREFILL else session.decode
+
+
+def _attempt(kind: RouteKind, session: Session, home_only: bool | None = None) -> Attempt:
+    """One route's picks as `proxy.routes` declares them, the session's nodes preferred."""
+    route = ROUTES[kind]
+    only = route.home_only if home_only is None else home_only
+    return Attempt(kind, tuple(Pick(role, _home(session, role), only) for role in route.roles))

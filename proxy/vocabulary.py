@@ -1,17 +1,89 @@
-"""The vocabulary every layer shares: node roles, route kinds, a turn's workload, a decision."""
+"""The vocabulary every layer shares: node roles, a cluster's layout, route kinds, a turn's
+workload, a decision. The proxy, the cluster launcher, the simulator and the emulated nodes
+all name roles and layouts with these."""
 
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 from proxy.discretize import Cell
 
 
 class Role(enum.StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-    REPLICA = "replica"
+    """A node's part in the cluster."""
+
+    PREFILL = "prefill"  # P: prefills and hands its KV to a D
+    DECODE = "decode"  # D: receives KV from a P, or prefills locally (PPD's append-prefill)
+    REPLICA = "replica"  # R: prefill and decode, no transfers
+
+    @property
+    def letter(self) -> str:
+        """Its letter in a layout's name (`1P2D1R`)."""
+        return self.value[0].upper()
+
+
+class LayoutError(ValueError):
+    """A layout name that does not describe a usable cluster."""
+
+
+_LAYOUT = re.compile(r"^(?:\d+[PDR])+$", re.IGNORECASE)
+_LAYOUT_PART = re.compile(r"(\d+)([PDR])", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Node counts per role: P/D pairs, replicas alone, or replicas beside P/D (a hybrid)."""
+
+    prefill: int = 0
+    decode: int = 0
+    replica: int = 0
+
+    @classmethod
+    def parse(cls, name: str) -> Layout:
+        """`1P3D` -> Layout(1, 3, 0), `1R1P2D` -> Layout(1, 2, 1): the parts in any order, each
+        once and of at least one node, case-insensitive; a clear error for anything else."""
+        text = name.strip()
+        parts = [(letter.upper(), int(count)) for count, letter in _LAYOUT_PART.findall(text)]
+        counts = dict(parts)
+        if _LAYOUT.match(text) is None or len(counts) != len(parts):
+            raise LayoutError(f"bad layout {name!r}: use counts of P, D and R, each once, "
+                              "e.g. 1P3D, 2P2D, 4R, 1R1P2D")
+        if any(count < 1 for count in counts.values()):
+            raise LayoutError(f"bad layout {name!r}: each part names at least one node")
+        layout = cls(*(counts.get(role.letter, 0) for role in Role))
+        if (layout.prefill > 0) != (layout.decode > 0):
+            raise LayoutError(f"bad layout {name!r}: prefill and decode nodes come together "
+                              "(a P needs a D to hand its KV to, and a D needs a P for turn 1)")
+        return layout
+
+    @property
+    def name(self) -> str:
+        """`1P2D`, `2R`, and for a hybrid P, D, R in that order (`1P2D1R`)."""
+        return "".join(f"{count}{role.letter}" for role, count in self.counts() if count)
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def size(self) -> int:
+        return self.prefill + self.decode + self.replica
+
+    @property
+    def disaggregated(self) -> bool:
+        """Whether the layout has P/D pairs."""
+        return self.prefill > 0
+
+    @property
+    def roles(self) -> list[Role]:
+        """One role per node: prefill nodes, then decode, then replicas."""
+        return [role for role, count in self.counts() for _ in range(count)]
+
+    def counts(self) -> tuple[tuple[Role, int], ...]:
+        """(role, count) in P, D, R order."""
+        return ((Role.PREFILL, self.prefill), (Role.DECODE, self.decode),
+                (Role.REPLICA, self.replica))
 
 
 class RouteKind(enum.StrEnum):

@@ -6,7 +6,7 @@ node, prefix caching on, eager mode, and a KV transfer config per role: NixlConn
 production transfer: D pulls the blocks it lacks from P's memory over UCX) as kv_producer (P) /
 kv_consumer (D), with host buffers and UCX's TCP + shared-memory transports on the CPU; or
 ExampleConnector (a shared directory P writes and D reads back) when asked for; none on
-replicas, which publish KV events as D does (`profiler.cluster.kv_events`).
+replicas, which publish KV events as D does (`profiler.node_kv_events`).
 """
 
 from __future__ import annotations
@@ -14,15 +14,14 @@ from __future__ import annotations
 import enum
 import ipaddress
 import json
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from profiler.cluster.kv_events import REPLAY_PORT_OFFSET, kv_event_keys, kv_events_args
+from profiler.node_kv_events import REPLAY_PORT_OFFSET, kv_event_keys, kv_events_args
 from proxy.readback import VLLM_DECODER_BLOCKS_TTL_S
-from proxy.vocabulary import Role
+from proxy.vocabulary import Layout, LayoutError, Role
 
 DEFAULT_STATE_DIR = Path(".ppd-cluster")
 DEFAULT_BASE_PORT = 8100
@@ -39,9 +38,6 @@ CPU_UCX_TLS = "tcp,self,sm"
 MAX_NODES = 16
 DEFAULT_KV_READBACK_TTL_S = VLLM_DECODER_BLOCKS_TTL_S  # vLLM's own default
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-
-_LAYOUT_RE = re.compile(r"^(?:\d+[PDR])+$", re.IGNORECASE)
-_LAYOUT_PART = re.compile(r"(\d+)([PDR])", re.IGNORECASE)
 
 
 class Device(enum.StrEnum):
@@ -60,51 +56,13 @@ class ClusterError(Exception):
     """A cluster cannot be planned, started, found or stopped."""
 
 
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Node counts per role: P/D (prefill >= 1, decode >= 1), replicas only, or a hybrid of
-    both (replicas beside P/D pairs, which policy live places conversations on)."""
-
-    prefill: int = 0
-    decode: int = 0
-    replica: int = 0
-
-    def __str__(self) -> str:
-        """`1P2D`, `2R`, and for a hybrid P, D, R in that order (`1P2D1R`, as `ppd sim`)."""
-        parts = ((self.prefill, "P"), (self.decode, "D"), (self.replica, "R"))
-        return "".join(f"{count}{letter}" for count, letter in parts if count)
-
-    @property
-    def size(self) -> int:
-        return self.prefill + self.decode + self.replica
-
-    @property
-    def roles(self) -> list[Role]:
-        """One role per node, in port order: prefill nodes, then decode, then replicas."""
-        return (
-            [Role.PREFILL] * self.prefill
-            + [Role.DECODE] * self.decode
-            + [Role.REPLICA] * self.replica
-        )
-
-
 def parse_layout(text: str) -> Layout:
-    """`1P1D`, `1P2D`, `2P2D`, `1R`, `2R`, hybrids `1R1P2D`, `2R1P1D`... (case-insensitive;
-    the parts in any order, each once) as a Layout."""
-    parts = [(letter.upper(), int(count)) for count, letter in _LAYOUT_PART.findall(text)]
-    counts = dict(parts)
-    if _LAYOUT_RE.match(text.strip()) is None or len(counts) != len(parts):
-        raise ClusterError(
-            f"bad layout {text!r}: expected NPMD (e.g. 1P1D, 1P2D, 2P2D), NR (e.g. 1R, 2R) or "
-            "both (e.g. 1R1P2D)"
-        )
-    layout = Layout(counts.get("P", 0), counts.get("D", 0), counts.get("R", 0))
-    if any(count < 1 for count in counts.values()):
-        raise ClusterError(f"bad layout {text!r}: each part names at least one node")
-    if ("P" in counts) != ("D" in counts):
-        raise ClusterError(f"bad layout {text!r}: a P/D layout needs at least 1P and 1D")
-    if layout.size < 1:
-        raise ClusterError(f"bad layout {text!r}: at least one node")
+    """`1P1D`, `1P2D`, `2R`, hybrids `1R1P2D`... (`proxy.vocabulary.Layout`'s rules) as a
+    Layout that fits one host."""
+    try:
+        layout = Layout.parse(text)
+    except LayoutError as exc:
+        raise ClusterError(str(exc)) from None
     if layout.size > MAX_NODES:
         raise ClusterError(f"bad layout {text!r}: at most {MAX_NODES} nodes on one host")
     return layout
@@ -317,7 +275,7 @@ def cluster_document(
     """The cluster.json the proxy reads: model, layout, KV connector (None: no vLLM transfer,
     e.g. emulated nodes), how long D keeps a turn's blocks for a readback (None: the nodes do
     not offer it) and one {role, url, pid, log} per node (D and R nodes also name their KV
-    event endpoints, `profiler.cluster.kv_events`; emulated ones publish there too)."""
+    event endpoints, `profiler.node_kv_events`; emulated ones publish there too)."""
     return {
         "model": served_name,
         "layout": str(layout),

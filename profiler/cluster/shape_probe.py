@@ -265,6 +265,9 @@ def _timed_counted(client: httpx.Client, model: str, kind: str, prompt: list[int
             json={"model": model, "max_tokens": 1, "temperature": 0,
                   "messages": [*history, {"role": "user", "content": prompt}]})
     client_ms = (time.perf_counter() - started) * 1000
+    if via is not None and "x-ppd-route-ignored" in response.headers:
+        raise ProbeError(f"{via.base_url} ignored the forced route: it has no admin key. "
+                         "Start the proxy with --admin-key K and pass --admin-key K here")
     if response.status_code != 200:
         target = (via or client).base_url
         raise ProbeError(f"{target}: a {kind} prompt of {len(prompt)} "

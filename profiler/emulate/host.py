@@ -7,7 +7,7 @@ runs until SIGINT/SIGTERM; `ppd cluster up --emulate` starts it. In-process (tes
 benchmark): `async with hosted(preset, [(Role.PREFILL, 0), ...]) as nodes: nodes[0].url`.
 Nodes of one process find each other by engine id, so a D's KV pull uses its P's link.
 With `--kv-events` D and R nodes publish vLLM's KV cache events where
-`profiler.cluster.kv_events` puts a vLLM node's (HTTP port + 2000, replay + 3000; port 0:
+`profiler.node_kv_events` puts a vLLM node's (HTTP port + 2000, replay + 3000; port 0:
 ports the OS chooses, named by `HostedNode.kv_events`).
 """
 
@@ -23,14 +23,13 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from profiler.cluster.kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET, publishes
 from profiler.emulate.app import create_node_app
 from profiler.emulate.kv_publisher import KvEventPublisher
 from profiler.emulate.presets import Preset, resolve
 from profiler.emulate.service import NodeService, NodeSpec, Peers
-from profiler.emulate.vocab import Vocabulary, tokenizer_dir
-from profiler.engine import NodeRole
+from profiler.emulate.tokenizer import Vocabulary, tokenizer_dir
 from profiler.engine.host import host_of
+from profiler.node_kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET, publishes
 from proxy.server import running
 from proxy.vocabulary import Role
 
@@ -98,7 +97,7 @@ async def hosted(preset: Preset, nodes: Sequence[tuple[Role, int]], *,
         out: list[HostedNode] = []
         for spec in specs:
             publisher = _publisher(spec) if kv_events and publishes(spec.role) else None
-            engine = preset.make_engine(NodeRole(spec.role.value),
+            engine = preset.make_engine(spec.role,
                                         kv_events=publisher is not None)
             service = NodeService(spec, engine, vocab, peers, publisher)
             server = await stack.enter_async_context(

@@ -17,10 +17,11 @@ from pathlib import Path
 from profiler.emulate.cache_events import CacheEvents
 from profiler.emulate.engine_interface import NodeEngine
 from profiler.emulate.modelled_engine import SimNodeEngine
-from profiler.engine import Engine, EngineConfig, LinearCost, NodeRole, load_cost
+from profiler.engine import Engine, EngineConfig, LinearCost, load_cost
 from profiler.engine.batch import BatchShape
 from profiler.engine.cost import CostModel
-from profiler.engine.transfer import LINKS, Link, ModelShape, load_model_shape
+from profiler.engine.transfer import Link, ModelShape, load_link, load_model_shape
+from proxy.vocabulary import Role
 
 
 class PresetError(ValueError):
@@ -45,7 +46,7 @@ class Preset:
     cost: CostModel
     config: EngineConfig
 
-    def make_engine(self, role: NodeRole = NodeRole.REPLICA, *,
+    def make_engine(self, role: Role = Role.REPLICA, *,
                     kv_events: bool = False) -> NodeEngine:
         """A node's engine; with kv_events its steps carry the prefix cache's changes."""
         events = CacheEvents(self.config.block_size) if kv_events else None
@@ -76,7 +77,7 @@ def resolve(hardware: str, model: str, link: str | None = None,
     try:
         shape = TINY if model == "tiny" else load_model_shape(model)
         cost = _cost(hardware, model)
-        chosen = parse_link(link or DEFAULT_LINK)
+        chosen = load_link(link or DEFAULT_LINK)
     except (ValueError, ImportError) as exc:
         raise PresetError(str(exc)) from None
     config = EngineConfig(max_model_len=max_model_len or 32768)
@@ -91,22 +92,6 @@ def resolve(hardware: str, model: str, link: str | None = None,
     if blocks is not None:
         config = replace(config, num_kv_blocks=blocks)
     return Preset(cost.name, shape, chosen, cost, config)
-
-
-def parse_link(spec: str) -> Link:
-    """A link preset name, or `LATENCY_MS:GBPS` for a measured one (e.g. vLLM-CPU's disk
-    hand-off: the fixed part of a P->D turn that `ppd sim fit` reports as its TTFT intercept)."""
-    if spec in LINKS:
-        return LINKS[spec]
-    latency, sep, bandwidth = spec.partition(":")
-    try:
-        latency_s, bandwidth_bytes = float(latency) / 1000, float(bandwidth) * 1e9
-    except ValueError:
-        latency_s = bandwidth_bytes = -1.0
-    if not sep or latency_s < 0 or bandwidth_bytes <= 0:
-        raise ValueError(f"unknown link {spec!r}; known: {', '.join(LINKS)}, or LATENCY_MS:GBPS")
-    return Link(spec, bandwidth_bytes, latency_s, f"given: {latency_s * 1000:g} ms, "
-                f"{bandwidth_bytes / 1e9:g} GB/s")
 
 
 def _is_file(hardware: str) -> bool:

@@ -34,7 +34,7 @@ from profiler.emulate.link import SharedLink
 from profiler.emulate.metrics import NodeMetrics
 from profiler.emulate.openai_format import DONE, Envelope, Parsed, RequestError, sse, usage
 from profiler.emulate.runtime import EmulatedNode, EngineFailed, Stream
-from profiler.emulate.vocab import Vocabulary
+from profiler.emulate.tokenizer import Vocabulary
 from proxy.vocabulary import Role
 
 
@@ -293,7 +293,8 @@ class Running:
         parts = [text async for text in self._texts()]
         job, service = self._job, self.service
         kv = service.kv_transfer_params(job) if job.hold_kv else None
-        if job.remote_kv and service.spec.readback_ttl_s is not None:
+        asked = self.prepared.parsed.kv_transfer_params is not None  # a D or kept local leg
+        if asked and not job.hold_kv and service.spec.readback_ttl_s is not None:
             kv = service.kept_params(job, self.produced)
         answer = self.prepared.envelope.complete("".join(parts), "length", self._usage(), kv)
         if self.prepared.parsed.return_token_ids:

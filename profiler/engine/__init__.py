@@ -5,7 +5,7 @@ the optional extra `ppd[sim]`, imported only when an `h100:...`-style preset is 
 """
 
 from profiler.engine.batch import BatchShape
-from profiler.engine.config import EngineConfig, NodeRole, SchedulePolicy
+from profiler.engine.config import EngineConfig, SchedulePolicy
 from profiler.engine.cost import CostModel, LinearCost
 from profiler.engine.drive import Outcome, SimResult, simulate
 from profiler.engine.engine import Engine, EngineStats, StepResult
@@ -24,7 +24,6 @@ __all__ = [
     "LinearCost",
     "Link",
     "ModelShape",
-    "NodeRole",
     "Outcome",
     "Phase",
     "PrefixCache",

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,11 @@ if TYPE_CHECKING:
     from proxy.vocabulary import RouteKind
 
 SIMULATOR_ACTIONS = ("run", "grid", "paper", "live-costs")
+# A replay run simulated again on a preset: (run, preset, KV model, replies retokenized,
+# route) -> median real minus simulated TTFT of that route's turns 2+ in ms, or None.
+# `profiler.simulator.replay_twin.twin_ttft_gap_ms`, handed in by `ppd sim` (the simulator
+# stands above the engine model).
+TwinGap = Callable[[Path, str, str, bool, "RouteKind"], "float | None"]
 
 
 class _CommandsFormatter(argparse.RawDescriptionHelpFormatter):
@@ -69,6 +75,27 @@ def build_parser() -> argparse.ArgumentParser:
     step.add_argument("--prefill-context", type=int, default=0,
                       help="tokens already cached before the prompt chunk (append-prefill)")
 
+    idle = actions.add_parser(
+        "idle", help="one request's TTFT and TPOT on an otherwise idle engine",
+        description="The preset's prediction for one request on one engine (vLLM's H100 "
+                    "server defaults), printed as one line `ttft_ms=... tpot_ms=...`: TTFT as "
+                    "a client beside the server sees it; TPOT the request's own over "
+                    "--max-tokens outputs, or with --decoding, the decoding requests' mean "
+                    "time per output token over the --max-tokens steps after its arrival.")
+    idle.add_argument("--preset", required=True,
+                      help="a cost preset (see `ppd sim presets`) or a preset JSON file")
+    idle.add_argument("--prompt", type=int, required=True, metavar="N",
+                      help="the request's prompt tokens, the cached ones included")
+    idle.add_argument("--cached", type=int, default=0, metavar="H",
+                      help="of those, the leading H were sent before (a history in the "
+                           "prefix cache; default 0)")
+    idle.add_argument("--decoding", type=int, default=0, metavar="B",
+                      help="requests decoding when it arrives (default 0)")
+    idle.add_argument("--context", type=int, default=0, metavar="C",
+                      help="each decoding request's prompt tokens (with --decoding)")
+    idle.add_argument("--max-tokens", type=int, default=64, metavar="K",
+                      help="output tokens (default 64)")
+
     fit = actions.add_parser("fit", help="fit a CPU cost preset to replay runs")
     fit.add_argument("runs", nargs="+", type=Path,
                      help="replay run directories (or their requests.csv / .parquet)")
@@ -104,9 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], twin_gap: TwinGap | None = None) -> int:
     """The engine model's actions (presets, step, fit, calibrate); `ppd sim` itself is
-    dispatched by `profiler.simulator.cli.main`, which runs run, grid, paper and live-costs."""
+    dispatched by `profiler.simulator.cli.main`, which runs run, grid, paper and live-costs
+    and hands calibrate the simulator's `twin_gap` for its second pass."""
     args = build_parser().parse_args(argv)
     if args.action in SIMULATOR_ACTIONS:
         raise ValueError(f"`ppd sim {args.action}` runs through `ppd sim` (profiler.cli)")
@@ -114,8 +142,16 @@ def main(argv: list[str]) -> int:
         print(render_presets())
     elif args.action == "step":
         print(render_step(args))
+    elif args.action == "idle":
+        from profiler.engine.idle import IdleShape, predict
+
+        shape = IdleShape(prompt=args.prompt, cached=args.cached, decoding=args.decoding,
+                          context=args.context, max_tokens=args.max_tokens)
+        print(predict(load_cost(args.preset), shape).line())
     elif args.action == "calibrate":
-        print(run_calibrate(args))
+        if twin_gap is None:
+            raise ValueError("`ppd sim calibrate` needs the simulator: run it through `ppd sim`")
+        print(run_calibrate(args, twin_gap))
     else:
         print(run_fit(args.runs, args.out, args.name or args.out.stem))
     return 0
@@ -123,10 +159,29 @@ def main(argv: list[str]) -> int:
 
 def render_presets() -> str:
     from profiler.engine import presets
+    from profiler.engine.vllm_versions import DEFAULT_VERSION, VERSION_MARK, VERSIONS
 
-    lines = ["cost presets (aiconfigurator-core's measured vLLM kernels + vLLM's host side; "
-             "insert :tpN before :kernels for TP; :kernels = the kernels alone):"]
-    lines += [f"  {name}" for name in presets.preset_names()]
+    lines = ["cost presets: GPU:MODEL[:tpN][@vllm-X.Y] = aiconfigurator-core's measured vLLM "
+             "0.24.0 kernels + one vLLM release's host side; :kernels = the kernels alone",
+             "", "vLLM host sides (@vllm-X.Y; the default is "
+             f"{DEFAULT_VERSION}):"]
+    for version in VERSIONS.values():
+        mark = " (default)" if version.version == DEFAULT_VERSION else ""
+        lines += [f"  {VERSION_MARK}{version.version}{mark}: {version.what}",
+                  f"      sources: {version.sources}"]
+    lines += ["", "presets:"]
+    names = presets.preset_names()
+    width = max(len(name) for name in names)
+    for name in names:
+        if name.endswith(f":{presets.KERNELS_SUFFIX}"):
+            what = "kernels only (no host side)"
+        elif VERSION_MARK in name:
+            what = f"vLLM {name.partition(VERSION_MARK)[2]}"
+        elif name.split(":")[0] in ("h100", "h200", "b200"):
+            what = f"vLLM {DEFAULT_VERSION}"
+        else:
+            what = "registered"
+        lines.append(f"  {name:<{width}}  {what}")
     lines += ["  FILE.json  (a LinearCost from `ppd sim fit`, or kernels + host from "
               "`ppd sim calibrate`)", "",
               "KV model shapes (bytes per token):"]
@@ -186,7 +241,7 @@ def run_fit(runs: list[Path], out: Path, name: str) -> str:
 VLLM_CPU_SERVER_TOKEN_BUDGET = 2048
 
 
-def run_calibrate(args: argparse.Namespace) -> str:
+def run_calibrate(args: argparse.Namespace, twin_gap: TwinGap) -> str:
     from profiler.engine.calibrate import calibrate
 
     if args.block_size < 1 or args.max_model_len < 1:
@@ -207,7 +262,7 @@ def run_calibrate(args: argparse.Namespace) -> str:
                        whole_prompt_transfer=whole_prompt, probe=probe)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     _write_preset(args.out, result.cost)
-    cost, settled = _settle_on_runs(args, result)
+    cost, settled = _settle_on_runs(args, result, twin_gap)
     host = cost.host
     kernel = cost.kernel
     assert isinstance(kernel, LinearCost)
@@ -233,8 +288,8 @@ def _write_preset(path: Path, cost: HostedCost) -> None:
     path.write_text(json.dumps(to_dict(cost), indent=2) + "\n")
 
 
-def _settle_on_runs(args: argparse.Namespace,
-                    result: Calibration) -> tuple[HostedCost, str]:
+def _settle_on_runs(args: argparse.Namespace, result: Calibration,
+                    twin_gap: TwinGap) -> tuple[HostedCost, str]:
     """Second pass: simulate every run on the written preset and move first the front end by
     the median gap between real and simulated local turn-2 TTFT, then the P->D hand-off by
     that of P->D TTFT. Both are then measured against the engine model's own dynamics (its
@@ -247,7 +302,7 @@ def _settle_on_runs(args: argparse.Namespace,
     cost, lines = result.cost, ""
     for route, term, label in ((RouteKind.LOCAL, "frontend_request_ms", "front end"),
                                (RouteKind.PD, "kv_handoff_ms", "P->D hand-off")):
-        gap, count = _median_gap(args, result, route)
+        gap, count = _median_gap(args, result, route, twin_gap)
         if gap is None:
             continue
         host = cost.host
@@ -261,18 +316,14 @@ def _settle_on_runs(args: argparse.Namespace,
     return cost, lines
 
 
-def _median_gap(args: argparse.Namespace, result: Calibration,
-                route: RouteKind) -> tuple[float | None, int]:
+def _median_gap(args: argparse.Namespace, result: Calibration, route: RouteKind,
+                twin_gap: TwinGap) -> tuple[float | None, int]:
     """Median over the runs of (real - simulated) TTFT on `route`, on the preset as written."""
-    from profiler.simulator.replay_twin import simulate_twin, ttft_gap_ms
-
     gaps = []
     for run in args.runs:
         if not (run / "summary.json").is_file():
             continue  # not a `ppd replay` directory: nothing to simulate it again from
-        simulated = simulate_twin(run, str(args.out), model=args.model,
-                                  reply_retokenized=result.reply_retokenized)
-        gap = ttft_gap_ms(run, simulated, route)
+        gap = twin_gap(run, str(args.out), args.model, result.reply_retokenized, route)
         if gap is not None:
             gaps.append(gap)
     if not gaps:

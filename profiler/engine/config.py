@@ -5,11 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-
-class NodeRole(enum.StrEnum):
-    PREFILL = "prefill"  # P: prefills and hands its KV to a D
-    DECODE = "decode"  # D: receives KV from a P, or prefills locally (PPD's append-prefill)
-    REPLICA = "replica"  # R: prefill and decode, no transfers
+from proxy.vocabulary import Role
 
 
 class SchedulePolicy(enum.StrEnum):
@@ -33,7 +29,7 @@ class EngineConfig:
     - `seed`: output token ids are drawn from it (everything else is deterministic anyway).
     """
 
-    role: NodeRole = NodeRole.REPLICA
+    role: Role = Role.REPLICA  # the proxy's roles: one enum for every layer
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
     chunk_size: int | None = None
@@ -51,7 +47,7 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name} must be at least 1")
         if self.chunk_size is not None and self.chunk_size < 1:
             raise ValueError("EngineConfig.chunk_size must be at least 1 (or None)")
-        object.__setattr__(self, "role", NodeRole(self.role))
+        object.__setattr__(self, "role", Role(self.role))
         object.__setattr__(self, "policy", SchedulePolicy(self.policy))
 
     @property

@@ -5,7 +5,7 @@ delivers the step's tokens at `result.end`: in virtual time (`simulate.py`, a di
 simulator) or in real time (an emulated HTTP node sleeping until `end`). Requests submitted
 while a step runs join the next one, as in vLLM.
 
-    engine = Engine(EngineConfig(role=NodeRole.DECODE), cost)
+    engine = Engine(EngineConfig(role=Role.DECODE), cost)
     engine.submit(Request("r1", max_tokens=64, prompt_token_ids=ids), now=0.0)
     while (start := engine.next_step_time()) is not None:
         result = engine.step(max(start, now))      # result.tokens, .finished, .end
@@ -18,11 +18,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from profiler.engine.batch import BatchShape
-from profiler.engine.config import EngineConfig, NodeRole
+from profiler.engine.config import EngineConfig
 from profiler.engine.cost import CostModel
+from profiler.engine.host import host_of
 from profiler.engine.prefix_cache import CacheObserver, block_hashes
 from profiler.engine.requests import Phase, Request, RequestRejected, Sequence
 from profiler.engine.scheduler import ScheduledItem, Scheduler
+from proxy.vocabulary import Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,10 @@ class Engine:
         self._seqs: dict[str, Sequence] = {}  # every request not yet forgotten
         self._kv_held: dict[str, Sequence] = {}  # P: finished, blocks kept for the D
         self._busy_until = float("-inf")
+        self._last_start = float("-inf")  # start of the step that ends at _busy_until
+        host = host_of(cost)
+        self._schedules_ahead = host.schedules_ahead
+        self._cold_step = host.cold_step_ms
         self._stalled = False  # the last step scheduled nothing and nothing changed since
         self._num_preemptions = 0
 
@@ -81,7 +87,7 @@ class Engine:
         """Queue a request. Raises RequestRejected if it could never run here."""
         if request.id in self._seqs:
             raise ValueError(f"request id {request.id} is already in the engine")
-        if request.kv_from is not None and self.config.role is NodeRole.PREFILL:
+        if request.kv_from is not None and self.config.role is Role.PREFILL:
             raise RequestRejected(f"request {request.id}: a P node does not receive KV")
         total = request.num_prompt_tokens + request.max_tokens
         if total > self.config.max_model_len:
@@ -147,11 +153,16 @@ class Engine:
 
     def step(self, now: float) -> StepResult:
         """Schedule and run one step starting at `now` (not before the previous step's end)."""
+        cold = now > self._busy_until  # no step in flight: nothing hides this one's host work
         start = max(now, self._busy_until)
-        batch = self._scheduler.schedule()
+        # vLLM's async scheduling scheduled this step while the previous one started on the
+        # GPU: requests that came later wait for the step after (`HostModel.schedules_ahead`).
+        admit_until = start if cold or not self._schedules_ahead else self._last_start
+        batch = self._scheduler.schedule(admit_until)
         shape = batch_shape(batch)
-        end = start + self.cost.step_ms(shape) / 1000.0
-        self._busy_until = end
+        step_ms = self.cost.step_ms(shape) + (self._cold_step(shape) if cold else 0.0)
+        end = start + step_ms / 1000.0
+        self._busy_until, self._last_start = end, start
         self._stalled = not batch and not self._scheduler.kv_pulls
         self._num_preemptions += len(self._scheduler.preempted)
         tokens: dict[str, int] = {}

@@ -32,6 +32,18 @@ on the critical path. Each term here is one named part of that, in vLLM's terms:
   mixed prefill+decode steps run piecewise graphs / eager attention at their real size;
 - `async_scheduling` (vLLM `--async-scheduling`): the host work of step N+1 overlaps the GPU
   work of step N; only what exceeds the kernel time, plus `async_residual_ms`, is exposed;
+- `schedules_ahead` (vLLM's async scheduling as its engine core runs it,
+  `EngineCore.step_with_batch_queue` in vllm/v1/engine/core.py: "fulfilling the batch queue
+  has a higher priority than getting model outputs"): the next step is scheduled and launched
+  before the running one's output is read, so a request that arrives while a step runs misses
+  the step already queued behind it and joins the one after;
+- `cold_step_host_ms`, once per step launched on an idle engine: with the batch queue empty
+  nothing runs on the GPU to hide that step's host work behind (`Scheduler.schedule`, the
+  model runner's `_update_states` adding the new request to the persistent input batch,
+  `_prepare_inputs` and the attention metadata, the piecewise-CUDA-graph launch of a
+  non-uniform batch in vllm/v1/worker/gpu_model_runner.py `execute_model`), so it is paid in
+  full; a step launched behind another hides it (the steady-state part that still shows is
+  `step_base_ms` / `step_per_request_ms`);
 - `kv_handoff_ms`, once per P->D transfer on D: fixed connector work beyond the step
   alignment the engine already models (the pull starts after D's scheduling step, its end is
   seen by D's next step);
@@ -80,6 +92,8 @@ class HostModel:
     cuda_graph_sizes: tuple[int, ...] = ()
     async_scheduling: bool = False
     async_residual_ms: float = 0.0
+    schedules_ahead: bool = False
+    cold_step_host_ms: float = 0.0
     kv_handoff_ms: float = 0.0
     kv_per_token_us: float = 0.0
     kv_descriptor_us: float = 0.0
@@ -124,6 +138,11 @@ class HostModel:
         if not self.async_scheduling or shape.is_empty:
             return host
         return max(0.0, host - kernel_ms) + self.async_residual_ms
+
+    def cold_step_ms(self, shape: BatchShape) -> float:
+        """What a step launched on an idle engine pays on top of `step_ms` (no step in flight
+        hides its host work)."""
+        return 0.0 if shape.is_empty else self.cold_step_host_ms
 
     def graph_shape(self, shape: BatchShape) -> BatchShape:
         """The batch the GPU runs: a decode-only batch padded to the next captured size
@@ -176,6 +195,7 @@ class HostedCost:
     host: HostModel
     source: str = ""
     engine: dict[str, int] = field(default_factory=dict)
+    vllm: str = ""  # the vLLM release the host terms stand for ("" = not said)
 
     def step_ms(self, shape: BatchShape) -> float:
         if shape.is_empty:

@@ -1,7 +1,9 @@
 """Cost presets by name or file: the registry `load_cost` reads.
 
-- `GPU:MODEL[:tpN]` (`h100:llama-3.1-8b`, ...): aiconfigurator's measured kernels plus vLLM's
-  host side (`host.py`), its terms fitted on public measurements (`public.py`);
+- `GPU:MODEL[:tpN][@vllm-X.Y]` (`h100:llama-3.1-8b`, ...): aiconfigurator's measured kernels
+  plus vLLM's host side (`host.py`) of one vLLM release (`vllm_versions.py`): by default vLLM
+  0.24, fitted on real vLLM 0.24 on an H100 (`measured.py`); `@vllm-0.13` the PPD paper's
+  engine, fitted on its micro-benchmark and public measurements (`public.py`);
 - `GPU:MODEL[:tpN]:kernels`: the kernels alone (what the presets were before the host side);
 - `FILE.json`: a `LinearCost` (`ppd sim fit`) or a kernels + host preset (`ppd sim calibrate`);
 - anything `register()`ed by name (a calibrated preset a caller wants to plug in).
@@ -17,9 +19,16 @@ from typing import Any
 
 from profiler.engine.cost import CostModel, LinearCost
 from profiler.engine.host import HostedCost, HostModel
+from profiler.engine.vllm_versions import (
+    DEFAULT_VERSION,
+    VERSION_MARK,
+    VERSIONS,
+    VllmVersion,
+    split_version,
+)
 
 KERNELS_SUFFIX = "kernels"
-REFERENCE = "h100:llama-3.1-8b"  # the kernels the public host numbers are fitted against
+REFERENCE = "h100:llama-3.1-8b"  # the kernels every version's host terms are fitted against
 _REGISTRY: dict[str, Callable[[], CostModel]] = {}
 
 
@@ -32,7 +41,10 @@ def preset_names() -> list[str]:
     from profiler.engine import aic
 
     gpu = aic.preset_names()
-    return [*gpu, *(f"{name}:{KERNELS_SUFFIX}" for name in gpu), *sorted(_REGISTRY)]
+    versioned = [f"{name}{VERSION_MARK}{v}" for name in gpu for v in VERSIONS
+                 if v != DEFAULT_VERSION]
+    return [*gpu, *versioned, *(f"{name}:{KERNELS_SUFFIX}" for name in gpu),
+            *sorted(_REGISTRY)]
 
 
 def load(spec: str) -> CostModel:
@@ -61,7 +73,8 @@ def from_dict(data: dict[str, Any]) -> CostModel:
         return HostedCost(name=str(data["name"]), kernel=from_dict(data["kernel"]),
                           host=HostModel.from_dict(data["host"]),
                           source=str(data.get("source", "")),
-                          engine={k: int(v) for k, v in dict(data.get("engine", {})).items()})
+                          engine={k: int(v) for k, v in dict(data.get("engine", {})).items()},
+                          vllm=str(data.get("vllm", "")))
     raise ValueError(f"unknown cost preset kind {kind!r} (linear or hosted)")
 
 
@@ -70,7 +83,8 @@ def to_dict(cost: HostedCost) -> dict[str, Any]:
     if not isinstance(kernel, LinearCost):
         raise ValueError("only a hosted preset over a LinearCost can be written to a file")
     return {"kind": "hosted", "name": cost.name, "source": cost.source,
-            "kernel": kernel.to_dict(), "host": cost.host.to_dict(), "engine": cost.engine}
+            "kernel": kernel.to_dict(), "host": cost.host.to_dict(), "engine": cost.engine,
+            **({"vllm": cost.vllm} if cost.vllm else {})}
 
 
 def _gpu_preset(spec: str) -> CostModel:
@@ -78,30 +92,35 @@ def _gpu_preset(spec: str) -> CostModel:
 
     parts = spec.split(":")
     kernels_only = parts[-1] == KERNELS_SUFFIX
-    base = ":".join(parts[:-1]) if kernels_only else spec
+    named = ":".join(parts[:-1]) if kernels_only else spec
+    base, version = split_version(named)
+    if kernels_only and version is not None:
+        raise ValueError(f"cost preset {spec!r}: :{KERNELS_SUFFIX} is the kernels alone, "
+                         "which have no vLLM host side to version")
     kernel = aic.load_preset(base)  # raises the "unknown preset" error with the known names
     if kernels_only:
         kernel.name = spec
         return kernel
-    return HostedCost(name=spec, kernel=kernel, host=_gpu_host(base, kernel),
-                      source=f"{kernel.source} + vLLM host side ({Path(__file__).parent.name}"
-                             "/public.py: PPD micro-benchmark, inference-sim, vLLM #50913)")
+    version = version or VERSIONS[DEFAULT_VERSION]
+    return HostedCost(name=spec, kernel=kernel, host=_gpu_host(base, kernel, version),
+                      source=f"{kernel.source} + vLLM {version.version} host side "
+                             f"({version.sources})", vllm=version.version)
 
 
-_FITTED: dict[str, HostModel] = {}  # the fitted terms, once per process
+_FITTED: dict[str, HostModel] = {}  # the fitted terms, once per process per version
 
 
-def _gpu_host(base: str, kernel: CostModel) -> HostModel:
-    """The host terms are CPU-side: fitted once against H100 + Llama-3.1-8B's kernels and
-    carried to every GPU and model (an assumption the docs state), with the model's own
-    layer count for NIXL's descriptors."""
-    from profiler.engine import aic, public
+def _gpu_host(base: str, kernel: CostModel, version: VllmVersion) -> HostModel:
+    """The host terms are CPU-side: fitted once per vLLM version against H100 +
+    Llama-3.1-8B's kernels and carried to every GPU and model (an assumption the docs
+    state), with the model's own layer count for NIXL's descriptors."""
+    from profiler.engine import aic
     from profiler.engine.transfer import load_model_shape
 
-    if "h100" not in _FITTED:
+    if version.version not in _FITTED:
         reference = kernel if base == REFERENCE else aic.load_preset(REFERENCE)
-        _FITTED["h100"] = public.h100_host(reference)
-    host = _FITTED["h100"]
+        _FITTED[version.version] = version.fit(reference)
+    host = _FITTED[version.version]
     layers = load_model_shape(base.split(":")[1]).num_layers
     return HostModel.from_dict({**host.to_dict(), "sources": host.sources,
                                 "descriptors_per_block": 2 * layers})

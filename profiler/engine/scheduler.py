@@ -26,6 +26,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.waiting_kv: dict[str, Sequence] = {}
+        self._admit_until = float("inf")  # schedule()'s cut-off for waiting arrivals
         self.preempted: list[str] = []  # ids preempted by the last schedule()
         self.kv_pulls: list[tuple[str, int]] = []  # (id, tokens to pull) admitted last time
         # Counters in vLLM's metric terms (tokens).
@@ -39,15 +40,23 @@ class Scheduler:
 
     # -- scheduling -------------------------------------------------------------------------
 
-    def schedule(self) -> list[ScheduledItem]:
+    def schedule(self, admit_until: float = float("inf")) -> list[ScheduledItem]:
+        """The next step's batch. Waiting requests that arrived after `admit_until` are left
+        for a later step (vLLM's async scheduling planned this step before they came), unless
+        the step would otherwise run nothing."""
         self.preempted = []
         self.kv_pulls = []
+        self._admit_until = admit_until
         budget = self.config.max_num_batched_tokens
         if self.config.policy is SchedulePolicy.PREFILL_FIRST:
             batch = self._schedule_prefills(budget)
-            return batch if batch else self._schedule_running(budget, decode_only=True)[0]
-        batch, budget = self._schedule_running(budget)
-        return batch + self._schedule_waiting(budget)
+            batch = batch if batch else self._schedule_running(budget, decode_only=True)[0]
+        else:
+            batch, budget = self._schedule_running(budget)
+            batch += self._schedule_waiting(budget)
+        if not batch and not self.kv_pulls and self.waiting and admit_until != float("inf"):
+            return self.schedule()  # an idle GPU: vLLM schedules the newcomers at once
+        return batch
 
     def _schedule_prefills(self, budget: int) -> list[ScheduledItem]:
         """nano-vllm: ongoing prompt chunks, then new prompts; no decodes in the step."""
@@ -91,6 +100,8 @@ class Scheduler:
             return batch  # vLLM admits nothing in a step that had to preempt: no thrashing
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.arrival > self._admit_until:
+                break  # came after this step was planned
             if seq.request.kv_from is not None and not seq.kv_received:
                 if not self._admit_for_pull(seq):
                     break

@@ -64,11 +64,21 @@ LINKS = {link.name: link for link in (
 )}
 
 
-def load_link(name: str) -> Link:
+def load_link(spec: str) -> Link:
+    """A link preset name, or `LATENCY_MS:GBPS` for a measured one (e.g. vLLM-CPU's disk
+    hand-off: the fixed part of a P->D turn that `ppd sim fit` reports as its TTFT intercept).
+    The one parser of `--link`, for the simulator and the emulated nodes alike."""
+    if spec in LINKS:
+        return LINKS[spec]
+    latency, sep, bandwidth = spec.partition(":")
     try:
-        return LINKS[name]
-    except KeyError:
-        raise ValueError(f"unknown link {name!r}; known: {', '.join(LINKS)}") from None
+        latency_s, bandwidth_bytes = float(latency) / 1000, float(bandwidth) * 1e9
+    except ValueError:
+        latency_s = bandwidth_bytes = -1.0
+    if not sep or latency_s < 0 or bandwidth_bytes <= 0:
+        raise ValueError(f"unknown link {spec!r}; known: {', '.join(LINKS)}, or LATENCY_MS:GBPS")
+    return Link(spec, bandwidth_bytes, latency_s, f"given: {latency_s * 1000:g} ms, "
+                f"{bandwidth_bytes / 1e9:g} GB/s")
 
 
 def load_model_shape(name: str) -> ModelShape:

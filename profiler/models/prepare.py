@@ -191,7 +191,7 @@ def tiny_training_text() -> list[str]:
 def train_tiny_tokenizer() -> Any:
     """The tiny model's byte-level BPE (a `tokenizers.Tokenizer`), trained here, deterministic.
 
-    The emulated nodes (profiler/emulate/vocab.py) tokenize with the same one."""
+    The emulated nodes (profiler/emulate/tokenizer.py) tokenize with the same one."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())

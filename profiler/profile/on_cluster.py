@@ -7,6 +7,7 @@ launcher (and with it the model tooling).
 from __future__ import annotations
 
 import asyncio
+import secrets
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +57,14 @@ def profile_on_local_cluster(job: ClusterProfileJob, grid: ProfileGrid,
             if tokenizer is None and cluster.model_path is not None:
                 # Exact token counts for the served model: cells mean what they say.
                 tokenizer = token_counter(cluster.model_path)
-            target = cluster.start_proxy("pd", port=job.base_port + PROXY_PORT_OFFSET)
+            # Forcing a route needs an admin key: a fresh one, in a file only this user can
+            # read (not on the command line, which every local user can see).
+            admin_key = secrets.token_urlsafe(24)
+            key_file = Path(state) / "proxy-admin.yaml"
+            key_file.touch(mode=0o600)
+            key_file.write_text(f"admin_key: {admin_key}\n")
+            target = cluster.start_proxy("pd", port=job.base_port + PROXY_PORT_OFFSET,
+                                         extra_args=["--config", str(key_file)])
             meta = build_meta(
                 model=cluster.model, layout=str(layout), backend=local_vllm_backend(),
                 grid=grid.as_meta(), weights={"w_ttft": job.w_ttft, "w_tpot": job.w_tpot},
@@ -64,5 +72,5 @@ def profile_on_local_cluster(job: ClusterProfileJob, grid: ProfileGrid,
             )
             profiler = Profiler(grid=grid, target=target, out_csv=job.out, meta=meta,
                                 seed=job.seed, model=cluster.model, tokenizer=tokenizer,
-                                progress=job.progress)
+                                progress=job.progress, admin_key=admin_key)
             return asyncio.run(profiler.run())

@@ -3,7 +3,8 @@
 The profiler's table is only as good as the forced route: a target that ignores `x-ppd-route`
 (a bare vLLM node, a proxy under policy replica) would serve both "routes" the same way and
 yield a table of look-alike cells with a verdict; a proxy that refuses the header (401: no or
-the wrong admin key) would yield a table of failed cells after hours of load. One forced turn,
+the wrong admin key) would yield a table of failed cells after hours of load, and a proxy
+started without an admin key ignores it (saying so in `x-ppd-route-ignored`). One forced turn,
 sent before the first cell, tells them apart: a ppd proxy that honours the header answers with
 the route it was told to take in its own `x-ppd-route` response header.
 """
@@ -39,6 +40,7 @@ async def check_forced_route(client: httpx.AsyncClient, model: str,
         async with client.stream("POST", "/v1/chat/completions", json=body,
                                  headers=headers) as response:
             status, taken = response.status_code, response.headers.get("x-ppd-route")
+            ignored = response.headers.get("x-ppd-route-ignored")
             answer = await response.aread()
     except httpx.HTTPError as exc:
         raise TargetRefused(f"the probe turn to {url} failed ({type(exc).__name__}: {exc}): "
@@ -49,6 +51,11 @@ async def check_forced_route(client: httpx.AsyncClient, model: str,
                "pass the proxy's admin key with --admin-key KEY (the key it was started with)")
         raise TargetRefused(f"{url} refused the forced route ({error_message(status, answer)})"
                             f"; {fix}")
+    if ignored is not None:
+        raise TargetRefused(
+            f"the proxy at {url} has no admin key, so it ignores x-ppd-route and no route can "
+            "be forced: restart it with --admin-key KEY (`ppd cluster up --with-proxy "
+            "--proxy-args '--admin-key KEY'`) and pass the same key here with --admin-key KEY")
     if status != 200:
         raise TargetRefused(f"the probe turn forced to {PROBE_ROUTE} failed at {url}: "
                             f"{error_message(status, answer)}")

@@ -288,6 +288,12 @@ def main(argv: list[str]) -> int:
     print(summary_table({**summary, "conversation_rate": rate},
                         title=f"ppd replay: {label} -> {redacted_url(args.target)}{on}"))
     print(f"outputs in {out}/")
+    later = [r for r in result.records if r.success and r.turn >= 2]
+    if args.force_route and later and not any(r.route == args.force_route for r in later):
+        # A proxy without --admin-key ignores x-ppd-route (it says so in x-ppd-route-ignored).
+        print(f"ppd replay: warning: no turn 2+ took the forced route {args.force_route}: the "
+              "proxy ignores x-ppd-route without an admin key (start it with --admin-key KEY "
+              "and pass the same key here with --admin-key KEY)", file=sys.stderr)
     failure = failure_report(result.records, threshold)
     if failure:
         print(failure, file=sys.stderr)

@@ -81,7 +81,7 @@ def run_main(argv: list[str]) -> int:
                    seed=args.seed, max_turns=args.max_turns,
                    max_context_tokens=args.max_context_tokens, load_window_s=args.load_window,
                    client_connections=args.client_connections,
-                   reply_retokenized=args.reply_retokenized)
+                   reply_retokenized=args.reply_retokenized, client=args.client)
     started = time.perf_counter()
     result = simulate(spec)
     elapsed = time.perf_counter() - started
@@ -109,8 +109,9 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] in simulator:
         return simulator[argv[0]](argv[1:])
     from profiler.engine import cli as engine_cli
+    from profiler.simulator.replay_twin import twin_ttft_gap_ms
 
-    return engine_cli.main(argv)
+    return engine_cli.main(argv, twin_gap=twin_ttft_gap_ms)
 
 
 def grid_main(argv: list[str]) -> int:
@@ -135,6 +136,11 @@ def build_paper_parser() -> argparse.ArgumentParser:
     parser.add_argument("grid", type=Path, nargs="+",
                         help="ppd sim grid tables (.parquet or .csv), read as one")
     parser.add_argument("--out", type=Path, required=True, help="directory for tables/plots")
+    parser.add_argument("--ideal", type=Path, nargs="+", default=None, metavar="GRID",
+                        help="a second grid, the ideal setup (default preset, ideal client), "
+                        "to put beside the first (the paper-like one: --cost "
+                        "h100:llama-3.1-8b@vllm-0.13 --client paper): its report goes to "
+                        "OUT/ideal and both side by side to OUT/side-by-side.md")
     return parser
 
 
@@ -160,6 +166,15 @@ def paper_main(argv: list[str]) -> int:
     written = write_report(frame, args.out, source=" + ".join(map(str, args.grid)),
                            preface=report_preface(setups),
                            closing=["## Verdict", "\n".join(f"- {line}" for line in verdict)])
+    if args.ideal:
+        from profiler.simulator.paper_compare import side_by_side_markdown
+
+        ideal = pd.concat([load_grid(path) for path in args.ideal], ignore_index=True)
+        written += write_report(ideal, args.out / "ideal",
+                                source=" + ".join(map(str, args.ideal)))
+        compare = args.out / "side-by-side.md"
+        compare.write_text(side_by_side_markdown(frame, ideal))
+        written.append(compare)
     print("\n".join(f"wrote {path}" for path in written))
     print("\n".join(setup.line() for setup in setups))
     print("\n".join(verdict))

@@ -32,6 +32,11 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
                         help="model the PPD paper's benchmark client: at most N requests in "
                         "flight, a turn due while all are busy waits and its TTFT counts the "
                         "wait (default: the ideal client, as ppd replay)")
+    parser.add_argument("--client", choices=("ideal", "paper"), default="ideal",
+                        help="ideal: every turn sent when due, replies back as their own ids "
+                        "(as ppd replay); paper: the PPD paper's benchmark client - 50 "
+                        "connections, its clock, replies sent back as text of which only a "
+                        "measured share still hits the prefix cache (docs/simulator.md)")
     parser.add_argument("--reply-retokenized", action="store_true",
                         help="each reply comes back in the next turn as text the server "
                         "tokenizes into other ids, so it misses the prefix cache (the tiny "

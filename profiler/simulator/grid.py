@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profiler.simulator.flags import add_cluster_flags
-from profiler.simulator.layout import Layout
 from profiler.simulator.provenance import METADATA_KEY, SimulatedSetup, describe, sidecar_path
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import PAPER_CONTEXTS, WORKLOAD_SHAPES
 from proxy.policies import registry
+from proxy.vocabulary import Layout
 
 if TYPE_CHECKING:  # the simulator (numpy, the engine model) is imported when a grid runs
     from profiler.simulator.run import RunSpec
@@ -77,7 +77,7 @@ class GridCell:
     def row(self) -> dict[str, Any]:
         return {"layout": self.spec.layout, "dataset": self.spec.dataset.removeprefix(
             "synthetic:"), "qps": self.spec.qps, "policy": self.policy,
-            "seed": self.spec.seed, "cost": self.spec.cost}
+            "seed": self.spec.seed, "cost": self.spec.cost, "client": self.spec.client}
 
 
 def expand_layouts(names: Sequence[str]) -> list[str]:
@@ -210,8 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def shipped_table(table_dir: Path, cost: str, layout: str) -> Path:
-    """Where the shipped decision table of a (cost preset, layout) lives."""
-    name = cost.replace(":", "-")
+    """Where the shipped decision table of a (cost preset, layout) lives: one per GPU and
+    model, whatever vLLM the preset names (a table's meta.json says which engine it was
+    measured on; the shipped H100 tables are the paper's, `@vllm-0.13`)."""
+    name = cost.partition("@")[0].replace(":", "-")
     return table_dir / f"{name}-{layout.lower()}.csv"
 
 
@@ -229,7 +231,7 @@ def main(argv: list[str]) -> int:
                    timeout_s=args.timeout, seed=args.seed, max_turns=args.max_turns,
                    load_window_s=args.load_window, max_context_tokens=args.max_context_tokens,
                    client_connections=args.client_connections,
-                   reply_retokenized=args.reply_retokenized)
+                   reply_retokenized=args.reply_retokenized, client=args.client)
 
     def table_for(layout: str) -> Path | None:
         if args.table is not None:

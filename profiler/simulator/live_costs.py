@@ -104,7 +104,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--link", default="nvlink", help="nvlink, rdma-400g, tcp-25g")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     args = parser.parse_args(argv)
-    model = args.model or (args.cost.split(":")[1] if ":" in args.cost else None)
+    model = args.model or (args.cost.partition("@")[0].split(":")[1] if ":" in args.cost
+                           else None)
     if model is None:
         parser.error("--cost names no model: pass --model for the KV size")
     try:

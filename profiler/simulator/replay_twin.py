@@ -39,6 +39,14 @@ def simulate_twin(run: Path, cost: str, **options: object) -> SimResult:
     return simulate(twin_spec(run, cost, **options))  # type: ignore[arg-type]
 
 
+def twin_ttft_gap_ms(run: Path, cost: str, model: str, reply_retokenized: bool,
+                     route: RouteKind) -> float | None:
+    """The run simulated again on `cost`: its `ttft_gap_ms` on `route` (what `ppd sim
+    calibrate`'s second pass settles on; `profiler.engine.cli.TwinGap`)."""
+    simulated = simulate_twin(run, cost, model=model, reply_retokenized=reply_retokenized)
+    return ttft_gap_ms(run, simulated, route)
+
+
 def ttft_gap_ms(run: Path, result: SimResult, route: RouteKind = RouteKind.PD) -> float | None:
     """Median TTFT of the real run's turns on `route` less the simulated one's (P->D: turn
     1, and turn 2 when it was forced P->D; local: turn 2 forced local); None when the run

@@ -28,8 +28,8 @@ from profiler.replay.output import (
     records_frame,
 )
 from profiler.simulator.flags import DEFAULT_COST, DEFAULT_LINK
-from profiler.simulator.layout import Layout
 from profiler.simulator.live_costs import step_costs_for
+from profiler.simulator.paper_client import PAPER_CONNECTIONS, ClientKind, kept_reply_tokens
 from profiler.simulator.provenance import SimulatedSetup, describe
 from profiler.simulator.virtual_cluster import DEFAULT_TIMEOUT_S, SimResult, SimSetup, Simulator
 from profiler.simulator.workload import arrivals, conversations_needed, load_conversations
@@ -39,7 +39,7 @@ from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.policies import RoutingPolicy, registry
 from proxy.policies.base import Need
 from proxy.table import DecisionTable
-from proxy.vocabulary import Role, RouteKind
+from proxy.vocabulary import Layout, Role, RouteKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +62,16 @@ class RunSpec:
     load_window_s: float = DEFAULT_LOAD_WINDOW_S  # the proxy's --load-window
     client_connections: int | None = None  # the paper's capped client; None: ideal client
     reply_retokenized: bool = False  # replies come back as other token ids (no cache hit)
+    client: str = "ideal"  # paper_client.ClientKind: "paper" = the paper's benchmark client
 
     def __post_init__(self) -> None:
         if min(self.qps, self.duration_s, self.timeout_s, self.load_window_s) <= 0:
             raise ValueError("qps, duration, timeout and load window must be > 0")
         if self.client_connections is not None and self.client_connections < 1:
             raise ValueError("client connections must be at least 1 (or unset: no cap)")
+        known = [kind.value for kind in ClientKind]
+        if self.client not in known:
+            raise ValueError(f"unknown client {self.client!r}; known: {', '.join(known)}")
         layout = Layout.parse(self.layout)
         replica = registry.get(self.policy.kind).replicas_only
         if replica and not layout.replica:
@@ -82,7 +86,7 @@ class RunSpec:
     def model_name(self) -> str:
         if self.model:
             return self.model
-        parts = self.cost.split(":")
+        parts = self.cost.partition("@")[0].split(":")  # h100:MODEL[:tpN][@vllm-X.Y]
         if len(parts) >= 2:
             return parts[1]
         raise ValueError(f"cost {self.cost!r} names no model: pass --model for the KV size")
@@ -141,13 +145,18 @@ def setup_for(spec: RunSpec) -> SimSetup:
     def force(turn: int) -> RouteKind | None:
         return forced if turn >= 2 else None
 
+    paper = spec.client == ClientKind.PAPER
+    connections = spec.client_connections
+    if paper and connections is None:
+        connections = PAPER_CONNECTIONS
     return SimSetup(
         layout=Layout.parse(spec.layout), cost=cost_model(spec.cost),
         policy=routing_policy(spec.policy, live_costs(spec)), link=load_link(spec.link),
         kv_bytes_per_token=load_model_shape(spec.model_name).kv_bytes_per_token,
         engine=engine_config(spec.cost, spec.seed), timeout_s=spec.timeout_s,
-        load_window_s=spec.load_window_s, client_connections=spec.client_connections,
-        reply_retokenized=spec.reply_retokenized, forced=force if forced is not None else None)
+        load_window_s=spec.load_window_s, client_connections=connections,
+        reply_retokenized=spec.reply_retokenized, forced=force if forced is not None else None,
+        kept_reply=kept_reply_tokens if paper else None)
 
 
 def simulate(spec: RunSpec) -> SimResult:

@@ -159,7 +159,8 @@ class SimProxy:
                 reply_text(plan.session_id, plan.lookup.turn), prompt_tokens + completion_tokens)
             recorded = self.ledger.record_turn(plan.lookup, held)
             if recorded is not None and self.readback_ttl_s is not None:
-                if kept_ids and plan.route in (RouteKind.PD, RouteKind.READBACK):
+                if kept_ids and plan.route in (RouteKind.PD, RouteKind.READBACK,
+                                               RouteKind.LOCAL):
                     self.readback.put(recorded.id, held.digest, HeldKV(
                         {}, plan.decode.url, array("q", kept_ids),
                         self._clock() + self.readback_ttl_s - EXPIRY_MARGIN_S))

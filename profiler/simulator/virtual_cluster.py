@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from profiler.engine.config import EngineConfig, NodeRole
+from profiler.engine.config import EngineConfig
 from profiler.engine.cost import CostModel
 from profiler.engine.engine import Engine, StepResult
 from profiler.engine.host import host_of
@@ -44,16 +44,14 @@ from profiler.engine.requests import Request, RequestRejected
 from profiler.engine.transfer import Link, SharedLink
 from profiler.replay.client import RequestRecord
 from profiler.simulator.cluster_state import observer
-from profiler.simulator.layout import Layout, SimNode
+from profiler.simulator.layout import SimNode, sim_nodes
 from profiler.simulator.sim_proxy import Plan, SimProxy
 from profiler.simulator.workload import Arrival, SimConversation
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.policies import RoutingPolicy
 from proxy.readback import MIN_READBACK_TOKENS, VLLM_DECODER_BLOCKS_TTL_S, matched_tokens
-from proxy.vocabulary import Reason, Role, RouteKind
+from proxy.vocabulary import Layout, Reason, Role, RouteKind
 
-_ENGINE_ROLE = {Role.PREFILL: NodeRole.PREFILL, Role.DECODE: NodeRole.DECODE,
-                Role.REPLICA: NodeRole.REPLICA}
 # User-message token ids start here: far above any vocabulary, so they never equal a sampled
 # output token, and every (conversation, turn) gets its own range (no cross-conversation hits).
 _USER_TOKEN_BASE = 1 << 40
@@ -89,6 +87,10 @@ class SimSetup:
     # D keeps a finished P->D turn's blocks for a readback this long (vLLM's
     # decoder_kv_blocks_ttl, as `ppd cluster up` sets it); None: no readback route.
     readback_ttl_s: float | None = VLLM_DECODER_BLOCKS_TTL_S
+    # The paper's client sends the reply back as text: of a reply of n tokens, the first
+    # kept_reply(n) keep their ids (and hit), the rest come back as new ids
+    # (`paper_client.kept_reply_tokens`). None: as reply_retokenized says.
+    kept_reply: Callable[[int], int] | None = None
 
 
 @dataclass(slots=True)
@@ -137,7 +139,7 @@ class Simulator:
         self._events: list[tuple[float, int, int, Any]] = []
         self._sequence = itertools.count()
         self._nodes: dict[str, _Node] = {}
-        for spec in setup.layout.nodes():
+        for spec in sim_nodes(setup.layout):
             config = _node_config(setup.engine, spec)
             node = _Node(spec, Engine(config, setup.cost))
             if spec.role is Role.PREFILL or (spec.role is Role.DECODE
@@ -305,12 +307,19 @@ class Simulator:
         end = self.now + self.host.frontend_finish_ms / 1000
         self._record(turn, success=True, ttft=first - turn.start, end=end,
                      n_output=len(outputs), error=None, status=200)
-        # D keeps the KV of the prompt and all but the last output (never computed).
-        kept = turn.prompt + outputs[:-1] if turn.plan.prefill is not None else None
+        # D keeps the KV of the prompt and all but the last output (never computed); the
+        # proxy keeps a local turn's too (its leg asks D to: proxy.readback.KEEP_BLOCKS).
+        kept = (turn.prompt + outputs[:-1]
+                if turn.plan.route in (RouteKind.PD, RouteKind.READBACK, RouteKind.LOCAL)
+                else None)
         self.proxy.end(turn.plan, True, len(turn.prompt), len(outputs), kept)
         history = self._history[turn.conversation.id]
         history[len(history):] = turn.prompt[len(history):]
-        if self.setup.reply_retokenized:
+        if self.setup.kept_reply is not None:
+            same_ids = min(len(outputs), self.setup.kept_reply(len(outputs)))
+            history.extend(outputs[:same_ids])
+            history.extend(self._fresh_tokens(len(outputs) - same_ids))
+        elif self.setup.reply_retokenized:
             history.extend(self._fresh_tokens(len(outputs)))
         else:
             history.extend(outputs)
@@ -475,7 +484,7 @@ class Simulator:
 
 
 def _node_config(base: EngineConfig, spec: SimNode) -> EngineConfig:
-    return replace(base, role=_ENGINE_ROLE[spec.role], seed=hash_seed(base.seed, spec.name))
+    return replace(base, role=spec.role, seed=hash_seed(base.seed, spec.name))
 
 
 def hash_seed(seed: int, name: str) -> int:

@@ -1,10 +1,12 @@
-"""`--policy live --live-costs PATH`: both routes predicted from the cluster's state now.
+"""`--policy live --live-costs PATH`: the routes predicted from the cluster's state now.
 
 `proxy.live` predicts each route (what D still holds, the nodes' batches and queues, a
 step-cost model) and scores the prediction as the decision table would (`LiveScorer`, the
 running means it learns: passed in and handed back, so `decide` stays pure). A table, when
 given, decides while D holds the whole history (the state it measured). P->D for a session D
-partly evicted has reason EVICTED.
+partly evicted has reason EVICTED. When the session's D keeps the history's blocks for a
+readback (docs/readback.md), the readback is priced too (its TTFT gain over P->D; D's batch
+is untouched) and taken when it scores above both local's score and P->D's zero.
 
 In a hybrid pool (R nodes beside P and D) live also places a conversation without a home
 (turn 1, or its node gone) on a replica or P->D by the same score (REPLICA_LIVE when the
@@ -107,6 +109,9 @@ def _predicted(turn: Turn, state: TurnState, inputs: Inputs,
     # Without residency (no KV events for this session on its D) live is blind to
     # eviction: its own reason says so (docs/live-routing.md).
     live = Reason.LIVE if held is not None else Reason.LIVE_BLIND
+    readback = scorer.readback_score(prediction)
+    if readback is not None and readback > max(score, 0.0):
+        return Decision(RouteKind.READBACK, live), scorer
     if score > 0:
         return Decision(RouteKind.LOCAL, live), scorer
     return Decision(RouteKind.PD, Reason.EVICTED if prediction.missing_tokens > 0

@@ -7,9 +7,11 @@ Layout (prefix `ppd:`; a standalone server, not a cluster: the scripts name keys
   in namespace NS (`proxy.sessions.ledger` explains the index, forks included; an entry stays
   after its session moved on); `l:NS`: the held lengths of the namespace's entries; `o:NS` ->
   ID: its latest session, whose nodes a new branch starts on;
-- `live`: sorted set ID -> expiry, for the live count and the admin snapshot.
+- `live`: sorted set ID -> expiry, for the live count and the admin snapshot;
+- `k:ID` set: the index entries session ID recorded (what goes with it when it is evicted).
 Every key expires `--session-ttl` after the session's last recorded turn (PEXPIRE in the
-store, so an idle session needs no process to forget it).
+store, so an idle session needs no process to forget it), and the store holds at most
+`--max-sessions` sessions: past that, the least recently recorded goes with its keys.
 
 Reads (`resolve`) and writes (`record`, once per completed turn) are one Lua script each, so a
 turn never sees half a write; the write is a compare-and-set on the turn count and held digest
@@ -85,7 +87,9 @@ return {0, home, rec, taken}
 """
 
 # ARGV: prefix, id, expected turns ('' = must not exist), expected held digest, ttl ms,
-# namespace, (unused), held length, held digest, then the record's field/value pairs -> 1 or 0.
+# namespace, max sessions, held length, held digest, then the record's field/value pairs ->
+# 1 or 0. Past max sessions the least recently recorded are deleted with their keys (`k:ID`
+# lists a session's index entries; an entry another session has since taken over is kept).
 _COMMIT = """
 local p, id = ARGV[1], ARGV[2]
 local key = p .. 's:' .. id
@@ -105,6 +109,8 @@ if hd ~= '' then
   redis.call('DEL', point)
   redis.call('HSET', point, 'id', id, unpack(ARGV, 10))
   redis.call('PEXPIRE', point, ttl)
+  redis.call('SADD', p .. 'k:' .. id, point)
+  redis.call('PEXPIRE', p .. 'k:' .. id, ttl)
   redis.call('SADD', p .. 'l:' .. ns, hl)
   redis.call('PEXPIRE', p .. 'l:' .. ns, ttl)
 end
@@ -114,6 +120,23 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZADD', p .. 'live', now + ttl, id)
 redis.call('ZREMRANGEBYSCORE', p .. 'live', '-inf', now)
 redis.call('PEXPIRE', p .. 'live', ttl)
+local over = redis.call('ZCARD', p .. 'live') - tonumber(ARGV[7])
+if over > 0 then
+  local gone = redis.call('ZPOPMIN', p .. 'live', over)
+  for i = 1, #gone, 2 do
+    local victim = gone[i]
+    local vkey = p .. 's:' .. victim
+    local vns = redis.call('HGET', vkey, 'opening')
+    for _, vpoint in ipairs(redis.call('SMEMBERS', p .. 'k:' .. victim)) do
+      if redis.call('HGET', vpoint, 'id') == victim then redis.call('DEL', vpoint) end
+    end
+    if vns and redis.call('GET', p .. 'o:' .. vns) == victim then
+      -- the namespace's latest session: its others were recorded before, so went before
+      redis.call('DEL', p .. 'o:' .. vns, p .. 'l:' .. vns)
+    end
+    redis.call('DEL', vkey, p .. 'k:' .. victim)
+  end
+end
 return 1
 """
 
@@ -157,6 +180,7 @@ class RedisStore(SessionStore):
         self._ttl = ttl
         self._ttl_ms = max(1, round(ttl * 1000))
         self._clock = clock
+        self._max_sessions = max_sessions  # the store's bound: oldest recorded evicted first
         self._cache_size = min(max_sessions, CACHE_MAX)
         self._cache = SessionLedger(ttl, self._cache_size, clock)
         self._prefix = prefix
@@ -224,7 +248,7 @@ class RedisStore(SessionStore):
             done = await self._run("commit", [
                 self._prefix, session.id, "" if version is None else str(version.turns),
                 (version.digest or "") if version is not None else "", self._ttl_ms,
-                session.opening, "1" if session.hashed else "0",
+                session.opening, self._max_sessions,
                 new_held.length if new_held else "", new_held.digest if new_held else "",
                 *_encode(session)])
         except _ERRORS as exc:

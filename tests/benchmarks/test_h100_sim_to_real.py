@@ -18,7 +18,7 @@ def test_stage_means_come_from_the_measured_means() -> None:
 
 def test_host_side_and_async_scheduling_move_the_prediction_the_right_way() -> None:
     stage = public.SIM_TO_REAL_STAGES[0]
-    hosted = load_cost("h100:llama-3.1-8b")
+    hosted = load_cost("h100:llama-3.1-8b@vllm-0.13")  # the paper's engine, sync scheduling
     overlapped = replace(hosted, host=replace(hosted.host, async_scheduling=True))
     ttft_sync, tpot_sync = predict(stage, hosted, seconds=5.0)
     ttft_async, tpot_async = predict(stage, overlapped, seconds=5.0)

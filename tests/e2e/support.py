@@ -16,10 +16,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from profiler.cluster.kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET
 from profiler.cluster.launcher import Cluster, default_cores, start_cluster
 from profiler.cluster.plan import NIXL_SIDE_CHANNEL_OFFSET, ClusterConfig, Connector, parse_layout
 from profiler.cluster.procs import port_free
+from profiler.node_kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET
 from proxy import ServerThread, config_from_args, create_app
 
 # The vLLM counters the tests read (sample names, summed over engines and label sets).

@@ -39,10 +39,10 @@ GRID = ProfileGrid(contexts=(ContextClass.SMALL,), workloads=("tiny", "huge_past
 def profiled_table(cluster_1p1d: Cluster, tiny_model: Path,
                    tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("profile") / "tiny-1p1d.csv"
-    with proxy_for(cluster_1p1d, "pd", tiny_model) as url:
+    with proxy_for(cluster_1p1d, "pd", tiny_model, "--admin-key", "adm") as url:
         profiler = Profiler(grid=GRID, target=url, out_csv=out, meta={"model": "tiny"},
                             seed=11, model="tiny", tokenizer=token_counter(tiny_model),
-                            progress=False)
+                            progress=False, admin_key="adm")
         asyncio.run(profiler.run())
     return out
 

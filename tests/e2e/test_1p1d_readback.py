@@ -84,13 +84,16 @@ def test_turn2_readback_computes_only_the_new_tokens_and_answers_as_pd(
         route, prompt2, reply2, computed = back.say_on("readback", "Tell me more, please.")
         pd_route, _, pd_reply2, pd_computed = pd.say_on("pd", "Tell me more, please.")
         gained = reasons(url)
+        read = httpx.get(f"{url}/stats").json()["readback"]["tokens"]
     held = prompt1 + MAX_TOKENS - 1  # D keeps the prompt and all but the last reply token
     # On pd, P would compute all but turn 1's whole blocks (its own prefix cache). The second
     # conversation's pd turn 2 computes less: P's cache holds the readback's identical prompt.
     pd_alone = prompt2 - prompt1 // block * block
-    print(f"\nturn 2: {prompt2} prompt tokens, D held {held}; P computed {computed} on "
-          f"readback ({pd_alone} on pd from its own cache; {pd_computed} on the identical pd "
-          f"turn after it; block {block})")
+    print(f"\nturn 2: {prompt2} prompt tokens, D held {held}, P read {read} back (short of "
+          f"{held} where the reply re-tokenized into other ids); P computed {computed} on readback "
+          f"({pd_alone} on pd from its own cache; {pd_computed} on the identical pd turn after "
+          f"it; block {block})")
+    assert prompt1 <= read <= held  # the prompt always matches; the reply as far as it does
     assert (route, pd_route) == ("readback", "pd")
     assert computed <= prompt2 - held + block
     assert computed < pd_alone
@@ -108,3 +111,24 @@ def test_an_expired_readback_goes_pd_with_its_own_reason(
         gained = reasons(url)
     assert route == "pd"
     assert gained.get(("pd", "readback_expired")) == 1.0
+
+
+def test_after_a_local_turn_p_reads_back_the_history_it_never_saw(
+        cluster_1p1d: Cluster, tiny_model: Path) -> None:
+    # Turn 2 runs on D alone (the proxy asks D to keep its blocks); turn 3 forced to readback:
+    # P reads turns 1-2 from D instead of computing the part of them it does not cache.
+    p_url = cluster_1p1d.url(Role.PREFILL)
+    block = block_size(p_url)
+    with proxy_for(cluster_1p1d, "pd", tiny_model, "--admin-key", ADMIN) as url:
+        chat = Forced(url, p_url, "readback-after-local")
+        _, prompt1, _, _ = chat.say_on("pd", filler(150, seed=33))
+        route2, prompt2, _, computed2 = chat.say_on("local", filler(120, seed=34))
+        route3, prompt3, _, computed3 = chat.say_on("readback", "One more, please.")
+    held = prompt2 + MAX_TOKENS - 1
+    pd_alone = prompt3 - prompt1 // block * block  # P caches turn 1's whole blocks only
+    print(f"\nturn 3: {prompt3} prompt tokens, D held {held}; P computed {computed3} on "
+          f"readback ({pd_alone} on pd from its own cache)")
+    assert (route2, computed2) == ("local", 0)
+    assert route3 == "readback"
+    assert computed3 <= prompt3 - held + block
+    assert computed3 < pd_alone

@@ -48,7 +48,11 @@ def fake_chat_ids(messages: list[dict[str, Any]], generation_prompt: bool = True
     """A chat rendered and tokenized as the mock nodes do."""
     ids: list[int] = []
     for message in messages:
-        ids += [_ROLE_IDS.get(message["role"], 5), *fake_ids(message["content"] or ""), _END_ID]
+        # The fuzz sends messages without content, or with parts: a tokenizer takes the text.
+        content = message.get("content") if isinstance(message, dict) else None
+        text = content if isinstance(content, str) else json.dumps(content) if content else ""
+        role = message.get("role") if isinstance(message, dict) else None
+        ids += [_ROLE_IDS.get(role, 5) if isinstance(role, str) else 5, *fake_ids(text), _END_ID]
     return ids + [_ROLE_IDS["assistant"]] if generation_prompt else ids
 
 
@@ -212,7 +216,8 @@ class MockNode:
         given = body.get("kv_transfer_params") or {}
         prompt_ids = fake_chat_ids(body["messages"]) if "messages" in body else []
         reply_ids = self.reply_ids if self.reply_ids is not None else fake_ids(" ".join(words))
-        if self.keeps_readback and given.get("do_remote_prefill"):
+        if self.keeps_readback and "kv_transfer_params" in body and not given.get(
+                "do_remote_decode"):  # a D leg, or a local leg asking D to keep its blocks
             kv_params = {"do_remote_prefill": False, "do_remote_decode": True,
                          "remote_engine_id": f"engine-{self.name}",
                          "remote_request_id": request.headers["x-request-id"],

@@ -87,7 +87,8 @@ def test_invalid_configurations(argv: list[str], fragment: str) -> None:
 
 
 def test_discovery_alone_is_enough() -> None:
-    assert config_from_args(["--discovery", "tcp://127.0.0.1:0"]).discovery == "tcp://127.0.0.1:0"
+    assert config_from_args(["--discovery", "tcp://127.0.0.1:0", "--discovery-token", "T"]
+                            ).discovery == "tcp://127.0.0.1:0"
 
 
 def test_unknown_config_keys_are_errors(tmp_path: Path) -> None:

@@ -40,7 +40,8 @@ def test_bad_heartbeats_are_rejected(payload: bytes) -> None:
 async def test_legacy_dealer_registers_and_timeout_removes() -> None:
     clock = FakeClock()
     pool = BackendPool()
-    discovery = Discovery(pool, "tcp://127.0.0.1:0", heartbeat_timeout=9.0, clock=clock)
+    discovery = Discovery(pool, "tcp://127.0.0.1:0", heartbeat_timeout=9.0, clock=clock,
+                          insecure=True)
     address = discovery.bind()
     task = asyncio.create_task(discovery.run())
     context = zmq.asyncio.Context()
@@ -75,7 +76,8 @@ async def test_static_nodes_never_expire() -> None:
     clock = FakeClock()
     pool = BackendPool()
     pool.add("http://static:1", Role.DECODE)
-    discovery = Discovery(pool, "tcp://127.0.0.1:0", heartbeat_timeout=1.0, clock=clock)
+    discovery = Discovery(pool, "tcp://127.0.0.1:0", heartbeat_timeout=1.0, clock=clock,
+                          insecure=True)
     discovery.handle(msgpack.packb({"type": "prefill", "url": "http://p:1"}))
     clock.now = 100.0
     assert discovery.expire() == ["http://p:1"]
@@ -84,7 +86,8 @@ async def test_static_nodes_never_expire() -> None:
 
 async def test_proxy_serves_nodes_registered_by_ppd_register() -> None:
     async with FakeVLLM("p1") as p1, FakeVLLM("d1") as d1:
-        config = ProxyConfig(discovery="tcp://127.0.0.1:0", port=0, health_interval=60)
+        config = ProxyConfig(discovery="tcp://127.0.0.1:0", port=0, health_interval=60,
+                             discovery_insecure=True)
         async with serve_proxy(config) as proxy:
             assert (await proxy.client.get("/health")).status_code == 503
             assert proxy.state.discovery is not None
@@ -119,7 +122,8 @@ def test_legacy_heartbeat_map() -> None:
 
 async def test_legacy_registered_nodes_get_the_legacy_request_id() -> None:
     async with FakeVLLM("p1") as p1, FakeVLLM("d1") as d1:
-        config = ProxyConfig(discovery="tcp://127.0.0.1:0", port=0, health_interval=60)
+        config = ProxyConfig(discovery="tcp://127.0.0.1:0", port=0, health_interval=60,
+                             discovery_insecure=True)
         async with serve_proxy(config) as proxy:
             assert proxy.state.discovery is not None
             for kind, node, zmq_port in (("P", p1, 21001), ("D", d1, 22001)):
@@ -138,7 +142,8 @@ async def test_ppd_register_main_sends_count_heartbeats(
     from proxy.register import main as register_main
 
     pool = BackendPool()
-    discovery = Discovery(pool, "tcp://127.0.0.1:0", heartbeat_timeout=60, clock=FakeClock())
+    discovery = Discovery(pool, "tcp://127.0.0.1:0", heartbeat_timeout=60, clock=FakeClock(),
+                          insecure=True)
     address = discovery.bind()
     task = asyncio.create_task(discovery.run())
     try:

@@ -216,7 +216,7 @@ def test_membership_weight_is_one_for_turn_one_and_the_turns_left_for_a_replacem
     assert scorer.membership_weight(first_turn=True) == 1.0
     # Per turn-2+ decision (share 0.75), a re-placed conversation has four turns left.
     assert scorer.membership_weight(first_turn=False) == pytest.approx(0.75 * 4)
-    scorer = replace(scorer, followup_share=1.0)  # only re-placements seen: bounded
+    scorer = scorer._replace(followup_share=1.0)  # only re-placements seen: bounded
     assert scorer.membership_weight(first_turn=False) == pytest.approx(20.0)
 
 
@@ -239,3 +239,24 @@ def test_readback_score_is_its_ttft_gain_over_pd() -> None:
     gain = prediction.ttft_pd_ms - (prediction.ttft_readback_ms or 0.0)
     assert scorer.readback_score(prediction) == pytest.approx(2.0 * gain / prediction.ttft_pd_ms)
     assert scorer.readback_score(predict(turn(), state(2048), COSTS)) is None
+
+
+def test_live_reads_back_where_local_would_stall_the_batch() -> None:
+    policy = RoutingPolicy(replace(LIVE, w_tpot=3.0), costs=COSTS)
+    paste = turn(n_in=1024)
+    # A small batch: local's append-prefill costs it little, and local's TTFT is the lowest.
+    calm = policy.decide(paste, "s", True, replace(state(2048, running=2), readback=True))
+    assert calm.kind is RouteKind.LOCAL
+    # A 1,024-token append beside 128 decodes costs their TPOT more than local's TTFT gains:
+    # readback keeps P->D's TPOT without P's whole-history prefill.
+    busy = policy.decide(paste, "s", True, replace(state(2048, running=128), readback=True))
+    assert busy.kind is RouteKind.READBACK and busy.reason is Reason.LIVE
+    # The same turn without blocks to read back goes P->D.
+    assert policy.decide(paste, "s", True, state(2048, running=128)).kind is RouteKind.PD
+
+
+def test_a_readback_that_gains_nothing_is_not_taken() -> None:
+    # P already holds the whole history: reading it back saves nothing over P->D.
+    policy = RoutingPolicy(replace(LIVE, w_tpot=3.0), costs=COSTS)
+    warm = replace(state(2048, running=128, p_held=2048), readback=True)
+    assert policy.decide(turn(n_in=1024), "s", True, warm).kind is RouteKind.PD

@@ -26,7 +26,8 @@ def policy(kind: Policy, **kw: object) -> RoutingPolicy:
     return RoutingPolicy(PolicyConfig(kind, **kw), table)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("kind", [Policy.PD, Policy.LOCAL, Policy.THRESHOLD, Policy.FIXED])
+@pytest.mark.parametrize("kind", [Policy.PD, Policy.LOCAL, Policy.THRESHOLD, Policy.FIXED,
+                                  Policy("readback")])
 def test_turn1_and_homeless_turns_always_go_pd(kind: Policy) -> None:
     p = policy(kind, x=1.0, non_cached_tokens=10**6)
     assert p.decide(work(turn=1), "s", can_local=True).reason is Reason.TURN1
@@ -38,6 +39,11 @@ def test_turn1_and_homeless_turns_always_go_pd(kind: Policy) -> None:
 def test_pd_and_local() -> None:
     assert policy(Policy.PD).decide(work(), "s", True).kind is RouteKind.PD
     assert policy(Policy.LOCAL).decide(work(), "s", True).kind is RouteKind.LOCAL
+
+
+def test_readback_policy_reads_back_every_turn_2_plus() -> None:
+    decision = policy(Policy("readback")).decide(work(), "s", True)
+    assert (decision.kind, decision.reason) == (RouteKind.READBACK, Reason.POLICY)
 
 
 def test_replica_never_uses_p() -> None:

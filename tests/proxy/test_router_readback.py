@@ -189,3 +189,37 @@ async def test_turn1_forced_to_readback_goes_pd_no_home() -> None:
         reply, _ = await h.ask(chat(LONG), forced=RouteKind.READBACK)
     assert reply.headers["x-ppd-route"] == "pd"
     assert reasons(h)["no_home"] == 1
+
+
+async def test_a_whole_local_turn_asks_d_to_keep_its_blocks_for_the_next_readback() -> None:
+    async with readback_router("p1", "d1") as h:
+        _, content = await h.ask(chat(LONG))
+        history = [LONG, text_of(content), "Two"]
+        second, content = await h.ask(chat(*history), forced=RouteKind.LOCAL)
+        local_leg = h.cluster["d1"].received[-1].body
+        third, _ = await h.ask(chat(*history, text_of(content), "Three"),
+                               forced=RouteKind.READBACK)
+        p_leg = [r for r in h.cluster["p1"].received if r.path != "/tokenize"][-1]
+    assert second.headers["x-ppd-route"] == "local"
+    assert local_leg["kv_transfer_params"] == {"do_remote_prefill": False,
+                                               "do_remote_decode": False}
+    assert local_leg["return_token_ids"] is True
+    assert third.headers["x-ppd-route"] == "readback"
+    # P reads the blocks D kept for the local turn: the history P never saw.
+    local_prompt = len(fake_chat_ids(chat(*history)["messages"]))
+    assert p_leg.body["kv_transfer_params"]["remote_num_tokens"] == local_prompt + 5
+
+
+async def test_several_choices_leave_nothing_to_read_back() -> None:
+    async with readback_router("p1", "d1") as h:
+        await h.ask(chat(LONG, n=2))
+        d_leg = h.cluster["d1"].received[0].body
+    assert "return_token_ids" not in d_leg
+
+
+async def test_a_streamed_local_turn_is_left_alone() -> None:
+    async with readback_router("p1", "d1") as h:
+        _, content = await h.ask(chat(LONG))
+        await h.ask(chat(LONG, text_of(content), "Two", stream=True), forced=RouteKind.LOCAL)
+        local_leg = h.cluster["d1"].received[-1].body
+    assert "kv_transfer_params" not in local_leg and "return_token_ids" not in local_leg

@@ -237,3 +237,29 @@ async def test_identical_histories_all_continue_across_processes(
                               f"r{i}") for i in range(20)]
     assert [(lk.continuation, lk.turn) for lk, _ in seconds] == [(True, 2)] * 20
     assert all(recorded for _, recorded in seconds)
+
+
+async def test_the_store_holds_at_most_max_sessions_oldest_evicted_with_their_keys(
+        redis_server: RedisServer) -> None:
+    store = RedisStore(redis_server.url, 3600.0, 5, time.monotonic, probe_interval=0.05)
+    await store.start()
+    client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        firsts = []
+        for i in range(40):  # two turns each: index entries, homes and key lists too
+            first, _ = await turn(store, msgs(f"conversation {i}"), "ok")
+            await turn(store, msgs(f"conversation {i}", "ok", "more"), "fine")
+            firsts.append(first.session.id)
+        keys = await client.keys("ppd:*")
+        live = await client.zrange("ppd:live", 0, -1)
+        assert sorted(live) == sorted(firsts[-5:])  # the newest five, the rest evicted
+        sessions = [k for k in keys if k.startswith("ppd:s:")]
+        assert sorted(sessions) == sorted(f"ppd:s:{i}" for i in firsts[-5:])
+        # Per kept session: s, k, o, l and its two index entries; plus `live`.
+        assert len(keys) <= 5 * 6 + 1, sorted(keys)
+        # An evicted conversation comes back as a new one (P->D), not as an error.
+        again, _ = await turn(store, msgs("conversation 0", "ok", "more", "fine", "x"), "y")
+        assert again.session.id != firsts[0] or not again.continuation
+    finally:
+        await client.aclose()
+        await store.close()

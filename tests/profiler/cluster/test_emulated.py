@@ -14,7 +14,7 @@ from profiler.cli import main as ppd
 from profiler.cluster import procs
 from profiler.cluster.emulated import start_emulated_cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
-from profiler.emulate.presets import parse_link
+from profiler.engine.transfer import load_link
 
 BASE_PORT = 18320
 
@@ -66,12 +66,12 @@ def test_unknown_preset_and_link_are_clear_errors(tmp_path: Path,
 
 
 def test_a_link_can_be_given_by_latency_and_bandwidth() -> None:
-    link = parse_link("250:3.125")
+    link = load_link("250:3.125")
     assert link.latency_s == 0.25 and link.bandwidth_bytes_per_s == 3.125e9
-    assert parse_link("nvlink").name == "nvlink"
+    assert load_link("nvlink").name == "nvlink"
     for bad in ("250", "x:1", "-1:1", "5:0"):
         with pytest.raises(ValueError, match="LATENCY_MS:GBPS"):
-            parse_link(bad)
+            load_link(bad)
 
 
 def test_up_with_a_ppd_proxy_on_a_shipped_table(tmp_path: Path,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.emulate.vocab import Vocabulary, build_tokenizer
+from profiler.emulate.tokenizer import Vocabulary, build_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -52,6 +52,9 @@ EXTERNAL = "vllm:external_prefix_cache_hits_total"
 LAG = "ppd:emulator_lag_seconds_total"
 
 
+ADMIN_KEY = "test-admin"  # forcing a route needs the proxy's admin key
+
+
 @pytest.fixture(scope="module")
 def preset() -> Preset:
     preset = resolve("h100", MODEL)
@@ -67,7 +70,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         env.setenv("PPD_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
         running = start_emulated_cluster(config, "h100")
     with running:
-        running.start_proxy("local", port=PROXY_PORT)
+        running.start_proxy("local", port=PROXY_PORT, extra_args=["--admin-key", ADMIN_KEY])
         yield running
 
 
@@ -92,7 +95,8 @@ def node_counters(url: str) -> dict[str, float]:
 
 def say(client: httpx.Client, url: str, session: str, messages: list[dict[str, str]],
         max_tokens: int, route: str | None = None) -> Turn:
-    headers = {"x-session-id": session, **({"x-ppd-route": route} if route else {})}
+    forced = {"x-ppd-route": route, "authorization": f"Bearer {ADMIN_KEY}"} if route else {}
+    headers = {"x-session-id": session, **forced}
     body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
     started = time.perf_counter()

@@ -22,7 +22,7 @@ import zmq.asyncio
 from profiler.emulate.cache_events import CacheEvents
 from profiler.emulate.host import HostedNode, hosted
 from profiler.emulate.presets import resolve
-from profiler.emulate.vocab import Vocabulary
+from profiler.emulate.tokenizer import Vocabulary
 from profiler.engine.prefix_cache import ROOT_HASH
 from proxy.kv_events import END_SEQ, BlockRemoved, BlockStored, encode_seq, parse_batch, parse_seq
 from proxy.kv_subscriber import KvEventSource, KvEventSubscribers, NodeSubscriber

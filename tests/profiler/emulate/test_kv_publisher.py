@@ -19,8 +19,7 @@ from profiler.emulate.host import node_specs
 from profiler.emulate.kv_publisher import KvEventPublisher
 from profiler.emulate.presets import resolve
 from profiler.emulate.service import NodeService
-from profiler.emulate.vocab import Vocabulary
-from profiler.engine import NodeRole
+from profiler.emulate.tokenizer import Vocabulary
 from proxy.kv_events import BlockRemoved, parse_seq
 from proxy.server import running
 from proxy.vocabulary import Role
@@ -37,7 +36,7 @@ AFTER = 20  # batches published after the first drop
 def node(vocab: Vocabulary, publisher: KvEventPublisher | None) -> NodeService:
     preset = resolve("linear", MODEL, max_model_len=4096)
     spec = node_specs(preset, MODEL, [(Role.DECODE, 0)])[0]
-    engine = preset.make_engine(NodeRole.DECODE, kv_events=publisher is not None)
+    engine = preset.make_engine(Role.DECODE, kv_events=publisher is not None)
     return NodeService(spec, engine, vocab, None, publisher)
 
 

@@ -9,7 +9,7 @@ from profiler.cluster.plan import cluster_document, parse_layout
 from profiler.emulate.host import HostThread
 from profiler.emulate.label import emulated_backend, emulation_of
 from profiler.emulate.presets import resolve
-from profiler.emulate.vocab import Vocabulary
+from profiler.emulate.tokenizer import Vocabulary
 from profiler.replay.client import ReplayConfig, ReplayResult
 from profiler.replay.output import write_run
 from proxy import ServerThread, config_from_args, create_app

@@ -24,9 +24,9 @@ from profiler.engine.calibrate import (
 from profiler.engine.host import HostedCost, HostModel
 from profiler.engine.presets import register, to_dict
 from profiler.replay.output import records_frame
-from profiler.simulator.layout import Layout
+from profiler.simulator.layout import sim_nodes
 from profiler.simulator.run import RunSpec, simulate
-from proxy.vocabulary import RouteKind
+from proxy.vocabulary import Layout, RouteKind
 
 # A CPU-like truth: a 2 ms step + 1.5 ms per decoding request; a prompt costs 20 ms +
 # 0.03 ms per token; 30 ms of front end per node request; a 50 ms P->D hand-off.
@@ -70,7 +70,7 @@ def make_run(root: Path, dataset: str, qps: float, route: RouteKind, *,
     # what `ppd replay` writes and the hand-off's second pass simulates the run again from
     (out / "summary.json").write_text(json.dumps({"dataset": dataset, "config": {
         "qps": qps, "duration_s": 30.0, "timeout_s": 30.0, "seed": 3, "max_turns": 2}}))
-    for node in Layout.parse("1P1D").nodes():
+    for node in sim_nodes(Layout.parse("1P1D")):
         name = f"{node.role.value}-{node.name}"
         (out / f"metrics-before-{name}.txt").write_text("")
         (out / f"metrics-after-{name}.txt").write_text(metrics_text(result.node_stats[node.url]))

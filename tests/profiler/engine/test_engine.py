@@ -11,7 +11,6 @@ from profiler.engine import (
     BatchShape,
     Engine,
     EngineConfig,
-    NodeRole,
     Phase,
     Request,
     RequestRejected,
@@ -19,6 +18,7 @@ from profiler.engine import (
     simulate,
 )
 from profiler.engine.prefix_cache import block_hashes
+from proxy.vocabulary import Role
 
 
 def make(cost, **config) -> Engine:
@@ -159,7 +159,7 @@ def test_conservation_every_request_finishes_or_fails(cost):
 
 
 def test_prefill_node_holds_kv_until_released(cost):
-    engine = make(cost, role=NodeRole.PREFILL, num_kv_blocks=10)
+    engine = make(cost, role=Role.PREFILL, num_kv_blocks=10)
     engine.submit(req("p", 10, 1, send_kv=True), now=0.0)
     result = engine.step(0.0)
     assert result.finished == ("p",)
@@ -171,7 +171,7 @@ def test_prefill_node_holds_kv_until_released(cost):
 
 
 def test_decode_node_pulls_kv_then_decodes(cost):
-    engine = make(cost, role=NodeRole.DECODE)
+    engine = make(cost, role=Role.DECODE)
     engine.submit(req("warm", 8, 1), now=0.0)
     engine.step(0.0)  # caches the first 8 tokens (2 blocks)
     engine.submit(req("d", 14, 2, kv_from="p0"), now=1.0)
@@ -191,7 +191,7 @@ def test_decode_node_pulls_kv_then_decodes(cost):
 
 
 def test_rejections_and_abort(cost):
-    engine = make(cost, role=NodeRole.PREFILL, num_kv_blocks=4)
+    engine = make(cost, role=Role.PREFILL, num_kv_blocks=4)
     with pytest.raises(RequestRejected, match="KV cache"):
         engine.submit(req("big", 16, 4), now=0.0)
     with pytest.raises(RequestRejected, match="does not receive KV"):
@@ -232,7 +232,7 @@ def test_given_output_ids_are_emitted_and_cached(cost):
 
 def test_a_request_blocked_by_held_kv_waits_without_spinning(cost):
     # P keeps a finished request's 3 blocks for its D; the next prompt needs 3 of the 4.
-    engine = make(cost, role=NodeRole.PREFILL, num_kv_blocks=4)
+    engine = make(cost, role=Role.PREFILL, num_kv_blocks=4)
     engine.submit(req("first", 10, 1, send_kv=True), now=0.0)
     engine.step(0.0)
     engine.submit(req("second", [100 + i for i in range(10)], 1, send_kv=True), now=0.1)
@@ -245,7 +245,7 @@ def test_a_request_blocked_by_held_kv_waits_without_spinning(cost):
 
 
 def test_abort_in_every_queue_frees_every_block(cost):
-    engine = make(cost, role=NodeRole.DECODE, num_kv_blocks=20)
+    engine = make(cost, role=Role.DECODE, num_kv_blocks=20)
     engine.submit(req("running", 8, 5), now=0.0)
     engine.submit(req("pulling", [100 + i for i in range(8)], 5, kv_from="p"), now=0.0)
     engine.step(0.0)

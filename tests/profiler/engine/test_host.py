@@ -11,11 +11,11 @@ from profiler.engine import BatchShape, LinearCost, load_cost, public
 from profiler.engine.host import HostedCost, HostModel, host_of, vllm_capture_sizes
 from profiler.engine.presets import from_dict, register, to_dict
 from profiler.engine.transfer import SharedLink, load_link, load_model_shape
-from profiler.simulator.layout import Layout
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
 from proxy.config import Policy, PolicyConfig
 from proxy.policies import RoutingPolicy
+from proxy.vocabulary import Layout
 
 HAND = LinearCost("hand", "tests", base_ms=10.0, per_prefill_token_ms=0.1,
                   per_decode_seq_ms=1.0)

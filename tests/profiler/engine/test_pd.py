@@ -10,12 +10,12 @@ from profiler.engine import (
     Engine,
     EngineConfig,
     Link,
-    NodeRole,
     Request,
     SharedLink,
     load_link,
     load_model_shape,
 )
+from proxy.vocabulary import Role
 
 TURN1_IN, TURN1_OUT, TURN2_IN = 1024, 64, 1024
 
@@ -33,8 +33,8 @@ def run_until_token(engine: Engine, request_id: str, now: float) -> float:
 
 def turn2_ttft(cost, link: Link, *, local: bool) -> float:
     bytes_per_token = load_model_shape("llama-3.1-8b").kv_bytes_per_token
-    prefill = Engine(EngineConfig(role=NodeRole.PREFILL), cost)
-    decode = Engine(EngineConfig(role=NodeRole.DECODE), cost)
+    prefill = Engine(EngineConfig(role=Role.PREFILL), cost)
+    decode = Engine(EngineConfig(role=Role.DECODE), cost)
     wire = SharedLink(link)
 
     def p_to_d(rid: str, prompt: list[int], max_tokens: int, now: float) -> float:
@@ -97,7 +97,7 @@ def test_turn2_on_h100_local_beats_pd(h100):
 def test_a_readback_p_computes_only_what_it_did_not_read(cost):
     # P read the first 1000 prompt tokens' KV from a D (`preloaded`): like a prefix-cache hit,
     # it computes the other 24, and counts the 1000 as external hits.
-    prefill = Engine(EngineConfig(role=NodeRole.PREFILL), cost)
+    prefill = Engine(EngineConfig(role=Role.PREFILL), cost)
     prompt = list(range(1024))
     prefill.submit(Request("rb", max_tokens=1, prompt_token_ids=prompt, send_kv=True,
                            preloaded=1000), 0.0)
@@ -106,6 +106,6 @@ def test_a_readback_p_computes_only_what_it_did_not_read(cost):
     assert prefill.stats().external_prefix_cache_hits == 1000
     # Never the whole prompt: the last token is computed to sample from (a one-token step,
     # priced as D's one-token step above).
-    whole = Engine(EngineConfig(role=NodeRole.PREFILL), cost)
+    whole = Engine(EngineConfig(role=Role.PREFILL), cost)
     whole.submit(Request("all", max_tokens=1, prompt_token_ids=prompt, preloaded=5000), 0.0)
     assert whole.step(0.0).end == pytest.approx((10 + 1) / 1000)

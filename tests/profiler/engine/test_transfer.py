@@ -6,13 +6,13 @@ from profiler.engine import (
     Engine,
     EngineConfig,
     Link,
-    NodeRole,
     Request,
     SharedLink,
     load_link,
     load_model_shape,
     simulate,
 )
+from proxy.vocabulary import Role
 
 
 def test_kv_bytes_per_token_from_the_model_shape():
@@ -60,7 +60,7 @@ def test_latency_comes_before_the_bytes_and_does_not_take_a_share():
 
 
 def test_a_decode_waits_for_its_transfer(cost):
-    engine = Engine(EngineConfig(role=NodeRole.DECODE, block_size=4, num_kv_blocks=100), cost)
+    engine = Engine(EngineConfig(role=Role.DECODE, block_size=4, num_kv_blocks=100), cost)
     link = SharedLink(Link("test", 1000.0, 0.0, "hand"))
     request = Request("d", max_tokens=2, prompt_token_ids=list(range(10)), kv_from="p")
     result = simulate(engine, [(0.0, request)], link=link, kv_bytes_per_token=10)

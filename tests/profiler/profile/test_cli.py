@@ -209,14 +209,25 @@ def test_a_proxy_under_policy_replica_is_refused(
     async def replica_proxy() -> AsyncIterator[str]:
         async with FakeVLLM("r") as node:
             config = ProxyConfig(nodes=(NodeSpec(node.url, Role.REPLICA),), port=0,
-                                 policy=PolicyConfig(kind=Policy.REPLICA))
+                                 policy=PolicyConfig(kind=Policy.REPLICA), admin_key="adm")
             async with running(create_app(config)) as proxy:
                 yield proxy.url
 
     with in_background(replica_proxy) as url:
-        assert ppd(_argv(url, out, "--request-rate", "4")) == 1
+        assert ppd([*_argv(url, out, "--request-rate", "4"), "--admin-key", "adm"]) == 1
     err = capsys.readouterr().err
     assert "x-ppd-route: replica" in err and "--policy replica" in err
+    assert not out.exists()
+
+
+def test_a_proxy_without_an_admin_key_is_refused_saying_it_needs_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "t.csv"
+    with in_background(_pd_proxy(None)) as (url, _, d):
+        assert ppd([*_argv(url, out, "--request-rate", "4"), "--duration", "30"]) == 1
+        assert len(d.completions) == 1  # the one probe turn, no cell
+    err = capsys.readouterr().err
+    assert "has no admin key" in err and "--admin-key KEY" in err
     assert not out.exists()
 
 

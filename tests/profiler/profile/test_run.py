@@ -32,11 +32,11 @@ async def test_profile_measures_both_routes_and_resumes(tmp_path: Path) -> None:
     async with FakeVLLM("p") as p, FakeVLLM("d", chunk_delay_s=0.002) as d:
         p.faults.delay_s = P_DELAY_S
         config = ProxyConfig(nodes=(NodeSpec(p.url, Role.PREFILL), NodeSpec(d.url, Role.DECODE)),
-                             port=0)
+                             port=0, admin_key="adm")
         async with running(create_app(config)) as proxy:
             seen: list[Cell] = []
             profiler = Profiler(grid=GRID, target=proxy.url, out_csv=out, meta={"model": "m"},
-                                seed=3, progress=False,
+                                seed=3, progress=False, admin_key="adm",
                                 on_cell=lambda cell, row: seen.append(cell))
             frame = await profiler.run()
 
@@ -60,7 +60,7 @@ async def test_profile_measures_both_routes_and_resumes(tmp_path: Path) -> None:
             # Resuming: every cell is in the CSV already, so nothing is sent again.
             sent = len(p.completions) + len(d.completions)
             again = await Profiler(grid=GRID, target=proxy.url, out_csv=out, meta={},
-                                   seed=3, progress=False).run()
+                                   seed=3, progress=False, admin_key="adm").run()
             assert len(p.completions) + len(d.completions) == sent
             assert len(again) == 2
 

@@ -256,3 +256,28 @@ def test_a_target_that_is_down_asks_whether_the_proxy_runs(
     err = capsys.readouterr().err
     assert f"is the proxy running at {url.replace('pw0rd', '***')}?" in err
     assert "pw0rd" not in err
+
+
+def test_force_route_on_a_proxy_without_an_admin_key_warns_that_it_was_ignored(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from contextlib import asynccontextmanager
+
+    from proxy import ProxyConfig, create_app
+    from proxy.config import NodeSpec
+    from proxy.server import running
+    from proxy.vocabulary import Role
+    from tests.fakes.background import in_background
+    from tests.fakes.fake_vllm import FakeVLLM
+
+    @asynccontextmanager
+    async def keyless_proxy():  # type: ignore[no-untyped-def]
+        async with FakeVLLM("p") as p, FakeVLLM("d") as d:
+            config = ProxyConfig(nodes=(NodeSpec(p.url, Role.PREFILL),
+                                        NodeSpec(d.url, Role.DECODE)), port=0)
+            async with running(create_app(config)) as proxy:
+                yield proxy.url
+
+    with in_background(keyless_proxy) as url:
+        assert ppd(_replay_argv(url, tmp_path / "run", "--force-route", "local",
+                                "--duration", "1", "--max-turns", "2")) == 0
+    assert "proxy ignores x-ppd-route without an admin key" in capsys.readouterr().err

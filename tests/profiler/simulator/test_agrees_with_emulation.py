@@ -27,7 +27,6 @@ from profiler.cluster.launcher import Cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.engine.transfer import load_link, load_model_shape
 from profiler.replay.client import ReplayConfig, RequestRecord, arrival_times, replay
-from profiler.simulator.layout import Layout
 from profiler.simulator.run import cost_model, engine_config
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, to_sim
@@ -35,7 +34,7 @@ from profiler.traces.synthetic import named_workload
 from proxy.config import Policy, PolicyConfig
 from proxy.policies import RoutingPolicy
 from proxy.tokens import EstimateTokenCounter
-from proxy.vocabulary import RouteKind
+from proxy.vocabulary import Layout, RouteKind
 
 pytest.importorskip("aiconfigurator_core", reason="the h100 preset needs ppd[sim]")
 
@@ -58,12 +57,12 @@ def proxy_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         env.setenv("PPD_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
         running: Cluster = start_emulated_cluster(config, "h100")
     with running:
-        yield running.start_proxy("pd", port=PROXY_PORT)
+        yield running.start_proxy("pd", port=PROXY_PORT, extra_args=["--admin-key", "adm"])
 
 
 def _emulated(url: str, route: RouteKind, seed: int) -> list[RequestRecord]:
     conversations = named_workload("small-mid_paste", CONVERSATIONS, seed=seed)
-    forced = {"x-ppd-route": route.value}
+    forced = {"x-ppd-route": route.value, "authorization": "Bearer adm"}
     config = ReplayConfig(target=url, qps=QPS, duration_s=DURATION_S, max_turns=2, seed=seed,
                           max_conversations=CONVERSATIONS,
                           headers_for_turn=lambda turn: forced if turn >= 2 else {})

@@ -8,14 +8,13 @@ import proxy.policies
 from profiler.engine import LinearCost
 from profiler.engine.transfer import load_link, load_model_shape
 from profiler.simulator.grid import HYBRID_LAYOUTS, expand_layouts, grid_cells
-from profiler.simulator.layout import Layout, LayoutError
 from profiler.simulator.run import RunSpec
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
 from proxy.config import Policy, PolicyConfig
 from proxy.live import StepCosts
 from proxy.policies import RoutingPolicy
-from proxy.vocabulary import Decision
+from proxy.vocabulary import Decision, Layout, LayoutError
 
 NVLINK = load_link("nvlink")
 LLAMA_KV = load_model_shape("llama-3.1-8b").kv_bytes_per_token

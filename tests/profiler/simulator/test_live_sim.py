@@ -12,7 +12,6 @@ from profiler.engine.config import EngineConfig
 from profiler.engine.transfer import load_link, load_model_shape
 from profiler.simulator import cli as sim_cli
 from profiler.simulator.grid import parse_policy
-from profiler.simulator.layout import Layout
 from profiler.simulator.live_costs import fit_step_costs
 from profiler.simulator.run import policy_label
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
@@ -20,7 +19,7 @@ from profiler.simulator.workload import Arrival, SimConversation, SimTurn
 from proxy.config import Policy, PolicyConfig
 from proxy.live import StepCosts
 from proxy.policies import RoutingPolicy
-from proxy.vocabulary import Decision
+from proxy.vocabulary import Decision, Layout
 
 NVLINK = load_link("nvlink")
 LLAMA_KV = load_model_shape("llama-3.1-8b").kv_bytes_per_token

@@ -150,3 +150,20 @@ def test_a_full_grid_has_no_coverage_notes() -> None:
             for layout in ("4R", "1P3D", "2P2D", "3P1D") for dataset in paper_datasets()
             for policy in (("replica",) if layout == "4R" else ("pd", "local"))]
     assert coverage_notes(pd.DataFrame(rows)) == []
+
+
+def test_paper_command_puts_the_ideal_grid_beside_the_paper_like_one(tmp_path: Path) -> None:
+    like, ideal = tmp_path / "like.parquet", tmp_path / "ideal.parquet"
+    _grid().assign(cost="h100:llama-3.1-8b@vllm-0.13", client="paper").to_parquet(like)
+    faster = _grid().assign(cost="h100:llama-3.1-8b")
+    faster["turn2plus_ttft_ms_mean"] /= 2
+    faster.to_parquet(ideal)
+    out = tmp_path / "out"
+    assert ppd(["sim", "paper", str(like), "--ideal", str(ideal), "--out", str(out)]) == 0
+    text = (out / "side-by-side.md").read_text()
+    assert "h100:llama-3.1-8b@vllm-0.13, client paper" in text
+    assert "h100:llama-3.1-8b, client ideal" in text
+    # 1P3D low band: the same relative change in both (-60%), the paper's -57.8
+    assert "| 1P3D | -60.0 / -60.0 / -57.8" in text
+    assert text.count("Distance from the paper") == 3
+    assert (out / "ideal" / "tables.md").is_file() and (out / "tables.md").is_file()

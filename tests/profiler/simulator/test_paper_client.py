@@ -7,12 +7,12 @@ import pytest
 
 from profiler.engine import LinearCost
 from profiler.engine.transfer import load_link, load_model_shape
-from profiler.simulator.layout import Layout
 from profiler.simulator.run import RunSpec
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
 from proxy.config import Policy, PolicyConfig
 from proxy.policies import RoutingPolicy
+from proxy.vocabulary import Layout
 
 HAND = LinearCost("hand", "tests", base_ms=10.0, per_prefill_token_ms=0.1,
                   per_decode_seq_ms=1.0)

@@ -7,11 +7,11 @@ import pytest
 import proxy.policies.fixed
 from profiler.engine import LinearCost
 from profiler.engine.transfer import SharedLink, load_link, load_model_shape
-from profiler.simulator.layout import Layout
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
 from proxy.config import Policy, PolicyConfig
 from proxy.policies import RoutingPolicy
+from proxy.vocabulary import Layout
 
 LLAMA_KV = load_model_shape("llama-3.1-8b").kv_bytes_per_token
 NVLINK = load_link("nvlink")

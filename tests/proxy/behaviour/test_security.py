@@ -65,7 +65,7 @@ def test_a_heartbeat_never_changes_a_static_nodes_role_health_or_lifetime() -> N
     static = pool.get("http://d1:1")
     assert static is not None
     static.healthy = False  # the health checks say it is down
-    discovery = Discovery(pool, "tcp://127.0.0.1:0", 5.0, clock)
+    discovery = Discovery(pool, "tcp://127.0.0.1:0", 5.0, clock, insecure=True)
     discovery.handle(beat("http://d1:1", "prefill"))
     discovery.handle(beat("http://d1:1", "decode", models=["m"]))
     clock.now += 3600  # heartbeats stop for an hour
@@ -81,13 +81,17 @@ async def test_a_forged_heartbeat_never_rewrites_a_node_given_by_flag(
     # Issue 23, item 1: P2pNccl heartbeats naming the flag-given P and D (loopback only) must
     # not give them a zmq address (where P2pNccl sends the KV) or a model list.
     nodes = {"p1": cluster["p1"], "d1": cluster["d1"]}
-    config = replace(config_for(nodes, Policy.PD), discovery="tcp://127.0.0.1:0")
+    config = replace(config_for(nodes, Policy.PD), discovery="tcp://127.0.0.1:0",
+                     discovery_insecure=True)
     async with serve_proxy(config) as proxy:
         discovery = proxy.state.discovery
         assert discovery is not None
         for kind, name, zmq_address in (("P", "p1", "127.6.6.6:9"), ("D", "d1", "127.7.7.7:9")):
             http_address = cluster[name].url.removeprefix("http://")
-            for address in (http_address, http_address + "/"):  # also a trailing-slash twin
+            port = http_address.rpartition(":")[2]
+            # Also its twins: a trailing slash, and other names of the same loopback port.
+            for address in (http_address, http_address + "/", f"localhost:{port}",
+                            f"127.1:{port}", f"[::1]:{port}"):
                 discovery.handle(msgpack.packb({"type": kind, "http_address": address,
                                                 "zmq_address": zmq_address}))
             discovery.handle(beat(cluster[name].url, "prefill" if kind == "P" else "decode",
@@ -134,18 +138,35 @@ def test_a_flood_of_rejected_heartbeats_logs_one_line_a_minute(
 
 
 @pytest.mark.parametrize("address", ["tcp://0.0.0.0:7000", "tcp://*:7000", "tcp://10.1.2.3:7000",
-                                     "tcp://[::]:7000", "tcp://eth0:7000"])
-def test_discovery_beyond_loopback_needs_a_token_or_an_explicit_opt_in(address: str) -> None:
+                                     "tcp://[::]:7000", "tcp://eth0:7000", "tcp://127.0.0.1:7000",
+                                     "tcp://localhost:7000", "tcp://[::1]:7000"])
+def test_discovery_needs_a_token_or_an_explicit_opt_in_on_loopback_too(address: str) -> None:
     with pytest.raises(ConfigError, match="discovery-token"):
         ProxyConfig(discovery=address)
     assert ProxyConfig(discovery=address, discovery_token=TOKEN).discovery == address
-    assert ProxyConfig(discovery=address, insecure_discovery=True).discovery == address
+    assert ProxyConfig(discovery=address, discovery_insecure=True).discovery == address
 
 
-@pytest.mark.parametrize("address", ["tcp://127.0.0.1:7000", "tcp://localhost:7000",
-                                     "tcp://[::1]:7000"])
-def test_loopback_discovery_needs_no_token(address: str) -> None:
-    assert ProxyConfig(discovery=address).discovery == address
+def test_without_a_token_a_loopback_registration_is_refused_unless_insecure() -> None:
+    pool = BackendPool()
+    Discovery(pool, "tcp://127.0.0.1:0", 10.0, FakeClock()).handle(beat("http://127.0.0.1:9"))
+    assert pool.nodes() == []
+    Discovery(pool, "tcp://127.0.0.1:0", 10.0, FakeClock(), insecure=True).handle(
+        beat("http://127.0.0.1:9"))
+    assert [n.url for n in pool.nodes()] == ["http://127.0.0.1:9"]
+
+
+@pytest.mark.parametrize("alias", ["http://localhost:8100", "http://127.1:8100",
+                                   "http://[::1]:8100", "http://0.0.0.0:8100/",
+                                   "http://127.0.0.1:8100/", "http://[::ffff:127.0.0.1]:8100"])
+def test_a_url_that_names_a_configured_node_is_that_node(alias: str) -> None:
+    pool = BackendPool([NodeSpec("http://127.0.0.1:8100", Role.DECODE)])
+    discovery = Discovery(pool, "tcp://127.0.0.1:0", 10.0, FakeClock(), insecure=True)
+    discovery.handle(beat(alias, "prefill"))  # an alias cannot take the prefill role
+    discovery.handle(beat(alias, "decode"))  # nor join beside it
+    assert [(n.url, n.role, n.source) for n in pool.nodes()] == [
+        ("http://127.0.0.1:8100", Role.DECODE, Source.STATIC)]
+    assert pool.static_twin("http://127.0.0.1:8101") is None
 
 
 async def test_ppd_register_sends_the_token_from_the_flag_or_the_environment(

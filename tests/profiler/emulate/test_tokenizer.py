@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jinja2
 
-from profiler.emulate.vocab import Vocabulary, render_chat
+from profiler.emulate.tokenizer import Vocabulary, render_chat
 from profiler.models.prepare import CHATML_TEMPLATE
 from proxy.tokens import content_text, token_counter
 

@@ -1,4 +1,4 @@
-"""KV cache events on the cluster's D and R nodes, for `ppd proxy --policy live`.
+"""KV cache events on a cluster's D and R nodes (vLLM and emulated), for `--policy live`.
 
 Each D/R node publishes vLLM's KV cache events (`--kv-events-config`): a ZMQ PUB socket on
 its HTTP port + 2000 and a replay ROUTER on + 3000 (+ 1000 is the node's NIXL side channel,

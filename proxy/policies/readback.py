@@ -1,0 +1,16 @@
+"""`--policy readback`: turn 2+ reads the history's KV back from the session's D (vLLM's
+bidirectional NIXL; docs/readback.md): P prefills only the new tokens, D decodes. A turn whose
+D keeps no blocks for it (a streamed previous turn, expired, too few matching tokens) goes
+P->D with a reason of its own (`proxy.turn_plan.plan_turn`, `proxy.router`)."""
+
+from __future__ import annotations
+
+from proxy.policies.base import Inputs, Turn, disaggregated_default
+from proxy.vocabulary import Decision, Reason, RouteKind
+
+NAME = "readback"
+
+
+def decide(turn: Turn, inputs: Inputs) -> Decision:
+    """Readback whenever the session's D is usable."""
+    return disaggregated_default(turn) or Decision(RouteKind.READBACK, Reason.POLICY)
