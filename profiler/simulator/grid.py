@@ -218,6 +218,14 @@ def shipped_table(table_dir: Path, cost: str, layout: str) -> Path:
 
 
 def main(argv: list[str]) -> int:
+    """`ppd sim grid` without its verdict (the command line, `profiler.simulator.cli`, prints
+    it: the verdict reads the paper's scores, and paper.py reads this module)."""
+    simulate_grid(argv)
+    return 0
+
+
+def simulate_grid(argv: list[str]) -> list[dict[str, Any]]:
+    """Run the grid the flags describe, write its table and setup; its rows."""
     args = build_parser().parse_args(argv)
     datasets = paper_datasets() if args.datasets == "paper" else _split(args.datasets)
     try:
@@ -263,12 +271,7 @@ def main(argv: list[str]) -> int:
     print(f"simulated {len(rows)} runs in {elapsed:.1f} s with {args.processes} processes "
           f"-> {args.out} (setup in {sidecar_path(args.out)})")
     print(setup.line())
-    import pandas as pd
-
-    from profiler.simulator.verdict import verdict_lines
-
-    print("\n".join(verdict_lines(pd.DataFrame(rows))))
-    return 0
+    return rows
 
 
 def _split(text: str) -> list[str]:
