@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-from proxy.app import create_app
 from proxy.config import config_from_args
-from proxy.logs import configure
-from proxy.server import Server, serve_app
-from proxy.startup_line import startup_line
-from proxy.workers import serve_workers
+
+if TYPE_CHECKING:
+    from proxy.server import Server
 
 log = logging.getLogger("ppd.proxy")
 
@@ -17,6 +16,14 @@ log = logging.getLogger("ppd.proxy")
 def main(argv: list[str]) -> int:
     """Run the proxy until SIGINT/SIGTERM; configuration errors raise with a clear message."""
     config = config_from_args(argv)
+    # The web stack (Quart, aiohttp, uvicorn) once the flags are good: --help and usage
+    # errors return without it.
+    from proxy.app import create_app
+    from proxy.logs import configure
+    from proxy.server import serve_app
+    from proxy.startup_line import startup_line
+    from proxy.workers import serve_workers
+
     configure(config.log_level, config.log_format)
     app = create_app(config)  # loads the table and tokenizer: their errors surface here
     if config.workers > 1:

@@ -18,7 +18,6 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from profiler.simulator.flags import add_cluster_flags
 from proxy.config import ConfigError, PolicyConfig
@@ -116,14 +115,16 @@ def main(argv: list[str]) -> int:
 
 
 def grid_main(argv: list[str]) -> int:
+    """`ppd sim grid`, then its verdict."""
     from profiler.simulator import grid
 
-    def verdict(frame: Any) -> list[str]:  # pandas only once a grid has run
-        from profiler.simulator.verdict import verdict_lines
+    rows = grid.simulate_grid(argv)  # parses first: a usage error imports nothing heavy
+    import pandas as pd
 
-        return verdict_lines(frame)
+    from profiler.simulator.verdict import verdict_lines
 
-    return grid.main(argv, verdict=verdict)
+    print("\n".join(verdict_lines(pd.DataFrame(rows))))
+    return 0
 
 
 def live_costs_main(argv: list[str]) -> int:
@@ -176,13 +177,21 @@ def paper_main(argv: list[str]) -> int:
         from profiler.simulator.paper_compare import side_by_side_markdown
 
         ideal = pd.concat([load_grid(path) for path in args.ideal], ignore_index=True)
+        ideal_setups = setup_of_grid(args.ideal, ideal)
+        ideal_verdict = verdict_lines(ideal)
         written += write_report(ideal, args.out / "ideal",
-                                source=" + ".join(map(str, args.ideal)))
+                                source=" + ".join(map(str, args.ideal)),
+                                preface=report_preface(ideal_setups),
+                                closing=["## Verdict", "\n".join(f"- {line}"
+                                                                 for line in ideal_verdict)])
         compare = args.out / "side-by-side.md"
         compare.write_text(side_by_side_markdown(frame, ideal))
         written.append(compare)
     print("\n".join(f"wrote {path}" for path in written))
     print("\n".join(setup.line() for setup in setups))
     print("\n".join(verdict))
+    if args.ideal:
+        print("ideal setup:\n" + "\n".join(
+            [*(setup.line() for setup in ideal_setups), *ideal_verdict]))
     return 0
 

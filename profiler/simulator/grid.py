@@ -217,11 +217,15 @@ def shipped_table(table_dir: Path, cost: str, layout: str) -> Path:
     return table_dir / f"{name}-{layout.lower()}.csv"
 
 
-def main(argv: list[str],
-         verdict: Callable[[Any], list[str]] | None = None) -> int:
-    """`ppd sim grid`; `verdict` (`profiler.simulator.verdict.verdict_lines`, handed in by
-    `ppd sim`: the verdict reads the paper's tables, which read this module) prints the
-    grid's verdict lines after the table is written."""
+def main(argv: list[str]) -> int:
+    """`ppd sim grid` without its verdict (the command line, `profiler.simulator.cli`, prints
+    it: the verdict reads the paper's scores, and paper.py reads this module)."""
+    simulate_grid(argv)
+    return 0
+
+
+def simulate_grid(argv: list[str]) -> list[dict[str, Any]]:
+    """Run the grid the flags describe, write its table and setup; its rows."""
     args = build_parser().parse_args(argv)
     datasets = paper_datasets() if args.datasets == "paper" else _split(args.datasets)
     try:
@@ -267,11 +271,7 @@ def main(argv: list[str],
     print(f"simulated {len(rows)} runs in {elapsed:.1f} s with {args.processes} processes "
           f"-> {args.out} (setup in {sidecar_path(args.out)})")
     print(setup.line())
-    if verdict is not None:
-        import pandas as pd
-
-        print("\n".join(verdict(pd.DataFrame(rows))))
-    return 0
+    return rows
 
 
 def _split(text: str) -> list[str]:

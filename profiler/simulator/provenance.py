@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 METADATA_KEY = b"ppd_sim_setup"
+VERSION_MARK = "@vllm-"  # profiler.engine.vllm_versions' mark in a preset name
 _VLLM_IN_SOURCE = re.compile(r"\bvllm[ @-]?v?(\d+\.\d+(?:\.\d+)?)", re.IGNORECASE)
 
 
@@ -55,9 +56,12 @@ class SimulatedSetup:
                 f"{self.model}, layouts {', '.join(self.layouts)}{tables}")
 
 
-def vllm_version_of(cost: object) -> str | None:
-    """The vLLM version a cost preset's data comes from: its own attribute when it has one
+def vllm_version_of(cost: object, preset: str = "") -> str | None:
+    """The vLLM version a cost preset stands for: the one its name marks (`@vllm-0.13`, the
+    host side's release, profiler/engine/vllm_versions.py), else its own attribute
     (`vllm_version`, or its kernel model's), else the version its source names."""
+    if VERSION_MARK in preset:
+        return preset.partition(VERSION_MARK)[2]
     for holder in (cost, getattr(cost, "kernel", None)):
         version = getattr(holder, "vllm_version", None)
         if version:
@@ -74,7 +78,7 @@ def describe(preset: str, link: str, model: str, layouts: Iterable[str],
     cost = cached_cost(preset)
     return SimulatedSetup(preset=preset, link=link, model=model,
                           layouts=tuple(dict.fromkeys(layouts)),
-                          vllm_version=vllm_version_of(cost),
+                          vllm_version=vllm_version_of(cost, preset),
                           preset_source=str(getattr(cost, "source", "")),
                           tables={k: str(v) for k, v in (tables or {}).items()})
 

@@ -35,6 +35,8 @@ print(json.dumps(sorted({name.split('.')[0] for name in sys.modules})))
     ["sim", "paper"],
     ["profile"],
     ["profile", "--help"],
+    ["proxy", "--help"],
+    ["proxy", "--policy", "lcoal"],
 ])
 def test_usage_errors_and_help_import_no_heavy_module(argv: list[str]) -> None:
     done = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True,

@@ -41,7 +41,8 @@ def test_a_misspelt_policy_fails_at_once_naming_local_and_starts_nothing(
     done = subprocess.run(
         [sys.executable, "-m", "profiler.cli", "cluster", "up", "--model", "tiny", "--layout",
          "1P1D", "--with-proxy", "--policy", "lcoal", "--state", str(state)],
-        capture_output=True, text=True, timeout=10, cwd=REPO)  # no vLLM start-up (minutes)
+        capture_output=True, text=True, timeout=60, cwd=REPO)  # a hang guard, not a timing:
+    # how fast it answers is benchmarks/cli_startup.py's "ppd cluster up --policy lcoal" row
     assert done.returncode != 0
     assert "did you mean local" in done.stderr
     assert f"policy names: {', '.join(registry.names())})" in done.stderr

@@ -70,6 +70,7 @@ def test_the_vllm_version_comes_from_the_preset() -> None:
     assert vllm_version_of(Hosted()) == "0.11.0"
     assert vllm_version_of(Described()) == "0.24.0"
     assert vllm_version_of(object()) is None
+    assert vllm_version_of(Described(), "h100:llama-3.1-8b@vllm-0.13") == "0.13"
 
 
 def test_another_setup_than_the_papers_is_said_before_any_ours_paper_cell() -> None:
