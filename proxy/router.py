@@ -37,7 +37,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.policies import RoutingPolicy
 from proxy.readback import HeldKV
 from proxy.relay import Relay, StreamLimits
-from proxy.sessions.readback_book import ReadbackBook
+from proxy.sessions.readback_book import ReadbackBook, readback_status, take_readback
 from proxy.sessions.session import Lookup, Transcript
 from proxy.sessions.store import SessionStore
 from proxy.tokens import (
@@ -218,7 +218,7 @@ class Router:
         plan = turn_plan.plan_turn(self.policy, self.pool, lookup, turn.workload,
                                    incoming.forced,
                                    self.view.state if self.view is not None else None,
-                                   readback=self._readback_status(lookup))
+                                   readback=readback_status(self.readback, lookup))
         decision = plan.decision
         access.decided(decision)
         try:
@@ -285,7 +285,7 @@ class Router:
         if attempt.prefill is not None:
             held: list[HeldKV] = []  # read at most once: the first P try takes it
             if attempt.route is RouteKind.READBACK:
-                taken = self._take_readback(turn.lookup)
+                taken = take_readback(self.readback, turn.lookup)
                 if not isinstance(taken, HeldKV):
                     turn.readback_fallback = taken
                     return None  # the plan's P->D attempt serves it
@@ -369,21 +369,6 @@ class Router:
             lease.settle(node, ok=True)
         return _Served(route, result, node, prefill)
 
-    def _readback_status(self, lookup: Lookup) -> Reason | None:
-        """None when the session's D keeps blocks P can read back now, else why not."""
-        if self.readback is None or not lookup.continuation:
-            return Reason.READBACK_MISSING
-        held = lookup.session.held
-        return self.readback.status(lookup.session.id, held.digest if held else None)
-
-    def _take_readback(self, lookup: Lookup) -> HeldKV | Reason:
-        if self.readback is None or not lookup.continuation:
-            return Reason.READBACK_MISSING
-        held = lookup.session.held
-        taken = self.readback.take(lookup.session.id, held.digest if held else None)
-        if isinstance(taken, HeldKV) and taken.decode != lookup.session.decode:
-            return Reason.READBACK_MISSING  # another D's blocks (the session moved)
-        return taken
 
     async def _readback_params(self, turn: _Turn, prefill: Backend, held: HeldKV,
                                request_id: str) -> dict[str, Any] | None:

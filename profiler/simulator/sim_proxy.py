@@ -36,7 +36,7 @@ from proxy.load_meter import DEFAULT_LOAD_WINDOW_S, RateMeter
 from proxy.policies import RoutingPolicy
 from proxy.readback import EXPIRY_MARGIN_S, HeldKV
 from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, SessionLedger
-from proxy.sessions.readback_book import ReadbackBook
+from proxy.sessions.readback_book import ReadbackBook, readback_status, take_readback
 from proxy.sessions.session import Lookup, Session, Transcript
 from proxy.turn_plan import Pick
 from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
@@ -115,13 +115,13 @@ class SimProxy:
                             self.load.rate())
         forced = self._forced(turn) if self._forced is not None else None
         plan = turn_plan.plan_turn(self.policy, self.pool, lookup, workload, forced,
-                                   self._observe, readback=self._readback_status(lookup))
+                                   self._observe, readback=readback_status(self._book(), lookup))
         lease = self.admission.admit()
         session = lookup.session
         decision, held = plan.decision, None
         for attempt in plan.attempts:
             if attempt.route is RouteKind.READBACK:
-                taken = self._take_readback(lookup)
+                taken = take_readback(self._book(), lookup)
                 if not isinstance(taken, HeldKV):
                     decision = Decision(RouteKind.PD, taken)
                     continue  # the plan's P->D attempt serves it
@@ -168,21 +168,6 @@ class SimProxy:
                     self.readback.discard(recorded.id)
         plan.lease.release()
 
-    def _readback_status(self, lookup: Lookup) -> Reason | None:
-        if self.readback_ttl_s is None or not lookup.continuation:
-            return Reason.READBACK_MISSING
-        held = lookup.session.held
-        return self.readback.status(lookup.session.id, held.digest if held else None)
-
-    def _take_readback(self, lookup: Lookup) -> HeldKV | Reason:
-        if self.readback_ttl_s is None or not lookup.continuation:
-            return Reason.READBACK_MISSING
-        held = lookup.session.held
-        taken = self.readback.take(lookup.session.id, held.digest if held else None)
-        if isinstance(taken, HeldKV) and taken.decode != lookup.session.decode:
-            return Reason.READBACK_MISSING
-        return taken
-
     def _choose(self, pick: Pick) -> Backend | None:
         if pick.only_preferred:
             return self.pool.take(pick.prefer, pick.role) if pick.prefer is not None else None
@@ -194,3 +179,7 @@ class SimProxy:
             raise RuntimeError("the layout has no node for this route")
         lease.hold(node)
         return node
+
+    def _book(self) -> ReadbackBook | None:
+        """The readback book, when this cluster's Ds keep blocks for a readback."""
+        return self.readback if self.readback_ttl_s is not None else None

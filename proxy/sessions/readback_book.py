@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from proxy.readback import HeldKV
+from proxy.sessions.session import Lookup
 from proxy.vocabulary import Reason
 
 
@@ -61,3 +62,23 @@ class ReadbackBook:
             return why
         _, held = self._entries.pop(session_id)
         return held if why is None else why
+
+
+def readback_status(book: ReadbackBook | None, lookup: Lookup) -> Reason | None:
+    """None when the session's D keeps blocks P can read back now, else why not (`book`
+    None: this proxy offers no readback). The router and the simulator's proxy both ask here."""
+    if book is None or not lookup.continuation:
+        return Reason.READBACK_MISSING
+    held = lookup.session.held
+    return book.status(lookup.session.id, held.digest if held else None)
+
+
+def take_readback(book: ReadbackBook | None, lookup: Lookup) -> HeldKV | Reason:
+    """The session's kept blocks for this turn's readback, taken from the book, or why not."""
+    if book is None or not lookup.continuation:
+        return Reason.READBACK_MISSING
+    held = lookup.session.held
+    taken = book.take(lookup.session.id, held.digest if held else None)
+    if isinstance(taken, HeldKV) and taken.decode != lookup.session.decode:
+        return Reason.READBACK_MISSING  # another D's blocks (the session moved)
+    return taken
