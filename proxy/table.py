@@ -67,13 +67,13 @@ class TableRow:
     local_success: float
     n_requests: int
 
-    def _measured(self, route: str) -> bool:
+    def _measured(self, route: RouteKind) -> bool:
         ttft, tpot = getattr(self, f"{route}_ttft_ms"), getattr(self, f"{route}_tpot_ms")
         return math.isfinite(ttft) and math.isfinite(tpot) and ttft > 0 and tpot > 0
 
     def score(self, w_ttft: float, w_tpot: float) -> float:
         """The score of the module docstring (> 0 favours local); NaN when a route is unmeasured."""
-        if not (self._measured("pd") and self._measured("local")):
+        if not (self._measured(RouteKind.PD) and self._measured(RouteKind.LOCAL)):
             return math.nan
         delta_ttft = (self.pd_ttft_ms - self.local_ttft_ms) / self.pd_ttft_ms
         delta_tpot = (self.local_tpot_ms - self.pd_tpot_ms) / self.pd_tpot_ms
@@ -81,7 +81,7 @@ class TableRow:
 
     def decide(self, w_ttft: float, w_tpot: float, success_margin: float) -> RouteKind | None:
         """The route this cell calls for under the given weights (None: nothing measured)."""
-        pd_ok, local_ok = self._measured("pd"), self._measured("local")
+        pd_ok, local_ok = self._measured(RouteKind.PD), self._measured(RouteKind.LOCAL)
         if not (pd_ok or local_ok):
             return None
         if not local_ok:

@@ -23,6 +23,7 @@ from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES
 from proxy.redact import redacted_command, redacted_url, rerun_note
 from proxy.table import MEASURED, STATUS_COLUMN
 from proxy.tokens import TokenCounter, token_counter
+from proxy.vocabulary import PRODUCT, Role
 
 INTERRUPTED_EXIT = 130
 FAILED_EXIT = 1
@@ -215,7 +216,7 @@ def main(argv: list[str]) -> int:
     resumed = check_out_table(args.out, grid, args.force)
     tokenizer = _load_tokenizer(args.tokenizer)
     started = time.monotonic()
-    command = redacted_command(["ppd", "profile", *argv], secrets=(args.admin_key,))
+    command = redacted_command([PRODUCT, "profile", *argv], secrets=(args.admin_key,))
     from profiler.cluster.procs import sigterm_as_interrupt
 
     try:
@@ -316,7 +317,7 @@ async def reported_layout(client: httpx.AsyncClient) -> str:
         roles = [str(node["role"]) for node in nodes]
     except (httpx.HTTPError, ValueError, AttributeError, KeyError, TypeError):
         return "unknown"
-    n_p, n_d, n_r = (roles.count(role) for role in ("prefill", "decode", "replica"))
+    n_p, n_d, n_r = (roles.count(role) for role in Role)
     if n_p or n_d:
         return f"{n_p}P{n_d}D" + (f"+{n_r}R" if n_r else "")
     return f"{n_r}R" if n_r else "unknown"

@@ -19,6 +19,7 @@ from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.cluster.procs import sigterm_as_interrupt
 from profiler.profile.runner import ProfileGrid, Profiler
 from profiler.tables.io import build_meta, local_vllm_backend
+from proxy.policies import pd as pd_policy
 from proxy.tokens import TokenCounter, token_counter
 
 # The proxy sits above the node ports; its policy is irrelevant (turn 2 is forced per request).
@@ -63,7 +64,7 @@ def profile_on_local_cluster(job: ClusterProfileJob, grid: ProfileGrid,
             key_file = Path(state) / "proxy-admin.yaml"
             key_file.touch(mode=0o600)
             key_file.write_text(f"admin_key: {admin_key}\n")
-            target = cluster.start_proxy("pd", port=job.base_port + PROXY_PORT_OFFSET,
+            target = cluster.start_proxy(pd_policy.NAME, port=job.base_port + PROXY_PORT_OFFSET,
                                          extra_args=["--config", str(key_file)])
             meta = build_meta(
                 model=cluster.model, layout=str(layout), backend=local_vllm_backend(),

@@ -101,7 +101,7 @@ def cell_row(cell: Cell, pd_stats: RouteStats, local_stats: RouteStats) -> dict[
         "qps": cell.qps,
         "n_requests": min(pd_stats.n_requests, local_stats.n_requests),
     }
-    for prefix, stats in (("pd", pd_stats), ("local", local_stats)):
+    for prefix, stats in ((RouteKind.PD, pd_stats), (RouteKind.LOCAL, local_stats)):
         row[f"{prefix}_ttft_ms"] = stats.ttft_ms
         row[f"{prefix}_tpot_ms"] = stats.tpot_ms
         row[f"{prefix}_success"] = stats.success

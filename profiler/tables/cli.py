@@ -16,6 +16,7 @@ from profiler.cli import HelpFormatter
 from profiler.tables.io import read_table
 from proxy.discretize import WORKLOAD_SHAPES, Cell, ContextClass
 from proxy.table import DecisionTable
+from proxy.vocabulary import RouteKind
 
 
 def decision_frame(path: Path, *, w_ttft: float, w_tpot: float) -> pd.DataFrame:
@@ -47,7 +48,7 @@ def render_decisions(path: Path, *, w_ttft: float, w_tpot: float) -> str:
         grid = part.pivot(index="workload", columns="qps", values="label")
         grid = grid.sort_index(key=lambda index: index.map(lambda n: shape_order.get(n, 99)))
         grid.columns = [f"{qps:g} req/s" for qps in grid.columns]
-        local = int((part["route"] == "local").sum())
+        local = int((part["route"] == RouteKind.LOCAL.value).sum())
         lines += ["", f"context {context}: local in {local}/{len(part)} cells",
                   grid.fillna("-").to_string()]
     return "\n".join(lines)

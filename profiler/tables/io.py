@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from proxy.table import MEASURED, STATUS_COLUMN, TABLE_COLUMNS, UNMEASURED
+from proxy.vocabulary import PRODUCT
 
 EXTRA_COLUMNS: tuple[str, ...] = (
     "pd_ttft_p99_ms",
@@ -129,7 +130,7 @@ def build_meta(
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "grid": dict(grid),
         "weights": dict(weights),
-        "ppd_version": _version("ppd"),
+        "ppd_version": _version(PRODUCT),
         **dict(extra or {}),
     }
 

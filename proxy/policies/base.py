@@ -15,6 +15,9 @@ and, when it needs them (the registry fills in the defaults):
     def check(config) -> None                  # flag combinations it rejects (ValueError)
     def label(config) -> str                   # its name in reports (default NAME)
     def parse_label(text, table) -> dict|None  # a report label back to flags (default NAME)
+    LOCAL_SHARE = 0.0                          # a fixed share of turn 2+ run locally, or
+    def local_share(config) -> float           # one its flags set (fixed's --x); default:
+                                               # none, it decides turn by turn
     def describe(config) -> str                # startup-line detail (default "")
     def remember(config) -> M                  # learned state; then decide(turn, inputs, M)
                                                # returns (Decision, M): decide stays pure
