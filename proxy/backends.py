@@ -1,4 +1,4 @@
-"""The backend pool: a ledger of nodes, their health, circuits and in-flight counts.
+"""The backend pool: every node, with its health, circuit and in-flight count.
 
 Nodes come from the configuration (static) or from heartbeats (discovered; they leave the pool
 when heartbeats stop). A new session gets the usable node of the needed role with the fewest
@@ -163,7 +163,7 @@ class BackendPool:
 
     def pick(self, role: Role, prefer: str | None = None,
              exclude: frozenset[str] = frozenset()) -> Backend | None:
-        """The preferred node if usable, else the least-loaded usable one (None: none left)."""
+        """The preferred node if usable, else the least busy usable one (None: none left)."""
         node = self.candidate(role, prefer, exclude)
         return None if node is None else self._picked(node)
 

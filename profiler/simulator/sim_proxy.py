@@ -1,4 +1,4 @@
-"""The proxy's routing on a virtual clock: its own pool, ledger, policy and load meter.
+"""The proxy's routing on a virtual clock: its own pool, session ledger, policy and load meter.
 
 `SimProxy` does what `proxy.router.Router` does for one turn, minus HTTP: the session ledger
 (`proxy.sessions.session`) finds the conversation and whether this turn continues it, the load meter
