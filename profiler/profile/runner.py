@@ -267,7 +267,7 @@ class Profiler:
             seed=self.seed,
             max_conversations=max_conversations,
             headers_for_turn=headers_for_turn,
-            whole_turns=frozenset({1}) if RouteKind.READBACK in self.routes else frozenset(),
+            whole_turns=(1,) if RouteKind.READBACK in self.routes else (),
         )
 
 

@@ -64,7 +64,7 @@ class ReplayConfig:
     # Turns sent without streaming, their answer read whole (its TTFT is its whole time): vLLM
     # returns a D's kv_transfer_params only in a whole answer, so a readback needs the turn
     # before it whole (docs/readback.md; `ppd profile --readback` sends turn 1 so).
-    whole_turns: frozenset[int] = frozenset()
+    whole_turns: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.target.startswith(("http://", "https://")):

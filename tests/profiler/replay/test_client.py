@@ -235,7 +235,7 @@ async def test_whole_turns_are_sent_without_streaming_and_keep_the_history() -> 
     app = FakeTimedServer(ttft_s=0.05, itl_s=0.01)
     async with serve(app) as url:
         result = await replay(_conversations(1, turns=2, n_out=5),
-                              _config(url, max_conversations=1, whole_turns=frozenset({1})))
+                              _config(url, max_conversations=1, whole_turns=(1,)))
     first, second = result.records
     assert first.success and second.success, (first.error, second.error)
     assert app.bodies[0]["stream"] is False and "stream_options" not in app.bodies[0]
