@@ -149,12 +149,12 @@ def fixed_label(x: float) -> str:
     """The label of the policy that runs a share x of turn 2+ locally whatever the turn (the
     PPD paper's x): the policy that always does (x=0: pd, x=1: local), else the one whose
     flag `x` sets it (`x=0.33`)."""
-    fixed = [spec for spec in policies().values() if spec.local_share is not None]
-    for spec in fixed:
-        if spec.flags is None and spec.local_share(None) == x:
+    for spec in policies().values():
+        share = spec.local_share
+        if share is not None and spec.flags is None and share(None) == x:
             return spec.name
-    for spec in fixed:
-        if spec.flags is not None:
+    for spec in policies().values():
+        if spec.local_share is not None and spec.flags is not None:
             return label(spec.name, x=x)
     raise ValueError(f"no policy runs a fixed share {x:g} of turns locally")
 
