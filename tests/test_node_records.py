@@ -30,7 +30,8 @@ def test_the_pool_holds_each_node_as_a_node() -> None:
                                                                  Role.DECODE)
     assert (backend.url, backend.role, backend.base) == (
         "http://127.0.0.1:8101/", Role.DECODE, "http://127.0.0.1:8101")
-    assert pool.get("http://p0.sim").role is Role.PREFILL
+    sim = pool.get("http://p0.sim")
+    assert sim is not None and sim.role is Role.PREFILL
 
 
 def test_the_simulators_nodes_keep_their_names_and_urls() -> None:
