@@ -83,7 +83,8 @@ class ProxyState:
 
 def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
                 clock: Callable[[], float]) -> ProxyState:
-    """Assemble the ledgers, policy and router from the config (loads table and tokenizer)."""
+    """Assemble the pool, session store, policy and router from the config (loads table and
+    tokenizer)."""
     policy = load_policy(config.policy)
     pool = BackendPool(config.nodes, breaker=Breaker(config.breaker_failures,
                                                      config.breaker_cooldown), clock=clock)

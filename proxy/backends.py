@@ -1,4 +1,4 @@
-"""The backend pool: a ledger of nodes, their health, circuits and in-flight counts.
+"""The backend pool: every node, with its health, circuit and in-flight count.
 
 Nodes come from the configuration (static) or from heartbeats (discovered; they leave the pool
 when heartbeats stop). A new session gets the usable node of the needed role with the fewest
@@ -21,8 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from proxy.breaker import CLOSED, Breaker, Circuit, CircuitState
-from proxy.config import NodeSpec
-from proxy.vocabulary import Role
+from proxy.vocabulary import Node, Role
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -73,10 +72,9 @@ class Source(enum.StrEnum):
 
 @dataclass(slots=True, eq=False)
 class Backend:
-    """One vLLM node as the proxy sees it."""
+    """One vLLM node as the proxy sees it: the node, and what the pool keeps of it."""
 
-    url: str  # exactly as configured or registered (it is echoed in response headers)
-    role: Role
+    node: Node
     source: Source = Source.STATIC
     healthy: bool = True
     in_flight: int = 0
@@ -87,15 +85,24 @@ class Backend:
     circuit: Circuit = CLOSED
 
     @property
+    def url(self) -> str:
+        """Exactly as configured or registered (it is echoed in response headers)."""
+        return self.node.url
+
+    @property
+    def role(self) -> Role:
+        return self.node.role
+
+    @property
     def base(self) -> str:
         """The URL to append API paths to."""
-        return self.url.rstrip("/")
+        return self.node.base
 
 
 class BackendPool:
     """All known nodes by URL, with the breaker rule their circuits follow on `clock`."""
 
-    def __init__(self, nodes: Iterable[NodeSpec] = (), breaker: Breaker | None = None,
+    def __init__(self, nodes: Iterable[Node] = (), breaker: Breaker | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.breaker = breaker or Breaker()
         self._clock = clock
@@ -116,7 +123,7 @@ class BackendPool:
             return static
         node = self._nodes.get(url)
         if node is None or node.role is not role:
-            node = Backend(url, role, source=source)
+            node = Backend(Node(url, role), source=source)
             self._nodes[url] = node
         node.last_seen = now
         node.zmq_address = zmq_address or node.zmq_address
@@ -156,7 +163,7 @@ class BackendPool:
 
     def pick(self, role: Role, prefer: str | None = None,
              exclude: frozenset[str] = frozenset()) -> Backend | None:
-        """The preferred node if usable, else the least-loaded usable one (None: none left)."""
+        """The preferred node if usable, else the least busy usable one (None: none left)."""
         node = self.candidate(role, prefer, exclude)
         return None if node is None else self._picked(node)
 

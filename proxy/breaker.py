@@ -8,7 +8,7 @@ answered: a prefill, a whole reply, a stream to its end, or a 4xx (the request w
 not the node). A failure: refused, reset, timed out, 5xx, or a stream cut short. A probe that
 ends without a verdict (the client hung up) is abandoned, so the next request may probe.
 
-The ledger (`proxy.backends`) keeps one `Circuit` per node and applies these transitions; this
+The backend pool (`proxy.backends`) keeps one `Circuit` per node and applies these transitions; this
 module reads no clock (the time is passed in) and knows nothing of nodes or HTTP.
 """
 

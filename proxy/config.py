@@ -35,7 +35,7 @@ from proxy.redact import redacted_url
 from proxy.residency import DEFAULT_KV_BLOCKS
 from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S
 from proxy.suggest import unknown_name
-from proxy.vocabulary import Role
+from proxy.vocabulary import Node, Role
 
 
 class ConfigError(ValueError):
@@ -81,11 +81,8 @@ def _is_loopback_endpoint(endpoint: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeSpec:
-    """One backend as configured: its URL exactly as written and its role."""
-
-    url: str
-    role: Role
+class NodeSpec(Node):
+    """One backend as configured: its URL exactly as written and its role, checked."""
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):

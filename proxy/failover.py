@@ -118,7 +118,7 @@ class Failover:
     async def run(self, role: Role, prefer: str | None,
                   leg: Callable[[Backend], Awaitable[T]],
                   served: Callable[[T], bool] = lambda _: True) -> T:
-        """`leg` on the preferred (else least-loaded) usable node of role, then on the next
+        """`leg` on the preferred (else least busy) usable node of role, then on the next
         until one succeeds; when none is left, the last failure (or NoBackend) is raised.
         `served(result)`: whether the result proves the request servable (a 4xx does not)."""
         result: T | None = None

@@ -1,7 +1,7 @@
 """The cluster as `--policy live` sees it in the proxy: residency, /metrics and in-flight.
 
 `LiveView.state(session)` assembles a `proxy.live.TurnState` from what the background tasks
-keep (`proxy.residency` fed by `proxy.kv_subscriber`, `proxy.node_load` scraping /metrics)
+keep (`proxy.residency` fed by `proxy.kv_subscriber`, `proxy.node_gauges` scraping /metrics)
 and the pool's own in-flight counts; it does no I/O, so the router calls it on the request
 path. A reading older than `max_age` seconds is not trusted: the node's batch is then the
 proxy's own in-flight count on it (exact for the proxy's traffic, blind to anything else).
@@ -23,7 +23,7 @@ from typing import Any
 from proxy.backends import BackendPool
 from proxy.kv_subscriber import KvEventSource, KvEventSubscribers, NodeSubscriber
 from proxy.live import NodeState, TurnState
-from proxy.node_load import LoadSignals
+from proxy.node_gauges import NodeGauges
 from proxy.residency import Residency
 from proxy.sessions.session import Session
 from proxy.vocabulary import Role
@@ -40,7 +40,7 @@ def tag_session(body: dict[str, Any], session_id: str) -> dict[str, Any]:
 class LiveView:
     """Reads the background signals into a TurnState for one session."""
 
-    def __init__(self, pool: BackendPool, residency: Residency, signals: LoadSignals,
+    def __init__(self, pool: BackendPool, residency: Residency, signals: NodeGauges,
                  max_age: float) -> None:
         self.pool = pool
         self.residency = residency
@@ -67,7 +67,7 @@ class LiveView:
 
     def state(self, session: Session) -> TurnState:
         """The session's D, P and replica, each the one the pool would pick now (its own if
-        usable, else the least loaded); no replica when the pool has none usable."""
+        usable, else the least busy); no replica when the pool has none usable."""
         decode = self.pool.candidate(Role.DECODE, session.decode)
         prefill = self.pool.candidate(Role.PREFILL, session.prefill)
         replica = self.pool.candidate(Role.REPLICA, session.decode)
@@ -102,7 +102,7 @@ class LiveRuntime:
                  kv_blocks: int | None = None) -> None:
         # Each node's index is bounded by its KV capacity: --kv-blocks, else its /metrics.
         self.residency = Residency(kv_blocks)
-        self.signals = LoadSignals(clock)
+        self.signals = NodeGauges(clock)
         self.signals.listeners.append(
             lambda url, reading: self.residency.node_capacity(url, reading.kv_blocks))
         self.subscribers = KvEventSubscribers(

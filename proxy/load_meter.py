@@ -1,4 +1,7 @@
-"""Load meter: conversation turns per second over a sliding window, on an injected clock."""
+"""Load meter: conversation turns per second over a sliding window, on an injected clock.
+
+"Load" in ppd is this offered rate (a table's qps points, `ppd sim --qps`); how busy a node is
+(requests running and waiting) is `proxy.node_gauges`."""
 
 from __future__ import annotations
 

@@ -175,7 +175,8 @@ class ProxyMetrics:
 
 
 class _LiveGauges(Collector):
-    """Gauges computed from the ledgers when scraped (nodes come and go with discovery)."""
+    """Gauges computed from the pool and the admission count when scraped (nodes come and go
+    with discovery)."""
 
     def __init__(self, nodes: Callable[[], list[dict[str, Any]]],
                  requests_in_flight: Callable[[], int]) -> None:

@@ -9,12 +9,12 @@ in how they run the legs. Both call it as `turn_plan.plan_turn`, so a test that 
 sees both change.
 
 Node order (docs/architecture.md, "Request flow"): a replica turn goes to the session's
-replica first, else the least-loaded one; a local turn goes to the session's D only, and when
+replica first, else the least busy one; a local turn goes to the session's D only, and when
 that D cannot take it now the turn falls back to P->D; a P->D turn picks its D first (the
-session's, else the least loaded), then its P (the session's, else the least loaded).
+session's, else the least busy), then its P (the session's, else the least busy).
 In a hybrid pool under a policy that places (live), a conversation it placed on a replica
 goes back to that replica alone, falling back to P->D when it cannot take the turn (as a
-local turn does); one placed there anew goes to the least-loaded replica. Live is told
+local turn does); one placed there anew goes to the least busy replica. Live is told
 whether P->D can run at all (a usable P and D), so with every P or every D down it serves
 from replicas and Ds alone.
 """

@@ -1,6 +1,6 @@
-"""The vocabulary every layer shares: node roles, a cluster's layout, route kinds, a turn's
-workload, a decision. The proxy, the cluster launcher, the simulator and the emulated nodes
-all name roles and layouts with these."""
+"""The vocabulary every layer shares: node roles, a node, a cluster's layout, route kinds, a
+turn's workload, a decision. The proxy, the cluster launcher, the simulator and the emulated
+nodes all name roles, nodes and layouts with these."""
 
 from __future__ import annotations
 
@@ -26,6 +26,24 @@ class Role(enum.StrEnum):
     def letter(self) -> str:
         """Its letter in a layout's name (`1P2D1R`)."""
         return self.value[0].upper()
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One node as every layer knows it: the base URL its API answers on (without `/v1`) and
+    its role. The records of each layer build on it - the proxy's configured nodes
+    (`proxy.config.NodeSpec`, validated) and its pool's (`proxy.backends.Backend`, which
+    holds one), the launcher's running servers (`profiler.cluster.launcher.Node`), the
+    emulated ones (`profiler.emulate.host.HostedNode`) and the simulator's
+    (`profiler.simulator.layout.SimNode`) - so a field every node has is added here."""
+
+    url: str  # exactly as configured or registered (the proxy echoes it in its headers)
+    role: Role
+
+    @property
+    def base(self) -> str:
+        """The URL to append API paths to."""
+        return self.url.rstrip("/")
 
 
 class LayoutError(ValueError):

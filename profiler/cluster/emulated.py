@@ -63,8 +63,9 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
     for spec in nodes:
         argv += ["--node", f"{spec.role.value}:{spec.port}"]
     first = procs.spawn("emulated-nodes", "", argv, os.environ, log, cwd=state_dir)
-    started = [Node(spec.role, ManagedProcess(spec.name, f"http://{config.host}:{spec.port}",
-                                              first.pid, log, first.process))
+    started = [Node.running(spec.role,
+                            ManagedProcess(spec.name, f"http://{config.host}:{spec.port}",
+                                           first.pid, log, first.process))
                for spec in nodes]  # fmt: skip
     progress(f"starting {len(nodes)} emulated node(s) ({preset.name}) in pid {first.pid} "
              f"(log {log})")

@@ -51,6 +51,7 @@ from profiler.models.prepare import (
     prepare_model,
     serving_dtype,
 )
+from proxy import vocabulary
 from proxy.vocabulary import Role
 
 PROXY_FILE = "proxy.json"
@@ -65,13 +66,14 @@ def quiet(_: str) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class Node:
-    role: Role
+class Node(vocabulary.Node):
+    """A running node: where it answers, its role, and its server process."""
+
     proc: ManagedProcess
 
-    @property
-    def url(self) -> str:
-        return self.proc.url
+    @classmethod
+    def running(cls, role: Role, proc: ManagedProcess) -> Node:
+        return cls(proc.url, role, proc)
 
 
 @dataclass(slots=True)
@@ -219,7 +221,7 @@ def start_cluster(config: ClusterConfig, progress: Progress = quiet) -> Cluster:
                 node_command(config, model, spec),
                 node_env(config, spec, os.environ), log, cwd=state_dir,
             )
-            started.append(Node(spec.role, proc))
+            started.append(Node.running(spec.role, proc))
             progress(f"starting {spec.name} on {proc.url} (log {log})")
         procs.wait_ready(
             [n.proc for n in started], "/v1/models", config.startup_timeout_s,
@@ -271,7 +273,8 @@ def load_cluster(state_dir: Path) -> Cluster:
         for n in doc["nodes"]:
             role = Role(n["role"])
             name = f"{role.value}-{sum(1 for m in nodes if m.role is role)}"
-            nodes.append(Node(role, ManagedProcess(name, n["url"], int(n["pid"]), Path(n["log"]))))
+            nodes.append(Node.running(
+                role, ManagedProcess(name, n["url"], int(n["pid"]), Path(n["log"]))))
         cluster = Cluster(doc["model"], parse_layout(doc["layout"]), state_dir, nodes)
     except FileNotFoundError:
         raise ClusterError(f"no cluster in {state_dir} ({CLUSTER_FILE} not found)") from None

@@ -31,17 +31,14 @@ from profiler.emulate.tokenizer import Vocabulary, tokenizer_dir
 from profiler.engine.host import host_of
 from profiler.node_kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET, publishes
 from proxy.server import running
-from proxy.vocabulary import Role
+from proxy.vocabulary import Node, Role
 
 
 @dataclass(frozen=True, slots=True)
-class HostedNode:
-    service: NodeService
-    url: str
+class HostedNode(Node):
+    """An emulated node serving: where it answers, its role, and its request handling."""
 
-    @property
-    def role(self) -> Role:
-        return self.service.spec.role
+    service: NodeService
 
     @property
     def kv_events(self) -> tuple[str, str | None] | None:
@@ -102,7 +99,7 @@ async def hosted(preset: Preset, nodes: Sequence[tuple[Role, int]], *,
             service = NodeService(spec, engine, vocab, peers, publisher)
             server = await stack.enter_async_context(
                 running(create_node_app(service), host, spec.port))
-            out.append(HostedNode(service, server.url))
+            out.append(HostedNode(server.url, spec.role, service))
         yield out
 
 

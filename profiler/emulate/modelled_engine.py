@@ -5,7 +5,7 @@ Two things the adapter adds to the engine:
   tokens that the next turn sends back, so each emitted id is replaced by the job's own
   before the next step hashes the block it completes - D's prefix cache then holds the reply
   under the ids turn 2 brings, as vLLM's would;
-- memory: a finished job's ledger is dropped once nothing needs it (P: after release_kv);
+- memory: a finished job's engine record is dropped once nothing needs it (P: after release_kv);
 - KV cache events (with `events`): each step's stores and evictions, stores tagged with
   their job's session, on `Tick.kv_events`.
 """
@@ -19,7 +19,7 @@ from profiler.emulate.engine_interface import EngineStats, Job, JobRejected, Tic
 from profiler.engine import Engine, Request, RequestRejected
 from profiler.engine.prefix_cache import block_hashes
 from profiler.engine.requests import Phase
-from profiler.engine.requests import Sequence as Ledger
+from profiler.engine.requests import Sequence as EngineSequence
 
 # kv_from names the P a request pulls from; the engine only needs it to be set.
 REMOTE = "remote-p"
@@ -110,7 +110,7 @@ class SimNodeEngine:
             external_hits=s.external_prefix_cache_hits, preemptions=s.num_preemptions,
         )  # fmt: skip
 
-    def _sequence(self, job_id: str) -> Ledger | None:
+    def _sequence(self, job_id: str) -> EngineSequence | None:
         try:
             return self.engine.sequence(job_id)
         except KeyError:

@@ -209,11 +209,11 @@ class Engine:
     # -- reading ------------------------------------------------------------------------------
 
     def sequence(self, request_id: str) -> Sequence:
-        """The engine's ledger of a request (its outputs, times, cache hits)."""
+        """The engine's running record of a request (its outputs, times, cache hits)."""
         return self._get(request_id)
 
     def forget(self, request_id: str) -> Sequence:
-        """Drop a finished or failed request's ledger (long runs keep memory bounded)."""
+        """Drop a finished or failed request's record (long runs keep memory bounded)."""
         seq = self._get(request_id)
         if seq.phase not in (Phase.FINISHED, Phase.FAILED) or request_id in self._kv_held:
             raise ValueError(f"request {request_id} is still in use ({seq.phase})")

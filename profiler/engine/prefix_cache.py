@@ -1,10 +1,11 @@
-"""The KV-cache ledger: a fixed number of blocks, a prefix cache of full blocks, LRU eviction.
+"""The KV cache's block accounting: a fixed number of blocks, a prefix cache of full blocks,
+LRU eviction.
 
 As in vLLM's KVCacheManager, a full block is identified by a hash chained over its parent's
 hash and its token ids, so equal prefixes share blocks. A block whose last holder finishes
 stays cached (evictable) until an allocation needs it; eviction takes the least recently
 freed first, and a request's blocks are freed tail first so a prefix outlives its suffix.
-The ledger knows nothing about scheduling: the scheduler decides who gets blocks.
+The accounting knows nothing about scheduling: the scheduler decides who gets blocks.
 
 An optional `CacheObserver` hears of every block that enters or leaves the cache - what vLLM
 publishes as KV cache events (an emulated node does, `profiler.emulate.kv_publisher`). Without

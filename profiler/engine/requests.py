@@ -1,4 +1,4 @@
-"""What the engine model is asked to run, and its per-request ledger.
+"""What the engine model is asked to run, and its running record of each request.
 
 A `Request` is what a client submits (immutable). A `Sequence` is the engine's running record
 of it: tokens computed so far, tokens emitted, the KV blocks it holds, its phase and times.
@@ -84,7 +84,7 @@ class Request:
 
 @dataclass(slots=True)
 class Sequence:
-    """The engine's ledger for one request. Times are the caller's clock (seconds)."""
+    """The engine's running record of one request. Times are the caller's clock (seconds)."""
 
     request: Request
     arrival: float

@@ -33,9 +33,8 @@ from profiler.traces.formats import TraceFormat
 from profiler.traces.loader import TraceFilter
 from profiler.traces.synthetic import synthetic_names
 from proxy.redact import redacted_command, redacted_url, rerun_note
-from proxy.routes import FORCIBLE
 from proxy.tokens import token_counter
-from proxy.vocabulary import PRODUCT
+from proxy.vocabulary import PRODUCT, RouteKind
 
 INTERRUPTED_EXIT = 130
 FAILED_EXIT = 1
@@ -91,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--think-time", type=float, default=0.0,
                         help="seconds between a reply and the next turn")
     parser.add_argument("--max-conversations", type=int, help="start at most N conversations")
-    parser.add_argument("--force-route", choices=sorted(FORCIBLE),
+    # Not readback: it needs the turn before it sent whole (`ppd profile --readback` does).
+    parser.add_argument("--force-route", choices=[RouteKind.PD.value, RouteKind.LOCAL.value],
                         help="send x-ppd-route on turn 2+ (the proxy must allow it)")
     parser.add_argument("--admin-key", help="bearer key sent with --force-route")
     parser.add_argument("--slo", help="TTFT_MS,TPOT_MS for SLO attainment, e.g. 2000,200")

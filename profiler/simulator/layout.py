@@ -9,22 +9,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.vocabulary import Layout, Role
+from proxy.vocabulary import Layout, Node, Role
 
 
 @dataclass(frozen=True, slots=True)
-class SimNode:
-    """One node of a layout: its name (also its URL in the pool) and role."""
+class SimNode(Node):
+    """One node of a layout: its URL in the pool (from its name), role and name."""
 
     name: str
-    role: Role
 
-    @property
-    def url(self) -> str:
-        return f"http://{self.name}.sim"
+    @classmethod
+    def named(cls, name: str, role: Role) -> SimNode:
+        return cls(f"http://{name}.sim", role, name)
 
 
 def sim_nodes(layout: Layout) -> list[SimNode]:
     """Every node, P first, then D, then R, numbered per role (`p0`, `d0`, `d1`)."""
-    return [SimNode(f"{role.letter.lower()}{i}", role) for role, count in layout.counts()
+    return [SimNode.named(f"{role.letter.lower()}{i}", role) for role, count in layout.counts()
             for i in range(count)]

@@ -1,4 +1,4 @@
-"""The proxy's routing on a virtual clock: its own pool, ledger, policy and load meter.
+"""The proxy's routing on a virtual clock: its own pool, session ledger, policy and load meter.
 
 `SimProxy` does what `proxy.router.Router` does for one turn, minus HTTP: the session ledger
 (`proxy.sessions.session`) finds the conversation and whether this turn continues it, the load meter
@@ -39,7 +39,7 @@ from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, S
 from proxy.sessions.readback_book import ReadbackBook, readback_status, take_readback
 from proxy.sessions.session import Lookup, Session, Transcript
 from proxy.turn_plan import Pick
-from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
+from proxy.vocabulary import Decision, Node, Reason, RouteKind, Workload
 
 
 @dataclass(slots=True)
@@ -83,13 +83,11 @@ def reply_text(conversation_id: str, turn: int) -> str:
 class SimProxy:
     """The proxy's routing state, driven by a simulator's clock."""
 
-    def __init__(self, nodes: Sequence[tuple[str, Role]], policy: RoutingPolicy,
+    def __init__(self, nodes: Sequence[Node], policy: RoutingPolicy,
                  clock: Callable[[], float], *, load_window_s: float = DEFAULT_LOAD_WINDOW_S,
                  forced: Callable[[int], RouteKind | None] | None = None,
                  readback_ttl_s: float | None = None) -> None:
-        self.pool = BackendPool(clock=clock)
-        for url, role in nodes:
-            self.pool.add(url, role)
+        self.pool = BackendPool(nodes, clock=clock)
         self.policy = policy
         self.ledger = SessionLedger(DEFAULT_SESSION_TTL_S, DEFAULT_MAX_SESSIONS, clock)
         self.load = RateMeter(load_window_s, clock)

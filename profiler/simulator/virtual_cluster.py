@@ -146,7 +146,7 @@ class Simulator:
                                              and setup.readback_ttl_s is not None):
                 node.link = SharedLink(setup.link)
             self._nodes[spec.url] = node
-        self.proxy = SimProxy([(url, n.spec.role) for url, n in self._nodes.items()],
+        self.proxy = SimProxy([n.spec for n in self._nodes.values()],
                               setup.policy, lambda: self.now,
                               load_window_s=setup.load_window_s, forced=setup.forced,
                               readback_ttl_s=setup.readback_ttl_s)

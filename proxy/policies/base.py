@@ -7,7 +7,8 @@ A policy is one module of this package (`proxy.policies.registry` finds it by it
 
 and, when it needs them (the registry fills in the defaults):
 
-    FLAGS = {"x": option(None, "help", metavar="F")}   # its own flags (`proxy.options.option`)
+    @dataclass(frozen=True)                    # its own flags: `proxy.options.option` fields
+    class Flags: x: float | None = option(None, "help", metavar="F")
     NEEDS = Needs(table=Need.REQUIRED)         # default: nothing beyond the turn
     ROLES = ((Role.PREFILL, Role.DECODE),)     # role sets that serve its turns; [0] to start
     PLACES = True                              # may place a homeless conversation on a replica

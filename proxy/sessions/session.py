@@ -1,4 +1,4 @@
-"""The session ledger: which conversation a request continues, and what its D already holds.
+"""Sessions: which conversation a request continues, and what its D already holds.
 
 A session is found by an explicit id (`conversation_id` body field or `x-session-id` header)
 or, failing that, by a hash of the conversation's opening (chat: system prompt + first user
@@ -17,8 +17,8 @@ but a session's own next turn replaces it (`proxy.sessions.ledger`: the index an
 
 This module is the vocabulary (transcripts, fingerprints, sessions, lookups). Where sessions
 live is `proxy.sessions.store` (in memory by default, `proxy.sessions.redis_store` for several
-processes); the in-memory index is `proxy.sessions.ledger`. They only keep books: which route a
-turn takes is the policies' business.
+processes); the in-memory one, the session ledger, is `proxy.sessions.ledger`. They only keep
+books: which route a turn takes is the policies' business.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from proxy.backends import BackendPool
 from proxy.config import Policy, PolicyConfig
 from proxy.live import LiveScorer, NodeState, StepCosts, TurnState, predict_placement
 from proxy.live_view import LiveView
-from proxy.node_load import LoadSignals
+from proxy.node_gauges import NodeGauges
 from proxy.policies import RoutingPolicy
 from proxy.residency import Residency
 from proxy.sessions.session import Lookup, Session
@@ -171,7 +171,7 @@ def test_policies_other_than_live_send_a_replica_conversation_p_to_d() -> None:
 async def test_the_router_keeps_a_replica_conversation_on_its_replica() -> None:
     async with router_over("p0", "d0", "r0") as h:
         h.router.policy = policy(PolicyConfig(kind=Policy.LIVE))
-        h.router.view = LiveView(h.pool, Residency(), LoadSignals(h.clock), 3.0)
+        h.router.view = LiveView(h.pool, Residency(), NodeGauges(h.clock), 3.0)
         # Every node idle: the replica answers turn 1 sooner and delays nobody.
         first, body = await h.ask(chat("Hello " * 50))
         second, body2 = await h.ask(chat("Hello " * 50, text_of(body), "And then?"))

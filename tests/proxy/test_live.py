@@ -127,7 +127,7 @@ def test_live_view_trusts_fresh_metrics_else_the_proxy_in_flight() -> None:
     from proxy.backends import BackendPool
     from proxy.kv_events import BlockStored
     from proxy.live_view import LiveView
-    from proxy.node_load import LoadSignals, NodeMetrics
+    from proxy.node_gauges import NodeGauges, NodeMetrics
     from proxy.residency import Residency
     from proxy.sessions.session import Session
 
@@ -137,7 +137,7 @@ def test_live_view_trusts_fresh_metrics_else_the_proxy_in_flight() -> None:
     decode = pool.add("http://d", Role.DECODE)
     residency = Residency()
     residency.node("http://d").apply(BlockStored((1, 2), None, 64, 32, "s"))
-    signals = LoadSignals(clock=lambda: now[0])
+    signals = NodeGauges(clock=lambda: now[0])
     signals.latest["http://d"] = NodeMetrics(running=40, waiting=2, kv_usage=0.5, at=9.0)
     view = LiveView(pool, residency, signals, max_age=3.0)
     session = Session("s", opening="o", hashed=False, decode="http://d")

@@ -16,7 +16,7 @@ from proxy.live import TurnState
 from proxy.policies import RoutingPolicy
 from proxy.sessions.session import Lookup, Session
 from proxy.turn_plan import Attempt, Pick, TurnPlan, plan_turn
-from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
+from proxy.vocabulary import Decision, Node, Reason, Role, RouteKind, Workload
 from tests.proxy.router_harness import chat, router_over, text_of
 from tests.proxy.test_policies import readback_table
 
@@ -95,7 +95,7 @@ def always_pd(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("always_pd")
 def test_the_simulator_follows_a_patched_plan_turn() -> None:
-    proxy = SimProxy([("http://p0", Role.PREFILL), ("http://d0", Role.DECODE)],
+    proxy = SimProxy([Node("http://p0", Role.PREFILL), Node("http://d0", Role.DECODE)],
                      _policy(Policy.LOCAL), lambda: 0.0)
     first = proxy.begin("c1", 1, 100, 10)
     proxy.prefilled(first)

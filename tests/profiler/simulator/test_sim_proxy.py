@@ -5,9 +5,10 @@ from __future__ import annotations
 from profiler.simulator.sim_proxy import SimProxy
 from proxy.config import Policy, PolicyConfig
 from proxy.policies import RoutingPolicy
-from proxy.vocabulary import Reason, Role, RouteKind
+from proxy.vocabulary import Node, Reason, Role, RouteKind
 
-NODES = [("http://p0", Role.PREFILL), ("http://d0", Role.DECODE), ("http://d1", Role.DECODE)]
+NODES = [Node("http://p0", Role.PREFILL), Node("http://d0", Role.DECODE),
+         Node("http://d1", Role.DECODE)]
 
 
 def _proxy(kind: Policy, **kwargs: object) -> tuple[SimProxy, list[float]]:

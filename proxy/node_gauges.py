@@ -1,5 +1,7 @@
 """How busy each node is: its vLLM `/metrics`, scraped in the background, with their age.
 
+(Busyness, not load: in ppd "load" is the offered rate of turns, `proxy.load_meter`.)
+
 Three gauges per node (summed over the engines a node reports):
 `vllm:num_requests_running`, `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc`
 (vLLM < 0.10 called the last one `vllm:gpu_cache_usage_perc`; either is read), and its KV
@@ -88,7 +90,7 @@ def _kv_blocks(page: str) -> int | None:
     return total or None
 
 
-class LoadSignals:
+class NodeGauges:
     """The latest scrape per node URL, and the scraping loop that keeps them fresh."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:

@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 
-from proxy.node_load import LoadSignals, parse_metrics
+from proxy.node_gauges import NodeGauges, parse_metrics
 
 # The shape of vLLM 0.32's page: HELP/TYPE lines, an engine label, histograms around.
 VLLM_METRICS = """\
@@ -49,7 +49,7 @@ async def test_background_scrape_keeps_the_last_reading_and_its_age_grows() -> N
             return httpx.Response(200, text=VLLM_METRICS)
         return httpx.Response(503)
 
-    signals = LoadSignals(clock=lambda: now[0])
+    signals = NodeGauges(clock=lambda: now[0])
     signals.start(lambda: ["http://d0"], interval=0.01, transport=httpx.MockTransport(answer))
     try:
         for _ in range(200):
