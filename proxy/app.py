@@ -1,4 +1,7 @@
-"""`create_app`: the Quart app, thin handlers over the router, owning one pooled httpx client.
+"""`create_app`: the Quart app, thin handlers over the router, owning the upstream legs.
+
+The legs (`proxy.legs`) are opened when serving starts, beside one pooled httpx client for
+the health probes, and closed when it stops.
 
 Routes: POST /v1/chat/completions, POST /v1/completions (served ahead of Quart by
 `proxy.endpoints`, the hot path), GET /v1/models, GET /health
