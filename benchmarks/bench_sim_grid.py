@@ -31,6 +31,8 @@ from profiler.simulator.grid import (
     run_grid,
 )
 from profiler.simulator.run import RunSpec, cost_model
+from proxy.policies import pd as pd_policy
+from proxy.policies import registry
 
 SINGLE_CELLS = (
     ("light: 1P3D pd small-tiny @0.5", "1P3D", "synthetic:small-tiny", 0.5),
@@ -45,7 +47,8 @@ def single_cells(cost: str) -> list[tuple[str, float]]:
 
     rows = []
     for label, layout, dataset, qps in SINGLE_CELLS:
-        policy = "x=0.5" if "x=0.5" in label else "pd"
+        half = registry.fixed_label(0.5)
+        policy = half if half in label else pd_policy.NAME
         cell = GridCell(RunSpec(layout, dataset, qps, policy=parse_policy(policy), cost=cost),
                         policy)
         started = time.perf_counter()
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     # worker pays that once, not per cell.
     warm = RunSpec("1P3D", "synthetic:small-tiny", 0.5, cost=args.cost)
     cost_model(args.cost).step_ms(BatchShape(num_decode_requests=1, sum_decode_kv_tokens=64))
-    run_cell(GridCell(warm, "pd"))
+    run_cell(GridCell(warm, pd_policy.NAME))
     singles = single_cells(args.cost)
     lines = [f"{'what':<60} {'value':>12}", "-" * 73,
              f"{'grid cells (whole paper grid)':<60} {len(cells):>12}",

@@ -36,7 +36,9 @@ from profiler.cluster.launcher import Cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.replay.client import ReplayConfig, replay
 from profiler.traces.synthetic import named_workload
+from proxy.policies import local as local_policy
 from proxy.tokens import token_counter
+from proxy.vocabulary import RouteKind
 
 ADMIN_KEY = "bench-admin"  # forcing a route needs the proxy's admin key
 
@@ -150,12 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     qps_points = [float(q) for q in args.qps.split(",") if q.strip()]
-    routes = ["pd", "local"] if args.routes else ["auto"]
+    routes = [RouteKind.PD.value, RouteKind.LOCAL.value] if args.routes else ["auto"]
     with tempfile.TemporaryDirectory(prefix="ppd-bench-emulate-") as state:
         config = ClusterConfig(model=args.model, layout=parse_layout(args.layout),
                                state_dir=Path(state), base_port=args.base_port)
         with start_emulated_cluster(config, args.emulate) as cluster:
-            cluster.start_proxy("local", port=args.base_port + 90,
+            cluster.start_proxy(local_policy.NAME, port=args.base_port + 90,
                                 extra_args=["--admin-key", ADMIN_KEY])
             tokenizer = token_counter(cluster.model_path)
             print(f"emulated {args.layout} {args.emulate}:{args.model}, one process "

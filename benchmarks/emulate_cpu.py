@@ -35,14 +35,16 @@ from profiler.replay.client import ReplayConfig, ReplayResult, replay
 from profiler.replay.metrics import summarize
 from profiler.replay.output import write_run
 from profiler.traces.synthetic import named_workload
+from proxy.policies import fixed as fixed_policy
 from proxy.tokens import token_counter
+from proxy.vocabulary import RouteKind
 
 WORKLOAD = "mixed"
 
 
 def run(cluster: Cluster, args: argparse.Namespace, out: Path, backend: str | None
         ) -> ReplayResult:
-    cluster.start_proxy("fixed", port=args.base_port + 90, extra_args=["--x", "0.5"])
+    cluster.start_proxy(fixed_policy.NAME, port=args.base_port + 90, extra_args=["--x", "0.5"])
     tokenizer = token_counter(args.tokenizer)
     count = int(args.qps * args.duration * 1.5) + 2
     conversations = named_workload(WORKLOAD, count, seed=args.seed, tokenizer=tokenizer)
@@ -65,7 +67,7 @@ def per_route(run_dir: Path) -> dict[str, dict[str, float]]:
         if f"{name}_ms" not in frame and f"{name}_s" in frame:
             frame[f"{name}_ms"] = frame[f"{name}_s"] * 1000
     out: dict[str, dict[str, float]] = {}
-    for route in ("pd", "local"):
+    for route in (RouteKind.PD.value, RouteKind.LOCAL.value):
         rows = frame[frame["success"].astype(bool) & (frame["turn"] == 2)
                      & (frame["route"] == route)]
         ttft, tpot = rows["ttft_ms"].dropna(), rows["tpot_ms"].dropna()
@@ -79,7 +81,7 @@ def per_route(run_dir: Path) -> dict[str, dict[str, float]]:
 def render(real: dict[str, dict[str, float]], emulated: dict[str, dict[str, float]]) -> str:
     lines = [f"{'route':<6} {'metric':<10} {'real ms':>9} {'emulated ms':>12} {'error':>7}  n",
              "-" * 50]
-    for route in ("pd", "local"):
+    for route in (RouteKind.PD.value, RouteKind.LOCAL.value):
         if route not in real or route not in emulated:
             lines.append(f"{route:<6} (no successful turn 2 on both)")
             continue

@@ -41,7 +41,8 @@ from profiler.cluster.launcher import Cluster, default_cores, start_cluster
 from profiler.cluster.plan import ClusterConfig, Connector, parse_layout
 from profiler.models.prepare import prepare_model
 from proxy import ServerThread, config_from_args, create_app
-from proxy.vocabulary import Role
+from proxy.policies import live as live_policy
+from proxy.vocabulary import Role, RouteKind
 
 REPO = Path(__file__).resolve().parents[1]
 LIVE_COSTS = REPO / "tables" / "tiny-cpu-1p1d.costs.json"
@@ -54,6 +55,7 @@ _WORDS = ("river", "mountain", "signal", "packet", "kernel", "window", "garden",
           "orange", "thunder", "market", "lantern", "engine", "harbor", "velvet", "copper",
           "meadow", "canyon", "violet", "rocket", "planet", "forest", "marble", "tunnel",
           "whisper", "crystal", "saddle", "falcon", "ember", "glacier", "compass", "puzzle")
+FORCED_LOCAL = "forced local"  # a turn sent with x-ppd-route: local
 
 
 def _filler(seed: int) -> str:
@@ -180,7 +182,7 @@ def one_round(number: int, proxy: str, cluster: Cluster) -> list[TurnTwo]:
         while _running(d_url) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(1.0)  # the proxy's /metrics scrape has seen the batch
-        order = [(a, None, "live"), (b, "local", "forced local")]
+        order = [(a, None, live_policy.NAME), (b, RouteKind.LOCAL.value, FORCED_LOCAL)]
         for session, route, asked in order if number % 2 == 0 else order[::-1]:
             before = _reasons(proxy)
             start = time.monotonic()
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster = start_cluster(config)
         try:
             proxy_config = config_from_args([
-                "--cluster", str(cluster.cluster_file), "--policy", "live", "--port", "0",
+                "--cluster", str(cluster.cluster_file), "--policy", live_policy.NAME, "--port", "0",
                 "--tokenizer", str(model), "--live-costs", str(LIVE_COSTS),
                 "--metrics-interval", "0.2", "--w-tpot", f"{args.w_tpot:g}",
                 "--admin-key", ADMIN_KEY])
@@ -225,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(f"{row.round:>5} {row.asked:>13} {row.route:>6} {row.reason:>8} "
               f"{row.ttft_ms:>8.1f} {row.batch_gap_ms:>12.1f}")
-    for asked in ("live", "forced local"):
+    for asked in (live_policy.NAME, FORCED_LOCAL):
         mine = [r for r in rows if r.asked == asked]
         print(f"{asked}: TTFT median {statistics.median(r.ttft_ms for r in mine):.1f} ms, "
               f"batch gap median {statistics.median(r.batch_gap_ms for r in mine):.1f} ms, "

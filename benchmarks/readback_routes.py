@@ -42,10 +42,11 @@ from profiler.cluster.launcher import default_cores, start_cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.models.prepare import prepare_model
 from proxy import ServerThread, config_from_args, create_app
-from proxy.vocabulary import Role
+from proxy.policies import pd as pd_policy
+from proxy.vocabulary import Role, RouteKind
 
 ADMIN = "bench-admin"
-ROUTES = ("readback", "pd", "local")
+ROUTES = tuple(kind.value for kind in (RouteKind.READBACK, RouteKind.PD, RouteKind.LOCAL))
 LOADS = ("idle", "busy")
 COMPUTED = "vllm:request_prefill_kv_computed_tokens_sum"
 TURN2_WORDS = 64
@@ -120,7 +121,8 @@ def _conversation(proxy: str, p_url: str, route: str, words: int, seed: int, con
     if after_local:
         messages.append({"role": "user", "content": _text(words // 2, seed + 2)})
         messages.append({"role": "assistant",
-                         "content": _whole_turn(proxy, session, messages, "local")})
+                         "content": _whole_turn(proxy, session, messages,
+                                                RouteKind.LOCAL.value)})
     messages.append({"role": "user", "content": _text(TURN2_WORDS, seed + 1)})
     before = _sum(p_url, COMPUTED)
     body = {"model": "tiny", "messages": messages, "max_tokens": TURN2_TOKENS, "temperature": 0,
@@ -165,7 +167,7 @@ def main() -> None:
     with start_cluster(config, print) as cluster:
         p_url, d_url = cluster.url(Role.PREFILL), cluster.url(Role.DECODE)
         proxy_config = config_from_args([
-            "--cluster", str(cluster.cluster_file), "--policy", "pd", "--port", "0",
+            "--cluster", str(cluster.cluster_file), "--policy", pd_policy.NAME, "--port", "0",
             "--tokenizer", str(model), "--admin-key", ADMIN])
         with ServerThread(create_app(proxy_config)) as server:
             seed = 1000

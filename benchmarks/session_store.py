@@ -36,11 +36,12 @@ import numpy as np
 
 from proxy import ProxyConfig, create_app
 from proxy.config import NodeSpec, Policy, PolicyConfig
+from proxy.policies import local as local_policy
 from proxy.server import running
 from proxy.sessions.redis_store import RedisStore
 from proxy.sessions.session import Transcript
 from proxy.sessions.store import MemoryStore, SessionStore
-from proxy.vocabulary import Role
+from proxy.vocabulary import Role, RouteKind
 from tests.fakes.redis_server import RedisServer, free_port
 
 TURNS = 4
@@ -197,7 +198,7 @@ async def throughput(store_url: str, concurrency: int, seconds: float,
     async with fake_nodes() as (prefill, decode):
         for label, workers, store in setups * repeats:
             port = free_port()
-            args = ["--policy", "local", "--prefill", prefill, "--decode", decode,
+            args = ["--policy", local_policy.NAME, "--prefill", prefill, "--decode", decode,
                     "--session-store", store, "--port", str(port), "--workers", str(workers),
                     "--health-interval", "60"]
             with tempfile.TemporaryFile() as log:
@@ -265,7 +266,7 @@ async def _turn_times(urls: list[str], conversations: int) -> np.ndarray:
                                              json=_body(conversation, turn))
                 elapsed = time.perf_counter() - start
                 assert response.status_code == 200
-                expected = "local" if turn > 1 else "pd"
+                expected = RouteKind.LOCAL if turn > 1 else RouteKind.PD
                 assert response.headers["x-ppd-route"] == expected, response.headers
                 if turn > 1 and c >= 20:
                     samples.append(elapsed * 1e6)

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import httpx
 
+from proxy.policies import fixed as fixed_policy
+
 ROOT = Path(__file__).resolve().parents[1]
 TCP_CLOSE_WAIT = "08"
 
@@ -100,7 +102,7 @@ def proxy_process(urls: dict[str, str], *extra: str,
              for arg in (f"--{'prefill' if name[0] == 'p' else 'decode'}", url)]
     proc = subprocess.Popen([sys.executable, "-c", "import sys; from proxy.cli import main; "
                              "sys.exit(main(sys.argv[1:]))", *nodes, "--port", str(port),
-                             "--policy", "fixed", "--x", "0.5", *extra],
+                             "--policy", fixed_policy.NAME, "--x", "0.5", *extra],
                             env=_python_env(), cwd=ROOT,
                             stderr=open(log, "ab") if log else subprocess.DEVNULL)  # noqa: SIM115
     url = f"http://127.0.0.1:{port}"

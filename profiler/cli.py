@@ -12,6 +12,8 @@ import importlib
 import sys
 from importlib import metadata
 
+from proxy.vocabulary import PRODUCT
+
 # name -> ("module:function", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "proxy": ("proxy.cli:main", "run the PPD routing proxy in front of vLLM P/D servers"),
@@ -58,14 +60,14 @@ def base_url(text: str) -> str:
 def version() -> str:
     """`ppd X.Y.Z` of the installed distribution (`unknown` when run from a bare checkout)."""
     try:
-        return f"ppd {metadata.version('ppd')}"
+        return f"ppd {metadata.version(PRODUCT)}"
     except metadata.PackageNotFoundError:
         return "ppd unknown (not installed; run `make install`)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="ppd",
+        prog=PRODUCT,
         description="PPD: per-request routing of multi-turn LLM traffic on P/D vLLM clusters.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="commands:\n"

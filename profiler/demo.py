@@ -33,8 +33,10 @@ from profiler.models.prepare import ModelName, prepare_model
 from profiler.replay import ReplayConfig, replay
 from profiler.replay.metrics import summarize
 from profiler.traces.conversation import Conversation, Turn
+from proxy.policies import local as local_policy
+from proxy.policies import pd as pd_policy
 
-POLICIES = ("pd", "local")
+POLICIES = (pd_policy.NAME, local_policy.NAME)
 SYSTEM_PROMPT = "You are a helpful assistant who answers briefly."
 DOC_MODULES = ("re", "json", "argparse", "csv", "statistics", "http.cookies", "itertools",
                "unittest", "heapq", "random")
@@ -127,7 +129,7 @@ def warm_up(cluster: Cluster, config: DemoConfig, say: Say) -> None:
     """Two P->D conversations, not measured: fresh servers are slow on their first requests
     (one-time kernel and allocator warm-up), which would count against whichever policy ran
     first."""
-    url = cluster.start_proxy("pd", port=config.proxy_port)
+    url = cluster.start_proxy(pd_policy.NAME, port=config.proxy_port)
     say("warming up both nodes (not measured) ...")
     warm = DemoConfig(**{**_fields(config), "conversations": 2, "turns": 2})
     summary = _replay(url, cluster.model, demo_conversations(warm, run_tag="warm-up"), warm)

@@ -56,6 +56,7 @@ from proxy.sessions.readback_book import ReadbackBook
 from proxy.sessions.store import SessionStore, watch_store
 from proxy.tokens import token_counter
 from proxy.transport import DefaultLegs
+from proxy.vocabulary import PRODUCT
 
 log = logging.getLogger("ppd.proxy")
 
@@ -122,7 +123,7 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
     app = Quart("ppd.proxy")
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.config["RESPONSE_TIMEOUT"] = None  # streams last as long as generation does
-    app.extensions["ppd"] = state
+    app.extensions[PRODUCT] = state
 
     @app.before_serving
     async def start() -> None:
@@ -185,7 +186,7 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        data = [{"id": m, "object": "model", "owned_by": "ppd"} for m in
+        data = [{"id": m, "object": "model", "owned_by": PRODUCT} for m in
                 sorted(state.pool.models())]
         return {"object": "list", "data": data}
 

@@ -28,6 +28,7 @@ from proxy.kv_subscriber import KvEventSource
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.logs import LogFormat, LogLevel
 from proxy.options import add_flags, option, option_fields
+from proxy.policies import pd as pd_policy
 from proxy.policies import registry
 from proxy.policies.base import Need
 from proxy.redact import redacted_url
@@ -99,7 +100,8 @@ class NodeSpec:
 
 @dataclass(frozen=True)
 class _PolicyKind:
-    kind: Policy = option(Policy("pd"), "routing policy", flag="policy", parse=parse_policy_name)
+    kind: Policy = option(Policy(pd_policy.NAME), "routing policy", flag="policy",
+                          parse=parse_policy_name)
 
 
 def _check_policy(config: Any) -> None:
@@ -278,7 +280,7 @@ def _check_scale_out(store: str, workers: int, discovery: str | None) -> None:
                           "socket per port); list the nodes, or run one worker per replica")
 
 
-_NODE_KEYS = {"prefill": Role.PREFILL, "decode": Role.DECODE, "replica": Role.REPLICA}
+_NODE_KEYS = {role.value: role for role in Role}
 # Relative paths in a config file are relative to the file.
 _PATH_KEYS = {"table", "tokenizer", "cluster", "live_costs"}
 

@@ -8,6 +8,10 @@ dashboard built for vLLM's `vllm:time_to_first_token_seconds` works on the proxy
   ppd_e2e_request_latency_seconds            request arrival -> last byte, complete replies
 Gauges read at scrape time: ppd_requests_in_flight, and per node ppd_node_in_flight,
 ppd_node_healthy, ppd_node_circuit_open. No `*_created` series (they only add noise).
+
+Route and reason labels are the enums' values; which routes exist, and which reasons count as
+a route's fallbacks in /stats, come from `proxy.routes.ROUTES` (read when an app's metrics
+are made), so a route declared there is counted here with no change to this module.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from proxy import routes
 from proxy.vocabulary import Decision, RouteKind
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -77,6 +82,10 @@ class ProxyMetrics:
         self._statuses: TallyCounter[int] = TallyCounter()
         self._failovers = 0
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._declared = tuple(routes.ROUTES.values())
+        for spec in self._declared:  # every route's latency series exists from the start
+            for histogram in (self.ttft, self.tpot, self.e2e):
+                self._child(histogram, spec.kind.value)
 
     def _child(self, metric: Any, *labels: str) -> Any:
         # A labelled series, found once: prometheus_client's labels() validates and locks on
@@ -141,9 +150,10 @@ class ProxyMetrics:
         return generate_latest(self.registry)
 
     def stats(self) -> dict[str, Any]:
-        """JSON counters; local_share is local / (local + pd) over routed requests."""
+        """JSON counters; local_share is local / (local + pd) over routed requests; per route
+        that has fallbacks (readback), how often it was served and why it fell back."""
         pd, local = self._routes[RouteKind.PD.value], self._routes[RouteKind.LOCAL.value]
-        return {
+        stats: dict[str, Any] = {
             "policy": self.policy,
             "requests": sum(self._routes.values()),
             "routes": dict(self._routes),
@@ -152,13 +162,16 @@ class ProxyMetrics:
             "responses": {str(k): v for k, v in sorted(self._statuses.items())},
             "upstream_errors": dict(self._errors),
             "failovers": self._failovers,
-            "readback": {
-                "served": self._routes[RouteKind.READBACK.value],
-                "tokens": self._read_back_tokens,
-                "fallbacks": {reason: n for reason, n in self._reasons.items()
-                              if reason.startswith("readback_")},
-            },
         }
+        for spec in self._declared:
+            if spec.fallback_reasons:
+                stats[spec.kind.value] = {
+                    "served": self._routes[spec.kind.value],
+                    "fallbacks": {reason.value: self._reasons[reason.value]
+                                  for reason in spec.fallback_reasons
+                                  if self._reasons[reason.value]}}
+        stats.setdefault(RouteKind.READBACK.value, {})["tokens"] = self._read_back_tokens
+        return stats
 
 
 class _LiveGauges(Collector):

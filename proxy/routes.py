@@ -1,16 +1,17 @@
 """Every route a turn can take, declared once (`ROUTES`): the roles of the nodes it uses,
 the answering node first; whether it needs the session's D, runs only on the session's own
 node, and what it falls back to when that node cannot take the turn; whether an operator
-may force it with the `x-ppd-route` header. `proxy.turn_plan` builds a turn's attempts
-from these declarations and `proxy.endpoints` the forcible values; the legs each route runs
-are `proxy.router`'s.
+may force it with the `x-ppd-route` header; the reasons a turn decided for it names when
+it was served by its fallback instead. `proxy.turn_plan` builds a turn's attempts from these
+declarations, `proxy.endpoints` the forcible values and `proxy.metrics` its route labels and
+fallback counts; the legs each route runs are `proxy.router`'s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.vocabulary import Role, RouteKind
+from proxy.vocabulary import Reason, Role, RouteKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +24,8 @@ class RouteSpec:
     home_only: bool = False  # only the session's node; else `fallback`
     fallback: RouteKind | None = None  # tried next, and taken when there is no home
     forcible: bool = False
+    # Why a turn decided for this route went to `fallback` instead (a metrics label each).
+    fallback_reasons: tuple[Reason, ...] = ()
 
 
 ROUTES: dict[RouteKind, RouteSpec] = {spec.kind: spec for spec in (
@@ -34,7 +37,9 @@ ROUTES: dict[RouteKind, RouteSpec] = {spec.kind: spec for spec in (
     # P reads the history's KV back from the session's D, computes the rest, and hands the
     # turn to a D (the session's, whose prefix cache holds the history): P->D's picks.
     RouteSpec(RouteKind.READBACK, (Role.DECODE, Role.PREFILL), needs_home=True,
-              fallback=RouteKind.PD, forcible=True),
+              fallback=RouteKind.PD, forcible=True,
+              fallback_reasons=(Reason.READBACK_MISSING, Reason.READBACK_EXPIRED,
+                                Reason.READBACK_MISMATCH)),
     # One node does prefill and decode.
     RouteSpec(RouteKind.REPLICA, (Role.REPLICA,)),
 )}

@@ -1,14 +1,20 @@
-"""Decision tables (docs/architecture.md, "Table format"): raw measurements of both routes.
+"""Decision tables (docs/architecture.md, "Table format"): raw measurements of the routes.
 
-One row per cell (context_class, workload, qps) with TABLE_COLUMNS. The verdict is computed
-here, never stored, so operators can change weights without re-profiling:
+One row per cell (context_class, workload, qps) with TABLE_COLUMNS, and optionally
+READBACK_COLUMNS (`ppd profile --readback`: the third route, docs/readback.md). The verdict is
+computed here, never stored, so operators can change weights without re-profiling. Each route
+is scored against P->D:
 
-    delta_ttft = (pd_ttft - local_ttft) / pd_ttft     (> 0: local reaches the first token sooner)
-    delta_tpot = (local_tpot - pd_tpot) / pd_tpot     (> 0: local decodes slower)
-    score      = w_ttft * delta_ttft - w_tpot * delta_tpot;  local iff score > 0
+    delta_ttft = (pd_ttft - route_ttft) / pd_ttft     (> 0: the route's first token is sooner)
+    delta_tpot = (route_tpot - pd_tpot) / pd_tpot     (> 0: the route decodes slower)
+    score      = w_ttft * delta_ttft - w_tpot * delta_tpot
 
-Success-rate guard first: a route whose success rate is below the other's by more than
-`success_margin` loses the cell whatever its latencies.
+and the cell goes to the route of the highest score, P->D when none is above 0 (a tie keeps
+the earlier of pd, local, readback: the one that needs less cached state). Readback is a
+candidate only where the caller says the turn can read back (`decide(..., routes=...)`).
+
+Success-rate guard first: a route whose success rate is below the best candidate's by more
+than `success_margin` loses the cell whatever its latencies.
 
 Strict rows: a row missing a value (empty, NaN, or a CSV line cut short) is an error naming
 the row, since a half-written row would otherwise steer traffic silently. A cell left
@@ -41,10 +47,17 @@ TABLE_COLUMNS: tuple[str, ...] = (
     "local_ttft_ms", "local_tpot_ms", "local_success",
     "n_requests",
 )
-# A route whose success rate trails the other's by more than this loses the cell.
+# The third route's columns, optional: a table without them (or a cell with them empty) has
+# no readback verdict, and such a cell is decided between pd and local.
+READBACK_COLUMNS: tuple[str, ...] = ("readback_ttft_ms", "readback_tpot_ms", "readback_success")
+# A route whose success rate trails the best one's by more than this loses the cell.
 DEFAULT_SUCCESS_MARGIN = 0.05
 _MEASURES = ("pd_ttft_ms", "pd_tpot_ms", "pd_success", "local_ttft_ms", "local_tpot_ms",
              "local_success")
+_SUCCESS_COLUMNS = ("pd_success", "local_success", "readback_success")
+# The routes a table can measure, in the order a tie is broken (less cached state first).
+TABLE_ROUTES: tuple[RouteKind, ...] = (RouteKind.PD, RouteKind.LOCAL, RouteKind.READBACK)
+TWO_ROUTES: tuple[RouteKind, ...] = (RouteKind.PD, RouteKind.LOCAL)
 # Optional column: `measured` (or empty) / `unmeasured` (missing values allowed on purpose).
 STATUS_COLUMN = "status"
 MEASURED, UNMEASURED = "measured", "unmeasured"
@@ -56,7 +69,7 @@ class TableError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class TableRow:
-    """The measurements of both routes in one cell."""
+    """The measurements of the routes in one cell (readback's NaN where it was not profiled)."""
 
     cell: Cell
     pd_ttft_ms: float
@@ -66,36 +79,48 @@ class TableRow:
     local_tpot_ms: float
     local_success: float
     n_requests: int
+    readback_ttft_ms: float = math.nan
+    readback_tpot_ms: float = math.nan
+    readback_success: float = math.nan
 
-    def _measured(self, route: str) -> bool:
+    def measured(self, route: RouteKind) -> bool:
+        """Whether the cell holds a latency of both kinds for the route."""
         ttft, tpot = getattr(self, f"{route}_ttft_ms"), getattr(self, f"{route}_tpot_ms")
         return math.isfinite(ttft) and math.isfinite(tpot) and ttft > 0 and tpot > 0
 
-    def score(self, w_ttft: float, w_tpot: float) -> float:
-        """The score of the module docstring (> 0 favours local); NaN when a route is unmeasured."""
-        if not (self._measured("pd") and self._measured("local")):
+    def _success(self, route: RouteKind) -> float:
+        # A measured route with no success value counts as fully successful.
+        success = getattr(self, f"{route}_success")
+        return success if math.isfinite(success) else 1.0
+
+    def score(self, w_ttft: float, w_tpot: float, route: RouteKind = RouteKind.LOCAL,
+              reference: RouteKind = RouteKind.PD) -> float:
+        """The module docstring's score of `route` against `reference` (> 0 favours `route`);
+        NaN when either is unmeasured."""
+        if not (self.measured(reference) and self.measured(route)):
             return math.nan
-        delta_ttft = (self.pd_ttft_ms - self.local_ttft_ms) / self.pd_ttft_ms
-        delta_tpot = (self.local_tpot_ms - self.pd_tpot_ms) / self.pd_tpot_ms
+        ref_ttft, ref_tpot = (getattr(self, f"{reference}_ttft_ms"),
+                              getattr(self, f"{reference}_tpot_ms"))
+        delta_ttft = (ref_ttft - getattr(self, f"{route}_ttft_ms")) / ref_ttft
+        delta_tpot = (getattr(self, f"{route}_tpot_ms") - ref_tpot) / ref_tpot
         return w_ttft * delta_ttft - w_tpot * delta_tpot
 
-    def decide(self, w_ttft: float, w_tpot: float, success_margin: float) -> RouteKind | None:
-        """The route this cell calls for under the given weights (None: nothing measured)."""
-        pd_ok, local_ok = self._measured("pd"), self._measured("local")
-        if not (pd_ok or local_ok):
+    def decide(self, w_ttft: float, w_tpot: float, success_margin: float,
+               routes: tuple[RouteKind, ...] = TWO_ROUTES) -> RouteKind | None:
+        """The route this cell calls for under the given weights, among `routes` (in
+        TABLE_ROUTES' order); None: none of them measured."""
+        candidates = [r for r in TABLE_ROUTES if r in routes and self.measured(r)]
+        if not candidates:
             return None
-        if not local_ok:
-            return RouteKind.PD
-        if not pd_ok:
-            return RouteKind.LOCAL
-        # A measured route with no success column counts as fully successful.
-        pd_success = self.pd_success if math.isfinite(self.pd_success) else 1.0
-        local_success = self.local_success if math.isfinite(self.local_success) else 1.0
-        if local_success < pd_success - success_margin:
-            return RouteKind.PD
-        if pd_success < local_success - success_margin:
-            return RouteKind.LOCAL
-        return RouteKind.LOCAL if self.score(w_ttft, w_tpot) > 0 else RouteKind.PD
+        best_success = max(self._success(r) for r in candidates)
+        candidates = [r for r in candidates if self._success(r) >= best_success - success_margin]
+        # Scores are against P->D (or the first candidate when pd went unmeasured).
+        chosen, chosen_score = candidates[0], 0.0
+        for route in candidates[1:]:
+            score = self.score(w_ttft, w_tpot, route, reference=candidates[0])
+            if score > chosen_score:
+                chosen, chosen_score = route, score
+        return chosen
 
 
 def _number(raw: Any, column: str, where: str) -> float:
@@ -124,8 +149,10 @@ def _parse_row(raw: Mapping[str, Any], where: str) -> TableRow:
     if not math.isfinite(qps) or qps < 0:
         raise TableError(f"{where}: qps must be a number >= 0, got {raw['qps']!r}")
     values = {c: _number(raw[c], c, where) for c in _MEASURES}
-    for column in ("pd_success", "local_success"):
-        if math.isfinite(values[column]) and not (0.0 <= values[column] <= 1.0):
+    extra = {c: _number(raw.get(c), c, where) for c in READBACK_COLUMNS if c in raw}
+    for column in _SUCCESS_COLUMNS:
+        value = values.get(column, extra.get(column, math.nan))
+        if math.isfinite(value) and not (0.0 <= value <= 1.0):
             raise TableError(f"{where}: {column} must be a fraction in [0, 1]")
     n_requests = _number(raw["n_requests"], "n_requests", where)
     status = str(raw.get(STATUS_COLUMN) or MEASURED).strip().lower() or MEASURED
@@ -141,7 +168,7 @@ def _parse_row(raw: Mapping[str, Any], where: str) -> TableRow:
                          f"{empty}; complete the row, or mark it status={UNMEASURED} if the "
                          "cell was left unmeasured on purpose")
     return TableRow(Cell(context, workload, qps), **values,
-                    n_requests=int(n_requests) if math.isfinite(n_requests) else 0)
+                    n_requests=int(n_requests) if math.isfinite(n_requests) else 0, **extra)
 
 
 class DecisionTable:
@@ -159,6 +186,8 @@ class DecisionTable:
         self.qps_points: tuple[float, ...] = tuple(sorted({c.qps for c in self._rows}))
         self.meta: dict[str, Any] = meta or {}
         self.source = source
+        # Whether any cell measured the third route (`ppd profile --readback`).
+        self.has_readback = any(row.measured(RouteKind.READBACK) for row in self._rows.values())
 
     @classmethod
     def from_rows(cls, rows: Iterable[Mapping[str, Any]], source: str = "<rows>",
@@ -228,17 +257,19 @@ class DecisionTable:
         return None if row is None else row.score(w_ttft, w_tpot)
 
     def decide(self, cell: Cell, w_ttft: float, w_tpot: float,
-               success_margin: float = DEFAULT_SUCCESS_MARGIN) -> RouteKind | None:
+               success_margin: float = DEFAULT_SUCCESS_MARGIN,
+               routes: tuple[RouteKind, ...] = TWO_ROUTES) -> RouteKind | None:
         """The route for a cell, or None when the table has no verdict for it."""
         row = self._rows.get(cell)
-        return None if row is None else row.decide(w_ttft, w_tpot, success_margin)
+        return None if row is None else row.decide(w_ttft, w_tpot, success_margin, routes)
 
     def decisions(self, w_ttft: float, w_tpot: float,
-                  success_margin: float = DEFAULT_SUCCESS_MARGIN) -> dict[Cell, RouteKind]:
-        """Every cell's verdict, computed once (the proxy does this at start-up)."""
+                  success_margin: float = DEFAULT_SUCCESS_MARGIN,
+                  routes: tuple[RouteKind, ...] = TWO_ROUTES) -> dict[Cell, RouteKind]:
+        """Every cell's verdict among `routes`, computed once (the proxy does this at start-up)."""
         out = {}
         for cell, row in self._rows.items():
-            verdict = row.decide(w_ttft, w_tpot, success_margin)
+            verdict = row.decide(w_ttft, w_tpot, success_margin, routes)
             if verdict is not None:
                 out[cell] = verdict
         return out

@@ -91,7 +91,8 @@ def plan_turn(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload
         can_pd = not places or (
             pool.candidate(Role.DECODE) is not None and pool.candidate(Role.PREFILL) is not None)
         decision = policy.decide(workload, session.id, can_local, state,
-                                 replica_home=replica_home, can_pd=can_pd)
+                                 replica_home=replica_home, can_pd=can_pd,
+                                 can_readback=can_local and readback is None)
     elif ROUTES[forced].needs_home and not can_local:
         # Nothing to append to or read back (turn 1, or the session's D is gone): P->D.
         decision = Decision(ROUTES[forced].fallback or RouteKind.PD, Reason.NO_HOME)

@@ -10,6 +10,10 @@ from dataclasses import dataclass
 
 from proxy.discretize import Cell
 
+# The product's name: its distribution, its command, its directories and keys. One policy is
+# spelt the same (`proxy.policies.ppd`); this is the other word.
+PRODUCT = "ppd"
+
 
 class Role(enum.StrEnum):
     """A node's part in the cluster."""

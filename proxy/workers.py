@@ -41,6 +41,7 @@ from proxy.logs import configure
 from proxy.server import Server, listen, serve_app
 from proxy.sessions.store import MEMORY
 from proxy.startup_line import startup_line
+from proxy.vocabulary import PRODUCT
 from proxy.worker_metrics import PUBLISH_INTERVAL_S, WorkerMetrics
 
 log = logging.getLogger("ppd.proxy")
@@ -59,7 +60,7 @@ def reserve_port(host: str, port: int) -> socket.socket:
 def attach_worker(app: Quart, worker: int, metrics_dir: Path, parent: int | None) -> None:
     """Make a proxy app worker `worker` of a group: its header, merged metrics, and an exit
     when its parent is gone."""
-    state = app.extensions["ppd"]
+    state = app.extensions[PRODUCT]
     metrics = WorkerMetrics(metrics_dir, worker, state.metrics.exposition)
     state.exposition = metrics.exposition
 

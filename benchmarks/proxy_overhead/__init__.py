@@ -19,10 +19,11 @@ from pathlib import Path
 
 from benchmarks.proxy_overhead import peers, report, runner
 from benchmarks.proxy_overhead.proxy_process import STACKS
+from proxy.policies import local as local_policy
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 # One proxy (policy local runs turn 1 as P->D and later turns locally: both routes), short rows.
-QUICK = runner.Plan(targets=("direct", "local"), concurrency=(1, 16), turns=(1, 4),
+QUICK = runner.Plan(targets=("direct", local_policy.NAME), concurrency=(1, 16), turns=(1, 4),
                     duration=0.3, warmup=0.1, long_factor=10, long_concurrency=16)
 
 

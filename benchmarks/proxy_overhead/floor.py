@@ -15,6 +15,8 @@ from typing import Any
 
 import aiohttp
 
+from proxy.policies import pd as pd_policy
+
 Message = MutableMapping[str, Any]
 _P_PATCH = b'{"max_tokens":1,"kv_transfer_params":{"do_remote_decode":true},'
 
@@ -23,7 +25,7 @@ class FloorApp:
     """ASGI: /health answers 200; a completion POST is relayed; nothing else is checked."""
 
     def __init__(self, prefill: str, decode: str, policy: str) -> None:
-        self._prefill, self._decode, self._pd = prefill, decode, policy == "pd"
+        self._prefill, self._decode, self._pd = prefill, decode, policy == pd_policy.NAME
         self._session: aiohttp.ClientSession | None = None
 
     async def __call__(self, scope: Message, receive: Callable[[], Awaitable[Message]],

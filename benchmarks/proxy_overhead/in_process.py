@@ -39,6 +39,8 @@ def _app(policy: str) -> Any:
     )
     from proxy import create_app
     from proxy.config import config_from_args
+    from proxy.policies import registry
+    from proxy.policies.base import Need
 
     events, prefilled = b"".join(stream_events(16, False)), prefill_answer()
     models = {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
@@ -55,7 +57,7 @@ def _app(policy: str) -> Any:
 
     args = ["--prefill", "http://p.invalid:1", "--decode", "http://d.invalid:2",
             "--policy", policy, "--health-interval", "600"]
-    if policy == "ppd":
+    if registry.get(policy).needs.table is Need.REQUIRED:
         args += ["--table", str(REPO / "tables" / "tiny-cpu-1p1d.csv")]
     return create_app(config_from_args(args), transport=httpx.MockTransport(node))
 
@@ -116,9 +118,12 @@ async def _measure(policy: str, turns: int, requests: int, profile: bool) -> flo
 
 
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.proxy_overhead import runner
+    from proxy.policies import local as local_policy
+
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--policy", choices=("pd", "local", "ppd"), default="local")
+    parser.add_argument("--policy", choices=runner.POLICIES, default=local_policy.NAME)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3)

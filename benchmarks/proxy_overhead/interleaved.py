@@ -19,12 +19,13 @@ from pathlib import Path
 
 from benchmarks.proxy_overhead import runner
 from benchmarks.proxy_overhead.proxy_process import STACKS
+from proxy.policies import pd as pd_policy
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--policy", choices=runner.POLICIES, default="pd")
+    parser.add_argument("--policy", choices=runner.POLICIES, default=pd_policy.NAME)
     parser.add_argument("--turns", type=int, default=1, help="turns per conversation")
     parser.add_argument("--stack", action="append", choices=(*STACKS, "baseline"),
                         help="proxy stacks to compare (repeatable; default: default, floor)")
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slice", type=float, default=2.0, help="seconds per target per round")
     args = parser.parse_args(argv)
     stacks = args.stack or ["default", "floor"]
-    if args.policy == "ppd" and "floor" in stacks:
+    if args.policy not in runner.FIXED and "floor" in stacks:
         parser.error("the floor relays; it has no ppd policy (use pd or local)")
     job = {"warmup": 0.3, "duration": args.slice, "tokens": 16, "turns": args.turns,
            "concurrency": 1}

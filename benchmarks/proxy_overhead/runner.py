@@ -30,17 +30,23 @@ import httpx
 import psutil
 
 from benchmarks.proxy_overhead import peers
+from proxy.policies import local as local_policy
+from proxy.policies import pd as pd_policy
+from proxy.policies import ppd as ppd_policy
+from proxy.policies import registry
+from proxy.policies.base import Need
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = REPO / "tables" / "tiny-cpu-1p1d.csv"
-POLICIES = ("pd", "local", "ppd")
+POLICIES = (pd_policy.NAME, local_policy.NAME, ppd_policy.NAME)
+FIXED = (pd_policy.NAME, local_policy.NAME)  # what a floor stack serves: no table to read
 
 
 @dataclass(frozen=True)
 class Plan:
     """What one run measures."""
 
-    targets: tuple[str, ...] = ("direct", "pd", "local", "ppd", *peers.PEERS)
+    targets: tuple[str, ...] = ("direct", *POLICIES, *peers.PEERS)
     stacks: tuple[str, ...] = ("default",)
     concurrency: tuple[int, ...] = (1, 16, 64, 256)
     turns: tuple[int, ...] = (1, 4)
@@ -125,7 +131,7 @@ def proxy(policy: str, stack: str, prefill: str, decode: str,
     port = free_port()
     args = ["--prefill", prefill, "--decode", decode, "--port", str(port), "--policy", policy,
             "--health-interval", "60"]
-    if policy == "ppd":
+    if registry.get(policy).needs.table is Need.REQUIRED:
         args += ["--table", str(TABLE)]
     tree = REPO
     if stack == "baseline":
@@ -267,7 +273,7 @@ def _targets(plan: Plan, stack: ExitStack, prefill: str, decode: str) -> list[Ta
         if name == "direct":
             continue
         for kind in plan.stacks:
-            if kind.startswith("floor") and name not in ("pd", "local"):  # it has no policy
+            if kind.startswith("floor") and name not in FIXED:  # it has no policy
                 continue
             url, pid = stack.enter_context(proxy(name, kind, prefill, decode, plan.baseline))
             targets.append(Target(name, kind, url, pid))

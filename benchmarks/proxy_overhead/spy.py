@@ -24,6 +24,7 @@ from pathlib import Path
 
 from benchmarks.proxy_overhead import runner
 from benchmarks.proxy_overhead.proxy_process import STACKS
+from proxy.policies import pd as pd_policy
 
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
 
@@ -69,7 +70,7 @@ def _short(frame: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--policy", choices=runner.POLICIES, default="pd")
+    parser.add_argument("--policy", choices=runner.POLICIES, default=pd_policy.NAME)
     parser.add_argument("--stack", choices=STACKS, default="default")
     parser.add_argument("--turns", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=64)

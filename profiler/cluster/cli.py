@@ -24,6 +24,7 @@ from profiler.cluster.plan import (
     parse_layout,
 )
 from profiler.models.prepare import ModelName, default_model_dir, is_ready
+from proxy.vocabulary import Role
 
 # The launcher (httpx, the emulator's engine) is imported by the actions that start or stop
 # something, after the flags are parsed: a usage error or --help returns at once.
@@ -185,7 +186,7 @@ def _probe(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.state) if (args.state / CLUSTER_FILE).is_file() else None
     nodes = {n.role.value: n.proc.url for n in reversed(cluster.nodes)} if cluster else {}
     if args.node is None:
-        args.node = nodes.get("prefill") or nodes.get("replica")
+        args.node = nodes.get(Role.PREFILL) or nodes.get(Role.REPLICA)
         if args.node is None:
             raise ClusterError(f"{args.state}: no cluster with a P or replica node to probe "
                                "(give --node URL, or --state of a running cluster)")
@@ -274,13 +275,17 @@ def _proxy_args_checked(args: argparse.Namespace, config: ClusterConfig,
     from profiler.cluster.launcher import plan_free_nodes
     from profiler.cluster.live_defaults import default_live_costs
     from profiler.cluster.proxy_flags import check_proxy
+    from proxy.policies import registry
+    from proxy.policies.base import Need
 
     plan_free_nodes(config)  # a running cluster or a taken port is refused before this writes
-    if args.policy == "live" and not any(arg.split("=")[0] in ("--live-costs", "--config")
+    needs_costs = (args.policy is not None
+                   and registry.get(args.policy).needs.costs is Need.REQUIRED)
+    if needs_costs and not any(arg.split("=")[0] in ("--live-costs", "--config")
                                          for arg in proxy_args):
         costs = default_live_costs(args.model, args.device, args.emulate, args.link,
                                    args.state, args.max_model_len)
-        print(f"policy live: step costs from {costs}", file=sys.stderr, flush=True)
+        print(f"policy {args.policy}: step costs from {costs}", file=sys.stderr, flush=True)
         proxy_args = ["--live-costs", str(costs), *proxy_args]
     check_proxy(config, args.policy, args.proxy_port, proxy_args)
     return proxy_args

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import httpx
 
+from proxy.vocabulary import RouteKind
+
 DEFAULT_LENGTHS = (128, 512, 1024, 2048, 3072)
 DEFAULT_APPEND = 256
 DEFAULT_REPEATS = 5
@@ -167,7 +169,7 @@ def _background_streams(url: str, model: str, count: int, admin_key: str | None,
     """`count` threads, each keeping one long streamed request running until the block ends
     (a finished one is replaced)."""
     stop = threading.Event()
-    headers = {"x-ppd-route": "local",
+    headers = {"x-ppd-route": RouteKind.LOCAL.value,
                **({"authorization": f"Bearer {admin_key}"} if admin_key else {})}
 
     def stream() -> None:
@@ -261,7 +263,8 @@ def _timed_counted(client: httpx.Client, model: str, kind: str, prompt: list[int
             "model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0})
     else:
         response = via.post(
-            "/v1/chat/completions", headers={"x-session-id": session, "x-ppd-route": "local"},
+            "/v1/chat/completions", headers={"x-session-id": session,
+                                             "x-ppd-route": RouteKind.LOCAL.value},
             json={"model": model, "max_tokens": 1, "temperature": 0,
                   "messages": [*history, {"role": "user", "content": prompt}]})
     client_ms = (time.perf_counter() - started) * 1000

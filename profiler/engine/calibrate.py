@@ -51,6 +51,7 @@ import pandas as pd
 from profiler.engine.cost import LinearCost
 from profiler.engine.fit import _mean_overlap, read_runs
 from profiler.engine.host import HostedCost, HostModel
+from proxy.vocabulary import Role, RouteKind
 
 HISTOGRAMS = ("time_to_first_token_seconds", "request_queue_time_seconds",
               "request_prefill_time_seconds", "inter_token_latency_seconds")
@@ -69,7 +70,7 @@ _SAMPLE = re.compile(r"^vllm:([a-z_]+)(?:\{([^}]*)\})?\s+(\S+)")
 class NodeDelta:
     """One node's vLLM counters over one run (after - before)."""
 
-    role: str  # prefill, decode or replica
+    role: Role
     values: dict[str, float]
 
     def mean_ms(self, histogram: str) -> float | None:
@@ -138,7 +139,7 @@ def read_run(path: Path) -> CalibrationRun:
         before = directory / f"metrics-before-{node}.txt"
         end = parse_metrics(after.read_text())
         start = parse_metrics(before.read_text()) if before.is_file() else {}
-        role = next((r for r in ("prefill", "decode", "replica") if node.startswith(r)), None)
+        role = next((r for r in Role if node.startswith(r.value)), None)
         if role is None:
             raise ValueError(f"{after}: node name {node!r} must start with prefill, decode or "
                              "replica")
@@ -258,7 +259,7 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
     for run in runs:
         for node in run.nodes:
             mean = node.mean_ms("request_prefill_time_seconds")
-            if node.role in ("prefill", "replica") and mean is not None and node.requests:
+            if node.role in (Role.PREFILL, Role.REPLICA) and mean is not None and node.requests:
                 px.append(node.computed_prompt_tokens / node.requests)
                 py.append(mean)
     attention = frontend_per_token_us = frontend_per_running_ms = 0.0
@@ -280,7 +281,7 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
         batch = _decode_batch(run.rows)
         for node in run.nodes:
             itl = node.mean_ms("inter_token_latency_seconds")
-            if node.role not in ("decode", "replica") or itl is None or batch is None:
+            if node.role not in (Role.DECODE, Role.REPLICA) or itl is None or batch is None:
                 continue
             steps = node.values.get("inter_token_latency_seconds_count", 0.0) / batch
             # (the attention of these prompt tokens is left in: D's counters do not say
@@ -321,7 +322,7 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
             # front end's wait behind the requests D runs (P runs few: left out)
             per_token_frontend = frontend_per_token_us * row.n_input_tokens / 1000
             busy_frontend = frontend_per_running_ms * batch
-            if turn == 1 and row.route == "pd":
+            if turn == 1 and row.route == RouteKind.PD:
                 pd_rows.append((row.n_input_tokens, ttft_ms - step_ms(row.n_input_tokens, 0)
                                 - D_ALIGNMENT_STEPS * step_ms(0, batch)
                                 - 2 * per_token_frontend - busy_frontend))
@@ -329,11 +330,11 @@ def calibrate(paths: Sequence[Path], *, name: str, block_size: int = 128,
                 continue
             held_d = _held_by_d(previous, block_size, reply_held)
             uncached_d = row.n_input_tokens - held_d
-            if row.route == "local":
+            if row.route == RouteKind.LOCAL:
                 frontend_res.append(ttft_ms - step_ms(max(uncached_d, 1), batch, held_d)
                                     - step_ms(0, batch) / 2 - per_token_frontend
                                     - busy_frontend)
-            elif row.route == "pd":
+            elif row.route == RouteKind.PD:
                 held_p = (previous.n_input_tokens // block_size) * block_size
                 pulled = row.n_input_tokens if whole_prompt_transfer else max(uncached_d, 1)
                 on_p = step_ms(row.n_input_tokens - held_p, 0, held_p)
@@ -407,9 +408,9 @@ def reply_hit_share(runs: Sequence[CalibrationRun], block_size: int) -> float | 
     for run in runs:
         turns = _turns(run.rows)
         local = [(row, turns.get((cid, turn - 1))) for (cid, turn), row in turns.items()
-                 if turn >= 2 and row.route == "local"]
+                 if turn >= 2 and row.route == RouteKind.LOCAL]
         local = [(row, previous) for row, previous in local if previous is not None]
-        decode = [node for node in run.nodes if node.role == "decode"]
+        decode = [node for node in run.nodes if node.role == Role.DECODE]
         if not local or len(decode) != 1:
             continue
         measured += decode[0].computed_prompt_tokens

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler.models.packaged import packaged_file
+from proxy.vocabulary import PRODUCT
 
 READY_MARKER = ".ppd-model-ready"
 MARKER_VERSION = 2  # 2: the marker says which dtype vLLM should serve the model in
@@ -80,8 +81,8 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     if env.get("PPD_CACHE_DIR"):
         return Path(env["PPD_CACHE_DIR"]).expanduser()
     if env.get("XDG_CACHE_HOME"):
-        return Path(env["XDG_CACHE_HOME"]).expanduser() / "ppd"
-    return Path.home() / ".cache" / "ppd"
+        return Path(env["XDG_CACHE_HOME"]).expanduser() / PRODUCT
+    return Path.home() / ".cache" / PRODUCT
 
 
 def default_model_dir(name: ModelName, env: Mapping[str, str] | None = None) -> Path:

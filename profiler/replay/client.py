@@ -28,7 +28,7 @@ import httpx
 
 from profiler.replay.request_bodies import Api, History, error_message
 from profiler.traces.conversation import Conversation
-from proxy.completion import parse_data
+from proxy.completion import parse_data, parse_payload
 from proxy.redact import redacted_url
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,10 @@ class ReplayConfig:
     headers_for_turn: Callable[[int], Mapping[str, str]] | None = None  # e.g. force a route
     progress: bool = False
     session_header: bool = True  # send x-session-id (as vLLM's multi-turn benchmark does)
+    # Turns sent without streaming, their answer read whole (its TTFT is its whole time): vLLM
+    # returns a D's kv_transfer_params only in a whole answer, so a readback needs the turn
+    # before it whole (docs/readback.md; `ppd profile --readback` sends turn 1 so).
+    whole_turns: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.target.startswith(("http://", "https://")):
@@ -146,6 +150,7 @@ class _Stream:
     usage: Mapping[str, object] | None = None
     error: str | None = None
     end: float | None = None
+    whole: bool = False  # sent without streaming: no per-token times, so no TPOT
 
 
 def _int_or_none(value: object) -> int | None:
@@ -160,7 +165,7 @@ def _record(conv_id: str, turn: int, t0: float, max_tokens: int, s: _Stream) -> 
     e2e = s.end - s.start if s.end is not None else None
     success = s.status == 200 and s.error is None and n_out >= 1 and ttft is not None
     tpot = None
-    if success and n_out > 1 and e2e is not None and ttft is not None:
+    if success and n_out > 1 and e2e is not None and ttft is not None and not s.whole:
         tpot = (e2e - ttft) / (n_out - 1)
     turn_header = s.headers.get("x-ppd-turn")
     return RequestRecord(
@@ -236,6 +241,37 @@ class _Replayer:
             s.end = self.clock()
         return s
 
+    async def _whole(self, body: dict, headers: Mapping[str, str]) -> _Stream:
+        """A turn sent without streaming: one 'chunk' when the whole answer has arrived."""
+        body = {**body, "stream": False}
+        body.pop("stream_options", None)
+        s = _Stream(start=self.clock(), whole=True)
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                response = await self.client.post(self.api.path, json=body,
+                                                  headers=dict(headers))
+            s.status, s.headers = response.status_code, response.headers
+            if response.status_code != 200:
+                s.error = error_message(response.status_code, response.content)
+                return s
+            try:
+                answer = parse_payload(response.json())
+            except ValueError:
+                answer = parse_payload(None)
+            if answer.error:
+                s.error = answer.error
+            elif answer.has_tokens:
+                s.chunk_times.append(self.clock())
+                s.text.append(answer.text)
+            s.usage = answer.usage
+        except TimeoutError:
+            s.error = f"timeout after {self.config.timeout_s:g} s"
+        except httpx.HTTPError as exc:
+            s.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            s.end = self.clock()
+        return s
+
     async def conversation(self, conversation: Conversation, conv_id: str) -> None:
         """Send the conversation's turns one after another; stop at the first failure."""
         config = self.config
@@ -250,7 +286,8 @@ class _Replayer:
             if config.headers_for_turn is not None:
                 headers.update(config.headers_for_turn(turn_index))
             body = history.body(self.model, max_tokens, ignore_eos=config.ignore_eos)
-            stream = await self._stream(body, headers)
+            send = self._whole if turn_index in config.whole_turns else self._stream
+            stream = await send(body, headers)
             record = _record(conv_id, turn_index, self.t0, max_tokens, stream)
             self.records.append(record)
             self.on_record(record)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from profiler.replay.client import RequestRecord
+from proxy.vocabulary import RouteKind
 
 PERCENTILES = (50, 90, 99)
 
@@ -88,11 +89,11 @@ def summarize(
     summary.update(_stats("e2e_ms", _ms(r.e2e_s for r in ok), PERCENTILES))
     routed = [r for r in records if r.turn >= 2 and r.route is not None]
     summary["local_share"] = (
-        sum(1 for r in routed if r.route == "local") / len(routed) if routed else None
+        sum(1 for r in routed if r.route == RouteKind.LOCAL) / len(routed) if routed else None
     )
     headed = [r for r in records if r.route is not None]
     summary["replica_share"] = (
-        sum(1 for r in headed if r.route == "replica") / len(headed) if headed else None
+        sum(1 for r in headed if r.route == RouteKind.REPLICA) / len(headed) if headed else None
     )
     summary["routes"] = _counts(r.route or "unknown" for r in records)
     summary["turns"] = _counts(str(r.turn) for r in records)

@@ -35,6 +35,7 @@ from profiler.simulator.provenance import METADATA_KEY, SimulatedSetup, describe
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import PAPER_CONTEXTS, WORKLOAD_SHAPES
 from proxy.policies import registry
+from proxy.policies import replica as replica_policy
 from proxy.vocabulary import Layout
 
 if TYPE_CHECKING:  # the simulator (numpy, the engine model) is imported when a grid runs
@@ -44,7 +45,10 @@ PAPER_QPS = (0.5, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0)
 PAPER_LAYOUTS = ("4R", "1P3D", "2P2D", "3P1D")
 # Every 4-node layout with all three roles (the paper's 1R_1P_2D, 1R_2P_1D, 2R_1P_1D).
 HYBRID_LAYOUTS = ("1P2D1R", "2P1D1R", "1P1D2R")
-PAPER_POLICIES = ("replica", "pd", "x=0.33", "x=0.5", "x=0.67", "local")
+# The paper's fixed policies, by the share x of turn 2+ each runs locally: x=0 is pd, x=1 local.
+PAPER_SHARES = (0.0, 0.33, 0.5, 0.67, 1.0)
+PAPER_FIXED = tuple(registry.fixed_label(x) for x in PAPER_SHARES)
+PAPER_POLICIES = (replica_policy.NAME, *PAPER_FIXED)
 SUMMARY_COLUMNS = (
     "n_requests", "n_success", "success_rate", "turn1_ttft_ms_mean", "turn1_ttft_ms_p99",
     "turn2plus_ttft_ms_mean", "turn2plus_ttft_ms_p50", "turn2plus_ttft_ms_p99",

@@ -27,23 +27,36 @@ from typing import Any
 
 import pandas as pd
 
-from profiler.simulator.grid import PAPER_LAYOUTS, paper_datasets
+from profiler.simulator.grid import PAPER_FIXED, PAPER_LAYOUTS, paper_datasets
 from profiler.simulator.paper_figures import PAPER_TABLE1, PAPER_TABLE2, PAPER_TABLE4
 from profiler.tables.io import read_csv_file
+from proxy.policies import ppd as ppd_policy
+from proxy.policies import registry
+from proxy.policies import replica as replica_policy
 
 BANDS = (("low (0.5-2)", 0.5, 2.0), ("medium (4-8)", 4.0, 8.0), ("high (12-20)", 12.0, 20.0))
 TABLE4_QPS = (8.0, 12.0, 16.0, 20.0)
 SUCCESS_GUARD = 0.05
-FIXED = ("pd", "x=0.33", "x=0.5", "x=0.67", "local")
+FIXED = PAPER_FIXED
+X0, X1 = registry.fixed_label(0.0), registry.fixed_label(1.0)  # pd and local
+REPLICA = replica_policy.NAME
+_MODE_X = "x="  # the paper names a fixed mode by its x
 
 
 def mode_of(policy: str) -> str:
     """The paper's mode of a fixed policy: replica, x=0, 0<x<1 or x=1 (ppd: itself)."""
-    if policy in ("replica", "pd", "local"):
-        return {"replica": "replica", "pd": "x=0", "local": "x=1"}[policy]
-    if policy.startswith("x="):
-        return "0<x<1"
-    return policy
+    share = registry.local_share(policy)
+    if policy == REPLICA or share is None:
+        return policy
+    return f"{_MODE_X}{share:g}" if share in (0.0, 1.0) else "0<x<1"
+
+
+def policy_of(mode: str) -> str:
+    """The policy a paper mode names (`x=0`: pd, `x=1`: local, `x=0.5`); other text as is."""
+    try:
+        return registry.fixed_label(float(mode.removeprefix(_MODE_X)))
+    except ValueError:
+        return mode
 
 
 def _workload(dataset: str) -> str:
@@ -81,9 +94,9 @@ def omitted_tables(grid: pd.DataFrame) -> dict[str, str]:
     """The paper's tables this grid cannot fill -> why."""
     policies = set(grid["policy"])
     omitted = {}
-    if not {"pd", "local"} <= policies:
+    if not {X0, X1} <= policies:
         omitted["Table 1"] = "it needs runs of both policies pd (x=0) and local (x=1)"
-    if "replica" not in policies:
+    if REPLICA not in policies:
         why = "it needs replica runs (a 4R layout) to set against the P/D modes"
         omitted["Table 2"] = why
         omitted["Table 4"] = why
@@ -98,7 +111,7 @@ def table1(grid: pd.DataFrame) -> pd.DataFrame:
     the P/D layouts the grid simulated (the paper's first)."""
     key = ["layout", "dataset", "qps"]
     ttft = grid.pivot_table(index=key, columns="policy", values="turn2plus_ttft_ms_mean")
-    change = ((ttft["local"] - ttft["pd"]) / ttft["pd"] * 100).rename("change").reset_index()
+    change = ((ttft[X1] - ttft[X0]) / ttft[X0] * 100).rename("change").reset_index()
     simulated = set(change.dropna()["layout"])
     layouts = [layout for layout in PAPER_TABLE1 if layout in simulated] + sorted(
         simulated - set(PAPER_TABLE1))
@@ -113,7 +126,7 @@ def table1(grid: pd.DataFrame) -> pd.DataFrame:
 def table2(grid: pd.DataFrame) -> tuple[pd.DataFrame, float]:
     """Share (%) of (workload, qps) points each mode wins, and the share of points whose
     best configuration differs between T2 TTFT and TPOT."""
-    fixed = grid[grid["policy"].isin(("replica", *FIXED))].copy()
+    fixed = grid[grid["policy"].isin((REPLICA, *FIXED))].copy()
     fixed["config"] = fixed["layout"] + "/" + fixed["policy"]
     fixed["mode"] = fixed["policy"].map(mode_of)
     ok = fixed[fixed["success_rate"] >= 1.0 - SUCCESS_GUARD]
@@ -163,7 +176,7 @@ def scores(grid: pd.DataFrame, w_ttft: float = 1.0, w_tpot: float = 1.0) -> pd.D
     """Every P/D run's weighted score against x=0 in its cell (see the module docstring)."""
     pd_runs = grid[grid["layout"] != "4R"]
     key = cell_key(grid)
-    ref = pd_runs[pd_runs["policy"] == "pd"].set_index(key)[
+    ref = pd_runs[pd_runs["policy"] == X0].set_index(key)[
         ["turn2plus_ttft_ms_mean", "tpot_ms_mean"]].add_suffix("_ref")
     best_success = pd_runs.groupby(key)["success_rate"].max().rename("best_success")
     frame = pd_runs.join(ref, on=key).join(best_success, on=key)
@@ -176,7 +189,7 @@ def scores(grid: pd.DataFrame, w_ttft: float = 1.0, w_tpot: float = 1.0) -> pd.D
     return frame
 
 
-def ppd_versus_fixed(grid: pd.DataFrame, ppd: str = "ppd", w_tpot: float = 1.0,
+def ppd_versus_fixed(grid: pd.DataFrame, ppd: str = ppd_policy.NAME, w_tpot: float = 1.0,
                      tolerance: float = 0.01) -> dict[str, Any]:
     """Where `ppd` stands against the best fixed x per cell (on its own weights)."""
     scored = scores(grid, 1.0, w_tpot)
@@ -241,8 +254,7 @@ def side_by_side(ours: pd.DataFrame, paper: Mapping[Any, tuple[float, ...]]) -> 
 def _paper_key(label: Any) -> Any:
     if isinstance(label, str) and " " in label:
         layout, mode = label.split(" ", 1)
-        policy = {"x=0": "pd", "x=1": "local", "replica": "replica"}[mode]
-        return (layout, policy)
+        return (layout, policy_of(mode))
     return label
 
 

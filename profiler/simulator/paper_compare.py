@@ -20,6 +20,7 @@ from profiler.simulator.paper import (
     PAPER_TABLE2,
     PAPER_TABLE4,
     omitted_tables,
+    policy_of,
     table1,
     table2,
     table4,
@@ -68,8 +69,7 @@ def _mean(values: list[float]) -> float:
 
 def _table4_key(label: str) -> Any:
     layout, mode = label.split(" ", 1)
-    policy = {"x=0": "pd", "x=1": "local", "replica": "replica"}.get(mode, mode)
-    return (layout, policy)
+    return (layout, policy_of(mode))
 
 
 def side_by_side_markdown(paper_like: pd.DataFrame, ideal: pd.DataFrame) -> str:

@@ -13,6 +13,7 @@ from profiler.simulator.paper import (
     PAPER_TABLE1,
     PAPER_TABLE2,
     PAPER_TABLE4,
+    X0,
     coverage_notes,
     markdown,
     omitted_tables,
@@ -24,8 +25,10 @@ from profiler.simulator.paper import (
     table2,
     table4,
 )
+from proxy.policies import ppd as ppd_policy
+from proxy.policies import registry
 
-PPD_VARIANTS = (("ppd", 1.0), ("ppd-wtpot3", 3.0), ("ppd-wtpot6", 6.0))
+PPD_VARIANTS = tuple((registry.label(ppd_policy.NAME, w_tpot=w), w) for w in (1.0, 3.0, 6.0))
 PREFILL_HEAVY = ("mid_paste", "big_paste", "huge_paste")
 
 
@@ -110,7 +113,7 @@ def write_plots(grid: pd.DataFrame, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     written = [_ttft_vs_qps(grid, out / "t2_ttft_vs_qps.png"),
                _kv_moved(grid, out / "kv_moved.png")]
-    if "pd" in set(grid["policy"]):
+    if X0 in set(grid["policy"]):
         written.append(_winner_map(grid, out / "winner_map.png"))
     heavy = grid[(grid["layout"] == "1P3D") & grid["dataset"].str.endswith(PREFILL_HEAVY)]
     if any(label in set(heavy["policy"]) for label, _ in PPD_VARIANTS):
@@ -206,7 +209,7 @@ def _tradeoff(grid: pd.DataFrame, path: Path) -> Path:
                 & grid["dataset"].str.endswith(PREFILL_HEAVY)
                 & grid["qps"].isin((8.0, 16.0))]
     figure, axis = plt.subplots(figsize=(6, 4))
-    base = part[part["policy"] == "pd"].groupby("qps")[
+    base = part[part["policy"] == X0].groupby("qps")[
         ["turn2plus_ttft_ms_mean", "tpot_ms_mean"]].mean()
     for qps in base.index:
         points = []

@@ -16,19 +16,22 @@ import re
 
 import pandas as pd
 
-from profiler.simulator.paper import FIXED, SUCCESS_GUARD, cell_key, scores
+from profiler.simulator.paper import FIXED, SUCCESS_GUARD, X0, cell_key, scores
+from proxy.policies import live as live_policy
+from proxy.policies import ppd as ppd_policy
+from proxy.policies import readback as readback_policy
 
 TOLERANCE = 0.01  # score margin within which two policies tie (as `paper.ppd_versus_fixed`)
 # The fixed routes: the paper's x values, and P reading the history back from D (issue 31's
 # third route) when a grid runs it alone.
-FIXED_ROUTES = (*FIXED, "readback")
+FIXED_ROUTES = (*FIXED, readback_policy.NAME)
 _WTPOT = re.compile(r"-wtpot([\d.]+)$")
-_ADAPTIVE = ("ppd", "live")
+_ADAPTIVE = (ppd_policy.NAME, live_policy.NAME)
 
 
 def verdict_lines(grid: pd.DataFrame, tolerance: float = TOLERANCE) -> list[str]:
     """The verdict, one finding a line, each starting `verdict:`."""
-    if grid.empty or "pd" not in set(grid["policy"]):
+    if grid.empty or X0 not in set(grid["policy"]):
         return ["verdict: no P->D (pd) runs in this grid: nothing to measure the routes "
                 "against (add pd to --policies)"]
     lines = [_best_fixed_line(grid)]
@@ -49,7 +52,7 @@ def _best_fixed_line(grid: pd.DataFrame) -> str:
         return "verdict: no cell has a scored fixed route"
     ttft = (best["turn2plus_ttft_ms_mean"] / best["turn2plus_ttft_ms_mean_ref"] - 1) * 100
     tpot = (best["tpot_ms_mean"] / best["tpot_ms_mean_ref"] - 1) * 100
-    pd_best = int((best["policy"] == "pd").sum())
+    pd_best = int((best["policy"] == X0).sum())
     return (f"verdict: the best fixed route per cell against P->D (w_tpot 1, {len(best)} "
             f"cells): turn-2+ TTFT {_change(ttft)}, TPOT {_change(tpot)}; P->D itself was "
             f"best in {pd_best} of {len(best)} cells")

@@ -15,21 +15,45 @@ import pandas as pd
 from profiler.cli import HelpFormatter
 from profiler.tables.io import read_table
 from proxy.discretize import WORKLOAD_SHAPES, Cell, ContextClass
-from proxy.table import DecisionTable
+from proxy.table import TABLE_ROUTES, DecisionTable
+from proxy.vocabulary import RouteKind
 
 
 def decision_frame(path: Path, *, w_ttft: float, w_tpot: float) -> pd.DataFrame:
-    """One row per cell: the measurements, the score and the route the proxy would take."""
+    """One row per cell: the measurements, the score and the route the proxy would take; for
+    a table with the third route also `readback_score` and `route_readback`, the route of a
+    turn whose D keeps the history's blocks for a readback."""
     frame = read_table(path)
     table = DecisionTable.load(path)
-    scores, routes = [], []
+    scores, routes, readback_scores, readback_routes = [], [], [], []
     for row in frame.itertuples(index=False):
         cell = Cell(ContextClass(row.context_class), str(row.workload), float(row.qps))
         scores.append(table.score(cell, w_ttft=w_ttft, w_tpot=w_tpot))
         decided = table.decide(cell, w_ttft=w_ttft, w_tpot=w_tpot)
         routes.append(decided.value if decided is not None else "missing")
+        measured = table.row(cell)
+        readback_scores.append(measured.score(w_ttft, w_tpot, RouteKind.READBACK)
+                               if measured is not None else float("nan"))
+        with_blocks = table.decide(cell, w_ttft=w_ttft, w_tpot=w_tpot, routes=TABLE_ROUTES)
+        readback_routes.append(with_blocks.value if with_blocks is not None else "missing")
     frame = frame.assign(score=scores, route=routes)
+    if table.has_readback:
+        frame = frame.assign(readback_score=readback_scores, route_readback=readback_routes)
     return frame
+
+
+def _label(row: pd.Series) -> str:
+    """`route (score)`; with the third route, `readback (+0.25) | local` where a turn whose
+    D keeps its blocks goes otherwise than one whose D does not."""
+    if pd.isna(row["score"]):
+        text = f"{row['route']} (unmeasured)"
+    else:
+        text = f"{row['route']} ({row['score']:+.2f})"
+    readback = row.get("route_readback")
+    if isinstance(readback, str) and readback != row["route"]:
+        score = row["readback_score"] if readback == RouteKind.READBACK else row["score"]
+        text = f"{readback} ({score:+.2f}) | {row['route']}"
+    return text
 
 
 def render_decisions(path: Path, *, w_ttft: float, w_tpot: float) -> str:
@@ -38,16 +62,16 @@ def render_decisions(path: Path, *, w_ttft: float, w_tpot: float) -> str:
     lines = [f"decision table {path} (w_ttft={w_ttft:g}, w_tpot={w_tpot:g}; "
              "score = w_ttft*dTTFT - w_tpot*dTPOT, local iff score > 0; columns: request "
              "rate in requests/s)"]
+    if "route_readback" in frame.columns:
+        lines.append("with readback measured: 'A (score) | B' = A for a turn whose D keeps the "
+                     "history's blocks, B otherwise; each score is against pd")
     shape_order = {name: index for index, name in enumerate(WORKLOAD_SHAPES)}
     for context, part in frame.groupby("context_class", sort=False):
-        part = part.assign(
-            label=[f"{route} ({score:+.2f})" if pd.notna(score) else f"{route} (unmeasured)"
-                   for route, score in zip(part["route"], part["score"], strict=True)]
-        )
+        part = part.assign(label=[_label(row) for _, row in part.iterrows()])
         grid = part.pivot(index="workload", columns="qps", values="label")
         grid = grid.sort_index(key=lambda index: index.map(lambda n: shape_order.get(n, 99)))
         grid.columns = [f"{qps:g} req/s" for qps in grid.columns]
-        local = int((part["route"] == "local").sum())
+        local = int((part["route"] == RouteKind.LOCAL.value).sum())
         lines += ["", f"context {context}: local in {local}/{len(part)} cells",
                   grid.fillna("-").to_string()]
     return "\n".join(lines)

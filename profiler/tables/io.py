@@ -20,7 +20,8 @@ from typing import Any
 
 import pandas as pd
 
-from proxy.table import MEASURED, STATUS_COLUMN, TABLE_COLUMNS, UNMEASURED
+from proxy.table import MEASURED, READBACK_COLUMNS, STATUS_COLUMN, TABLE_COLUMNS, UNMEASURED
+from proxy.vocabulary import PRODUCT
 
 EXTRA_COLUMNS: tuple[str, ...] = (
     "pd_ttft_p99_ms",
@@ -31,6 +32,9 @@ EXTRA_COLUMNS: tuple[str, ...] = (
     "local_n_requests",
     STATUS_COLUMN,
 )
+# The third route's measurements (`ppd profile --readback`), kept only in a table that has them.
+READBACK_TABLE_COLUMNS: tuple[str, ...] = (
+    *READBACK_COLUMNS, "readback_ttft_p99_ms", "readback_tpot_p99_ms", "readback_n_requests")
 KEY_COLUMNS: tuple[str, ...] = ("context_class", "workload", "qps")
 
 
@@ -72,8 +76,14 @@ def normalize(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFrame:
 
     `status` says whether every value of the row was measured: a route that produced no
     latency (all its requests failed) leaves NaN, and the row is marked `unmeasured` so the
-    proxy's strict loader knows the gap is real, not a truncated file."""
+    proxy's strict loader knows the gap is real, not a truncated file. The readback columns
+    follow when any row has them (a readback left unmeasured is NaN: no verdict for it)."""
     frame = pd.DataFrame(rows).copy()
+    readback = [c for c in READBACK_TABLE_COLUMNS if c in frame.columns]
+    readback = list(READBACK_TABLE_COLUMNS) if readback else []
+    for column in readback:
+        if column not in frame.columns:
+            frame[column] = float("nan")
     for column in (*TABLE_COLUMNS, *EXTRA_COLUMNS):
         if column not in frame.columns:
             frame[column] = float("nan")
@@ -83,7 +93,7 @@ def normalize(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFrame:
     frame["qps"] = frame["qps"].astype(float)
     frame = frame.drop_duplicates(subset=list(KEY_COLUMNS), keep="last")
     frame = frame.sort_values(list(KEY_COLUMNS), kind="stable").reset_index(drop=True)
-    return frame[[*TABLE_COLUMNS, *EXTRA_COLUMNS]]
+    return frame[[*TABLE_COLUMNS, *EXTRA_COLUMNS, *readback]]
 
 
 def write_table(
@@ -129,7 +139,7 @@ def build_meta(
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "grid": dict(grid),
         "weights": dict(weights),
-        "ppd_version": _version("ppd"),
+        "ppd_version": _version(PRODUCT),
         **dict(extra or {}),
     }
 

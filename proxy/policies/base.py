@@ -15,6 +15,9 @@ and, when it needs them (the registry fills in the defaults):
     def check(config) -> None                  # flag combinations it rejects (ValueError)
     def label(config) -> str                   # its name in reports (default NAME)
     def parse_label(text, table) -> dict|None  # a report label back to flags (default NAME)
+    LOCAL_SHARE = 0.0                          # a fixed share of turn 2+ run locally, or
+    def local_share(config) -> float           # one its flags set (fixed's --x); default:
+                                               # none, it decides turn by turn
     def describe(config) -> str                # startup-line detail (default "")
     def remember(config) -> M                  # learned state; then decide(turn, inputs, M)
                                                # returns (Decision, M): decide stays pure
@@ -64,6 +67,7 @@ class Turn:
     state: the cluster now (policies that need the live view; None: not observed).
     replica_home: the conversation lives on a usable replica (a hybrid pool).
     can_pd: a usable P and D exist (told only to policies that place; True otherwise).
+    can_readback: the session's D keeps blocks P can read back now (docs/readback.md).
     """
 
     workload: Workload
@@ -72,17 +76,20 @@ class Turn:
     state: TurnState | None = None
     replica_home: bool = False
     can_pd: bool = True
+    can_readback: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Inputs:
     """What a policy was configured with, loaded once: its flags (`config`), the decision
-    table and its verdicts per cell at the configured weights, and the step costs."""
+    table and its verdicts per cell at the configured weights (between pd and local, and,
+    when the table measured the third route, among all three), and the step costs."""
 
     config: Any  # proxy.config.PolicyConfig (built from every policy's FLAGS)
     table: DecisionTable | None = None
     verdicts: dict[Cell, RouteKind] | None = None
     costs: StepCosts | None = None
+    readback_verdicts: dict[Cell, RouteKind] | None = None
 
 
 def disaggregated_default(turn: Turn) -> Decision | None:

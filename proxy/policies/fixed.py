@@ -53,6 +53,10 @@ def parse_label(text: str, table: Any) -> dict[str, Any] | None:
         raise ValueError(f"bad policy {text!r}: x=F wants a number in [0, 1]") from None
 
 
+def local_share(config: Any) -> float:
+    return float(config.x)
+
+
 def describe(config: Any) -> str:
     return f"x={config.x:g}"
 

@@ -6,6 +6,7 @@ from proxy.policies.base import Inputs, Turn, disaggregated_default
 from proxy.vocabulary import Decision, Reason, RouteKind
 
 NAME = "local"
+LOCAL_SHARE = 1.0  # every turn 2+ that can: the paper's x=1
 
 
 def decide(turn: Turn, inputs: Inputs) -> Decision:

@@ -6,6 +6,7 @@ from proxy.policies.base import Inputs, Turn, disaggregated_default
 from proxy.vocabulary import Decision, Reason, RouteKind
 
 NAME = "pd"
+LOCAL_SHARE = 0.0  # no turn local: the paper's x=0
 
 
 def decide(turn: Turn, inputs: Inputs) -> Decision:

@@ -1,8 +1,11 @@
 """`--policy ppd --table PATH`: the decision table's verdict for the turn's cell.
 
-A cell the table lacks goes P->D, the route that needs no cached state (reason MISSING_CELL,
-counted in metrics). The table's flags (`Flags`) and its weights' label suffix
-(`ppd-wtpot3`) are shared with policy live, which takes the table as its prior.
+A table profiled with the third route (`ppd profile --readback`) may send a turn to readback
+in its cell, but only a turn whose D keeps blocks P can read back now; any other turn gets the
+cell's verdict between pd and local. A cell the table lacks goes P->D, the route that needs
+no cached state (reason MISSING_CELL, counted in metrics). The table's flags (`Flags`) and
+its weights' label suffix (`ppd-wtpot3`) are shared with policy live, which takes the table
+as its prior.
 """
 
 from __future__ import annotations
@@ -93,12 +96,16 @@ def describe(config: Any) -> str:
             f"success margin {config.success_margin:g}")
 
 
-def table_decision(workload: Workload, inputs: Inputs) -> Decision:
-    """The table's verdict for the workload's cell (MISSING_CELL -> P->D)."""
+def table_decision(workload: Workload, inputs: Inputs, can_readback: bool = False) -> Decision:
+    """The table's verdict for the workload's cell (MISSING_CELL -> P->D); among all three
+    routes when the turn can read back and the table measured readback."""
     assert inputs.table is not None and inputs.verdicts is not None
     cell = classify(workload.n_ctx, workload.n_in, workload.n_out, workload.qps,
                     inputs.table.qps_points)
-    verdict = inputs.verdicts.get(cell)
+    verdicts = inputs.verdicts
+    if can_readback and inputs.readback_verdicts is not None:
+        verdicts = inputs.readback_verdicts
+    verdict = verdicts.get(cell)
     if verdict is None:
         return Decision(RouteKind.PD, Reason.MISSING_CELL, cell)
     return Decision(verdict, Reason.TABLE, cell)
@@ -106,4 +113,5 @@ def table_decision(workload: Workload, inputs: Inputs) -> Decision:
 
 def decide(turn: Turn, inputs: Inputs) -> Decision:
     """The table's verdict for a turn that could run locally."""
-    return disaggregated_default(turn) or table_decision(turn.workload, inputs)
+    return (disaggregated_default(turn)
+            or table_decision(turn.workload, inputs, turn.can_readback))

@@ -2,7 +2,9 @@
 
 Dropping a module in is enough: the `--policy` choices and flags (`proxy.config.PolicyConfig`),
 the startup line, the simulator's labels (`ppd sim grid --policies`, run names) and the
-checks on what a policy needs and which nodes serve it all come from here.
+checks on what a policy needs and which nodes serve it all come from here, and so do the
+report labels other code names policies by (`label`, `fixed_label`): a policy's name is
+written in its own module alone.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, is_dataclass
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 from proxy.policies.base import PD_PAIR, Needs
@@ -44,6 +46,9 @@ class PolicySpec:
     label_help: str
     describe: Callable[[Any], str]
     remember: Callable[[Any], Any] | None  # the learned state decide is given and returns
+    # The share of turn 2+ it runs locally whatever the turn (pd 0, local 1, fixed its x),
+    # from its config; None for a policy that decides turn by turn.
+    local_share: Callable[[Any], float] | None
 
     @property
     def replicas_only(self) -> bool:
@@ -60,6 +65,11 @@ class PolicySpec:
         def by_name(text: str, table: Callable[[], Path | None]) -> dict[str, Any] | None:
             return {} if text == name else None
 
+        share = getattr(module, "local_share", None)
+        if share is None and hasattr(module, "LOCAL_SHARE"):
+            constant = float(module.LOCAL_SHARE)
+            share = lambda config: constant  # noqa: E731
+
         return cls(
             name=name, decide=module.decide, flags=flags,
             needs=getattr(module, "NEEDS", Needs()),
@@ -72,7 +82,7 @@ class PolicySpec:
             parse_label=getattr(module, "parse_label", by_name),
             label_help=getattr(module, "LABEL_HELP", name),
             describe=getattr(module, "describe", lambda config: ""),
-            remember=getattr(module, "remember", None))
+            remember=getattr(module, "remember", None), local_share=share)
 
 
 @functools.cache
@@ -124,3 +134,39 @@ def parse_label(label: str, table: Callable[[], Path | None]) -> tuple[str, dict
         return label, {}  # its flags missing: PolicyConfig says which
     forms = ", ".join(spec.label_help for spec in policies().values())
     raise ValueError(f"unknown policy {label!r}: use {forms}")
+
+
+def label(name: str, **flags: Any) -> str:
+    """Policy `name`'s report label with these flags, its other flags at their defaults:
+    `label("fixed", x=0.33)` is `x=0.33`, `label("ppd", w_tpot=3)` `ppd-wtpot3` (the inverse
+    of `parse_label`)."""
+    spec = get(name)
+    config = spec.flags(**flags) if spec.flags is not None else SimpleNamespace(**flags)
+    return spec.label(config)
+
+
+def fixed_label(x: float) -> str:
+    """The label of the policy that runs a share x of turn 2+ locally whatever the turn (the
+    PPD paper's x): the policy that always does (x=0: pd, x=1: local), else the one whose
+    flag `x` sets it (`x=0.33`)."""
+    fixed = [spec for spec in policies().values() if spec.local_share is not None]
+    for spec in fixed:
+        if spec.flags is None and spec.local_share(None) == x:
+            return spec.name
+    for spec in fixed:
+        if spec.flags is not None:
+            return label(spec.name, x=x)
+    raise ValueError(f"no policy runs a fixed share {x:g} of turns locally")
+
+
+def local_share(text: str) -> float | None:
+    """The share of turn 2+ a report label's policy runs locally whatever the turn (`pd` 0,
+    `x=0.33` 0.33, `local` 1), or None for one that decides turn by turn (ppd, live...)."""
+    for spec in policies().values():
+        if spec.local_share is None:
+            continue
+        flags = spec.parse_label(text.strip(), lambda: None)
+        if flags is not None:
+            config = spec.flags(**flags) if spec.flags is not None else None
+            return spec.local_share(config)
+    return None

@@ -12,7 +12,7 @@ from typing import Any
 from proxy.live import StepCosts, TurnState
 from proxy.policies import registry
 from proxy.policies.base import Inputs, Need, Turn
-from proxy.table import DecisionTable
+from proxy.table import TABLE_ROUTES, DecisionTable
 from proxy.vocabulary import Decision, Role, Workload
 
 
@@ -28,10 +28,14 @@ class RoutingPolicy:
             raise ValueError(f"policy {self.spec.name} needs a decision table")
         if needs.costs is Need.REQUIRED and costs is None:
             raise ValueError(f"policy {self.spec.name} needs a step-cost model")
+        reads_table = table is not None and needs.table is not Need.NO
         verdicts = (table.decisions(config.w_ttft, config.w_tpot, config.success_margin)
-                    if table is not None and needs.table is not Need.NO else None)
+                    if reads_table else None)
+        readback_verdicts = (
+            table.decisions(config.w_ttft, config.w_tpot, config.success_margin, TABLE_ROUTES)
+            if reads_table and table.has_readback else None)
         self.config = config
-        self.inputs = Inputs(config, table, verdicts, costs)
+        self.inputs = Inputs(config, table, verdicts, costs, readback_verdicts)
         self.memory = self.spec.remember(config) if self.spec.remember is not None else None
 
     @property
@@ -50,11 +54,12 @@ class RoutingPolicy:
 
     def decide(self, workload: Workload, session_id: str, can_local: bool,
                state: TurnState | None = None, *, replica_home: bool = False,
-               can_pd: bool = True) -> Decision:
+               can_pd: bool = True, can_readback: bool = False) -> Decision:
         """The route of one turn (`state`: the cluster now, read by a policy that needs the
         live view; `replica_home`: the turn continues a conversation whose replica is usable;
-        `can_pd`: the pool has a usable P and D - told to a policy that places)."""
-        turn = Turn(workload, session_id, can_local, state, replica_home, can_pd)
+        `can_pd`: the pool has a usable P and D - told to a policy that places;
+        `can_readback`: the session's D keeps blocks P can read back now)."""
+        turn = Turn(workload, session_id, can_local, state, replica_home, can_pd, can_readback)
         if self.spec.remember is None:
             decision: Decision = self.spec.decide(turn, self.inputs)
             return decision

@@ -202,7 +202,7 @@ class RedisStore(SessionStore):
             self.url, decode_responses=True, socket_connect_timeout=CONNECT_TIMEOUT_S,
             socket_timeout=COMMAND_TIMEOUT_S, retry=Retry(NoBackoff(), 0))
         self._scripts = {name: self._client.register_script(source) for name, source in (
-            ("fetch", _FETCH), ("commit", _COMMIT), ("live", _LIVE))}
+            ("fetch", _FETCH), ("commit", _COMMIT), ("count_live", _LIVE))}
         self._up = True
         await self._check()
         if self._up:
@@ -264,7 +264,7 @@ class RedisStore(SessionStore):
         if not self._up or self._client is None:
             return []
         try:
-            ids = await self._run("live", [self._prefix, SNAPSHOT_MAX])
+            ids = await self._run("count_live", [self._prefix, SNAPSHOT_MAX])
             async with self._client.pipeline(transaction=False) as pipe:
                 for session_id in ids:
                     pipe.hgetall(f"{self._prefix}s:{session_id}")
@@ -325,7 +325,7 @@ class RedisStore(SessionStore):
                 # Pooled connections from before the loss are dead: drop them all, or each
                 # would fail one request after the store is back.
                 await self._client.connection_pool.disconnect()
-            self._live = int(await self._run("live", [self._prefix, 0]))
+            self._live = int(await self._run("count_live", [self._prefix, 0]))
         except _ERRORS as exc:
             self._lost(exc)
             return

@@ -74,7 +74,24 @@ class FakeTimedServer:
             await _json(send, self.status, {"error": {"message": "injected failure",
                                                       "type": "server_error"}})
             return
-        await self._stream(send, body, headers, chat=path.endswith("chat/completions"))
+        chat = path.endswith("chat/completions")
+        if body.get("stream") is False:
+            await self._whole(send, body, chat)
+            return
+        await self._stream(send, body, headers, chat=chat)
+
+    async def _whole(self, send: Callable, body: dict, chat: bool) -> None:
+        """A non-streamed answer: the whole reply after TTFT + (n - 1) inter-token gaps."""
+        turn = self._turn(body, chat)
+        index = len(self.bodies)
+        n_tokens = int(body.get("max_tokens", 16))
+        ttft = self.ttft_for_turn(turn) if self.ttft_for_turn else self.ttft_s
+        await asyncio.sleep(ttft + self.itl_s * (n_tokens - 1))
+        text = "".join(f" r{index}w{i}" for i in range(n_tokens))
+        self.replies.append(text)
+        envelope = Envelope.new(f"timed-{index}", str(body.get("model", MODEL)), chat)
+        await _json(send, 200, envelope.complete(text, "length", usage(7 * turn, n_tokens, None),
+                                                 None))
 
     def _turn(self, body: dict[str, Any], chat: bool) -> int:
         if chat:

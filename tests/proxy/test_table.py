@@ -155,3 +155,37 @@ def test_a_row_missing_one_value_is_rejected_unless_marked_unmeasured(missing: s
     assert len(DecisionTable.from_rows([row(status="measured")])) == 1
     with pytest.raises(TableError, match="status must be"):
         DecisionTable.from_rows([row(status="maybe")])
+
+
+THREE = (RouteKind.PD, RouteKind.LOCAL, RouteKind.READBACK)
+
+
+def test_readback_columns_are_optional_and_scored_against_pd() -> None:
+    # pd 200 ms / 50 ms; local 100 / 60 (score 0.5 - 0.2w); readback 150 / 50 (score 0.25).
+    cells = [row(pd_ttft_ms=200, local_ttft_ms=100, local_tpot_ms=60,
+                 readback_ttft_ms=150, readback_tpot_ms=50, readback_success=1.0)]
+    table = DecisionTable.from_rows(cells)
+    assert table.has_readback
+    assert table.score(SMALL_TINY, 1.0, 1.0) == pytest.approx(0.3)  # local's, as before
+    row_ = table.row(SMALL_TINY)
+    assert row_ is not None
+    assert row_.score(1.0, 1.0, RouteKind.READBACK) == pytest.approx(0.25)
+    # Among three: local (0.3) at w_tpot 1; readback (0.25 > 0.5 - 0.4) at w_tpot 2.
+    assert table.decide(SMALL_TINY, 1.0, 1.0, routes=THREE) is RouteKind.LOCAL
+    assert table.decide(SMALL_TINY, 1.0, 2.0, routes=THREE) is RouteKind.READBACK
+    # Without readback among the candidates, the two-route verdict is unchanged: local at
+    # w_tpot 2 (0.1 > 0), pd at 3 (-0.1), where readback (0.25) wins among three.
+    assert table.decide(SMALL_TINY, 1.0, 2.0) is RouteKind.LOCAL
+    assert table.decisions(1.0, 3.0) == {SMALL_TINY: RouteKind.PD}
+    assert table.decisions(1.0, 3.0, routes=THREE) == {SMALL_TINY: RouteKind.READBACK}
+
+
+def test_a_flaky_readback_loses_and_a_table_without_it_has_none() -> None:
+    flaky = row(readback_ttft_ms=10, readback_tpot_ms=50, readback_success=0.5)
+    assert DecisionTable.from_rows([flaky]).decide(SMALL_TINY, 1, 1, routes=THREE) is RouteKind.PD
+    empty = row(readback_ttft_ms="", readback_tpot_ms="", readback_success="")
+    table = DecisionTable.from_rows([empty])
+    assert not table.has_readback
+    assert table.decide(SMALL_TINY, 1, 1, routes=THREE) is RouteKind.PD
+    with pytest.raises(TableError, match="readback_success"):
+        DecisionTable.from_rows([row(readback_ttft_ms=1, readback_tpot_ms=1, readback_success=2)])

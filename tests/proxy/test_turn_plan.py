@@ -4,6 +4,7 @@ simulator both call (patching it changes both)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from proxy.config import Policy, PolicyConfig
 from proxy.live import TurnState
 from proxy.policies import RoutingPolicy
 from proxy.sessions.session import Lookup, Session
+from proxy.table import DecisionTable
 from proxy.turn_plan import Attempt, Pick, TurnPlan, plan_turn
 from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
 from tests.proxy.router_harness import chat, router_over, text_of
@@ -53,6 +55,23 @@ def test_a_forced_local_turn_without_a_usable_home_goes_p_to_d() -> None:
     plan = plan_turn(_policy(Policy.PD), pool, _lookup(2, "http://d1"), WORK, RouteKind.LOCAL)
     assert plan.decision == Decision(RouteKind.PD, Reason.NO_HOME)
     assert [a.route for a in plan.attempts] == [RouteKind.PD]
+
+
+def test_a_table_with_readback_reads_back_only_where_d_keeps_the_blocks() -> None:
+    # The cell of WORK (small/tiny at 1/s): readback beats pd and local at w_tpot 3.
+    table = DecisionTable.from_rows([{
+        "context_class": "small", "workload": "tiny", "qps": 1, "pd_ttft_ms": 200,
+        "pd_tpot_ms": 50, "pd_success": 1, "local_ttft_ms": 100, "local_tpot_ms": 60,
+        "local_success": 1, "n_requests": 5, "readback_ttft_ms": 150, "readback_tpot_ms": 50,
+        "readback_success": 1}])
+    policy = RoutingPolicy(PolicyConfig(kind=Policy.PPD, table=Path("t.csv"), w_tpot=3.0), table)
+    lookup = _lookup(2, "http://d1", "http://p0")
+    kept = plan_turn(policy, _pool(), lookup, WORK, readback=None)
+    assert kept.decision.kind is RouteKind.READBACK
+    assert [a.route for a in kept.attempts] == [RouteKind.READBACK, RouteKind.PD]
+    # D keeps nothing for this session (a streamed previous turn): the pd/local verdict.
+    missing = plan_turn(policy, _pool(), lookup, WORK, readback=Reason.READBACK_MISSING)
+    assert (missing.decision.kind, missing.decision.reason) == (RouteKind.PD, Reason.TABLE)
 
 
 def test_a_forced_route_wins_over_the_policy_but_not_over_replica() -> None:

@@ -105,11 +105,18 @@ def test_turn2_stats_of_an_all_failed_route_has_no_latency() -> None:
 def test_cell_row_has_the_design_columns() -> None:
     pd_stats = RouteStats(400, 50, 800, 90, 1.0, 12)
     local_stats = RouteStats(100, 52, 200, 95, 0.9, 10)
-    row = cell_row(Cell(ContextClass.LARGE, "tiny", 1.0), pd_stats, local_stats)
+    row = cell_row(Cell(ContextClass.LARGE, "tiny", 1.0),
+                   {RouteKind.PD: pd_stats, RouteKind.LOCAL: local_stats})
     assert row["context_class"] == "large"
     assert (row["pd_ttft_ms"], row["local_ttft_ms"], row["local_success"]) == (400, 100, 0.9)
     assert row["n_requests"] == 10
     assert (row["pd_n_requests"], row["local_tpot_p99_ms"]) == (12, 95)
+    assert not any(column.startswith("readback") for column in row)
+    readback = RouteStats(300, 50, 600, 91, 1.0, 8)
+    three = cell_row(Cell(ContextClass.LARGE, "tiny", 1.0), {
+        RouteKind.PD: pd_stats, RouteKind.LOCAL: local_stats, RouteKind.READBACK: readback})
+    assert (three["readback_ttft_ms"], three["readback_n_requests"], three["n_requests"]) == (
+        300, 8, 8)
 
 
 def test_cli_rejects_a_non_csv_output(tmp_path: Path) -> None:

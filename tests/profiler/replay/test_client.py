@@ -229,3 +229,19 @@ async def test_a_stop_ends_the_run_with_the_turns_completed_so_far() -> None:
     assert 4 <= len(result.records) <= len(app.bodies)
     assert all(record.success for record in result.records)
     assert result.n_conversations >= 3
+
+
+async def test_whole_turns_are_sent_without_streaming_and_keep_the_history() -> None:
+    app = FakeTimedServer(ttft_s=0.05, itl_s=0.01)
+    async with serve(app) as url:
+        result = await replay(_conversations(1, turns=2, n_out=5),
+                              _config(url, max_conversations=1, whole_turns=(1,)))
+    first, second = result.records
+    assert first.success and second.success, (first.error, second.error)
+    assert app.bodies[0]["stream"] is False and "stream_options" not in app.bodies[0]
+    assert app.bodies[1]["stream"] is True
+    # The whole answer: its TTFT is the whole time, no TPOT; its text goes into turn 2.
+    assert first.ttft_s == pytest.approx(0.05 + 4 * 0.01, abs=0.05) and first.tpot_s is None
+    assert first.n_output_tokens == 5 and first.n_input_tokens == 7
+    assert app.bodies[1]["messages"][-2] == {"role": "assistant", "content": app.replies[0]}
+    assert second.tpot_s is not None

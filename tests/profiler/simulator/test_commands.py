@@ -116,6 +116,20 @@ def test_profile_backend_sim_writes_a_table_the_proxy_loads(
     assert row.pd_ttft_ms > 0 and row.local_ttft_ms > 0 and row.pd_success == 1.0
 
 
+def test_profile_backend_sim_with_readback_measures_the_third_route(
+        hand_preset: str, tmp_path: Path) -> None:
+    out = tmp_path / "table.csv"
+    assert ppd(["profile", "--backend", "sim", "--layout", "1P1D", "--cost", hand_preset,
+                "--model", "llama-3.1-8b", "--contexts", "large", "--workloads", "big_paste",
+                "--request-rate", "2", "--duration", "4", "--readback", "--out", str(out),
+                "--no-progress"]) == 0
+    table = DecisionTable.load(out)
+    assert table.has_readback
+    row = table.rows()[0]
+    # P reads the history back instead of recomputing it: a first token sooner than P->D's.
+    assert 0 < row.readback_ttft_ms < row.pd_ttft_ms and row.readback_success == 1.0
+
+
 def test_profile_backend_sim_needs_a_layout(hand_preset: str, tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert ppd(["profile", "--backend", "sim", "--cost", hand_preset,

@@ -81,3 +81,15 @@ def test_an_unmeasured_route_is_labelled_so(tmp_path: Path,
     path, _, _ = write_table([failed], tmp_path / "t.csv", {})
     assert ppd(["table", "show", str(path)]) == 0
     assert "pd (unmeasured)" in capsys.readouterr().out
+
+
+def test_show_says_where_a_readback_table_reads_back(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # tiny: local -0.10 at w_tpot 3, readback (150 ms, TPOT as pd's) +0.25.
+    row = {**_row("tiny", 1.0, 200.0, 100.0, 60.0), "readback_ttft_ms": 150.0,
+           "readback_tpot_ms": 50.0, "readback_success": 1.0}
+    path, _, _ = write_table([row], tmp_path / "t.csv", {})
+    assert ppd(["table", "show", str(path), "--w-tpot", "3"]) == 0
+    shown = capsys.readouterr().out
+    assert "readback (+0.25) | pd" in shown
+    assert "'A (score) | B'" in shown
