@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from proxy.errors import UpstreamBroken
 from proxy.legs import KEEPALIVE_EXPIRY_S, LegTimeouts, broken, refused, timed_out
 
 # Body bytes buffered for a reader that does not keep up before the socket stops being read
@@ -191,7 +192,7 @@ class _Exchange:
                               if self._headers_done else
                               f"server disconnected without sending a response{detail}"))
 
-    def broken(self, detail: str) -> BaseException:
+    def broken(self, detail: str) -> UpstreamBroken:
         """The error of a connection that failed after it was made (`proxy.legs`)."""
         return broken(self._url, detail)
 
