@@ -1,4 +1,7 @@
-"""`create_app`: the Quart app, thin handlers over the router, owning one pooled httpx client.
+"""`create_app`: the Quart app, thin handlers over the router, owning the upstream legs.
+
+The legs (`proxy.legs`) are opened when serving starts, beside one pooled httpx client for
+the health probes, and closed when it stops.
 
 Routes: POST /v1/chat/completions, POST /v1/completions (served ahead of Quart by
 `proxy.endpoints`, the hot path), GET /v1/models, GET /health
@@ -38,8 +41,10 @@ from proxy.discovery import Discovery
 from proxy.endpoints import CompletionsApp, bearer_matches
 from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
 from proxy.health import HealthMonitor
+from proxy.httpx_legs import HttpxLegs, httpx_pool
 from proxy.kv_health import KvEventCollector
 from proxy.kv_health import health as kv_health
+from proxy.legs import Legs, LegsFactory, LegTimeouts
 from proxy.live_view import LiveRuntime
 from proxy.load_meter import RateMeter
 from proxy.metrics import ProxyMetrics
@@ -50,7 +55,7 @@ from proxy.sessions.open_store import open_store
 from proxy.sessions.readback_book import ReadbackBook
 from proxy.sessions.store import SessionStore, watch_store
 from proxy.tokens import token_counter
-from proxy.transport import default_transport
+from proxy.transport import DefaultLegs
 from proxy.vocabulary import PRODUCT
 
 log = logging.getLogger("ppd.proxy")
@@ -67,9 +72,9 @@ class ProxyState:
     metrics: ProxyMetrics
     load: RateMeter
     discovery: Discovery | None
-    transport: httpx.AsyncBaseTransport | None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    client: httpx.AsyncClient | None = None
+    legs: Legs | None = None  # the upstream legs (completions), open while serving
+    client: httpx.AsyncClient | None = None  # health probes
     live: LiveRuntime | None = None  # policy live's subscribers and scraper
     exposition: Callable[[], bytes] | None = None  # /metrics; a worker's covers every worker
     # Headers every response carries, completions included (a worker's x-ppd-worker).
@@ -81,8 +86,7 @@ class ProxyState:
         return any(self.pool.can_serve(roles) for roles in self.router.policy.serving_roles)
 
 
-def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
-                clock: Callable[[], float]) -> ProxyState:
+def build_state(config: ProxyConfig, clock: Callable[[], float]) -> ProxyState:
     """Assemble the pool, session store, policy and router from the config (loads table and
     tokenizer)."""
     policy = load_policy(config.policy)
@@ -107,14 +111,16 @@ def build_state(config: ProxyConfig, transport: httpx.AsyncBaseTransport | None,
     discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock,
                            config.discovery_token, insecure=config.discovery_insecure)
                  if config.discovery else None)
-    return ProxyState(config, pool, sessions, router, metrics, load, discovery, transport,
-                      live=live)
+    return ProxyState(config, pool, sessions, router, metrics, load, discovery, live=live)
 
 
 def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | None = None,
+               legs: LegsFactory | None = None,
                clock: Callable[[], float] = time.monotonic) -> Quart:
-    """The proxy as an ASGI app; `transport` replaces the network (tests), `clock` time."""
-    state = build_state(config, transport, clock)
+    """The proxy as an ASGI app; `transport` replaces the network (tests: the legs and the
+    health probes go through it), `legs` how the legs are sent (default
+    `proxy.transport.DefaultLegs`; a benchmark stack), `clock` time."""
+    state = build_state(config, clock)
     app = Quart("ppd.proxy")
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.config["RESPONSE_TIMEOUT"] = None  # streams last as long as generation does
@@ -124,13 +130,20 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
     async def start() -> None:
         # The client's own Authorization is for the proxy; nodes get the backend key, if any.
         upstream_headers = ({"authorization": f"Bearer {config.backend_api_key}"}
-                            if config.backend_api_key else None)
+                            if config.backend_api_key else {})
+        timeouts = LegTimeouts(connect=config.connect_timeout, read=config.request_timeout)
+        if legs is not None:
+            state.legs = legs(timeouts, upstream_headers)
+        elif transport is not None:
+            state.legs = HttpxLegs(transport, timeouts, upstream_headers)
+        else:
+            state.legs = DefaultLegs(timeouts, upstream_headers)
+        state.router.legs = state.legs
         state.client = httpx.AsyncClient(
-            transport=transport or default_transport(),  # pool limits: see proxy.transport
+            transport=transport or httpx_pool(),  # idle connections: see proxy.legs
             headers=upstream_headers,
             timeout=httpx.Timeout(config.request_timeout, connect=config.connect_timeout),
         )
-        state.router.client = state.client
         await state.sessions.start()
         monitor = HealthMonitor(state.pool, state.client, config.health_interval)
         await monitor.check_all()
@@ -158,6 +171,8 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
         if state.live is not None:
             await state.live.stop()
         await state.sessions.close()
+        if state.legs is not None:
+            await state.legs.aclose()
         if state.client is not None:
             await state.client.aclose()
 

@@ -20,7 +20,9 @@
 
 A backend's 4xx answer is not an error of the proxy: it is the client's request that is at
 fault, so `proxy.forward` returns it as a value (`forward.Answer`) and the client gets it as is.
-httpx errors never leave `proxy.forward`: they are translated there, at the boundary.
+Transport failures (sockets, aiohttp, httpx) never leave the legs that meet them: each
+`proxy.legs` implementation translates its own into UpstreamRefused, UpstreamTimeout or
+UpstreamBroken, once, at its boundary.
 `to_openai_body()` gives the OpenAI error shape `{"error": {"message", "type", "param", "code"}}`
 (`param` names the request field at fault, or is null);
 `headers` carries the `x-ppd-*` headers known when the error was raised (the router adds them).

@@ -1,4 +1,4 @@
-"""The HTTP legs to vLLM, and the only place httpx errors are translated.
+"""The HTTP legs to vLLM: what each leg sends, and what its answer means.
 
 - `fetch`: a non-streamed leg. The whole body is read before anything reaches the client, so
   an upstream that dies mid-body is an UpstreamError (a 502 or a failover), never a 200 with
@@ -13,37 +13,28 @@
 An upstream 4xx is the client's request at fault, not a failure: it comes back as an `Answer`
 that goes to the client as is.
 
+The legs go through `proxy.legs.Legs` (the default: `proxy.transport.DefaultLegs`; the
+tests': `proxy.httpx_legs.HttpxLegs` over a mock network), whose implementations raise the
+proxy's own errors, each translated once at its own boundary; nothing here translates.
+
 Nothing here sends a request twice. A request may only be sent again when it provably never
-reached the server, and no httpx error after the connection was established proves that:
+reached the server, and no failure after the connection was established proves that:
 httpcore already resends by itself on a pooled connection it finds closed before writing
-(ConnectionNotAvailable), swallows a WriteError to read the server's answer, and a ReadError or
-RemoteProtocolError ("Server disconnected without sending a response") may follow a request the
-server received in full and started to run. Stale keep-alive connections are avoided instead
-(the app's client drops idle connections before vLLM's keep-alive timeout closes them), and a
-failure is handled by the router, which moves on to another node.
+(ConnectionNotAvailable), swallows a WriteError to read the server's answer, and a read error
+or a "server disconnected without sending a response" may follow a request the server
+received in full and started to run (`proxy.legs`: all UpstreamBroken). Stale keep-alive
+connections are avoided instead (the legs drop idle connections before vLLM's keep-alive
+timeout closes them), and a failure is handled by the router, which moves on to another node.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
-from proxy.errors import (
-    UpstreamBroken,
-    UpstreamError,
-    UpstreamProtocol,
-    UpstreamRefused,
-    UpstreamRunaway,
-    UpstreamStatus,
-    UpstreamTimeout,
-)
-from proxy.http1 import Http1Response
+from proxy.errors import UpstreamProtocol, UpstreamRunaway, UpstreamStatus
 from proxy.json_codec import dumps, exact_loads, loads
-from proxy.transport import AiohttpTransport, RawResponse
+from proxy.legs import LegResponse, Legs
 from proxy.validate import Endpoint
 
 # How much of a failing upstream's body to quote in the error message.
@@ -71,94 +62,21 @@ class Prefilled:
     kv_transfer_params: Any
 
 
-@functools.lru_cache(maxsize=1024)
-def _parsed(url: str) -> httpx.URL:
-    # A node's few endpoint URLs, parsed once instead of on every leg.
-    return httpx.URL(url)
-
-
-# Headers httpx puts on every request by itself; a leg sends only the app's own (a backend
-# API key) besides its content type and request id.
-_HTTPX_DEFAULTS = frozenset({"accept", "accept-encoding", "connection", "user-agent"})
-
-
-@functools.lru_cache(maxsize=8)
-def _app_headers(client: httpx.AsyncClient) -> tuple[tuple[str, str], ...]:
-    return tuple((name, value) for name, value in client.headers.items()
-                 if name not in _HTTPX_DEFAULTS)
-
-
-class _HttpxResponse:
-    """An httpx response behind `RawResponse`'s interface (a transport other than aiohttp's:
-    the tests' MockTransport, or httpx's own pool)."""
-
-    __slots__ = ("status", "content_type", "_response", "_chunks")
-
-    def __init__(self, response: httpx.Response) -> None:
-        self._response = response
-        self._chunks: AsyncIterator[bytes] | None = None
-        self.status = response.status_code
-        self.content_type: str = response.headers.get("content-type", "application/json")
-
-    async def aread(self) -> bytes:
-        return await self._response.aread()
-
-    async def read_chunk(self) -> bytes:
-        if self._chunks is None:
-            self._chunks = self._response.aiter_bytes()
-        return await anext(self._chunks, b"")
-
-    async def aclose(self) -> None:
-        await self._response.aclose()
-
-
-Upstream = RawResponse | Http1Response | _HttpxResponse
-
-
-async def _send(client: httpx.AsyncClient, url: str, content: bytes, request_id: str
-                ) -> Upstream:
-    # Straight to the client's transport: `client.send` would add nothing a leg uses (no auth
-    # flow, redirects or cookies) but cost ~10% of the proxy's CPU, the cookie jar and an
-    # INFO log line per leg included; aiohttp's transport is called without httpx's Request
-    # and Response objects (~12% more; benchmarks/proxy_overhead).
-    transport = client._transport_for_url(_parsed(url))
-    if isinstance(transport, AiohttpTransport):
-        headers = dict(_app_headers(client))
-        headers["content-type"] = "application/json"
-        headers["x-request-id"] = request_id
-        return await transport.post(url, content, headers, client.timeout)
-    request = client.build_request("POST", _parsed(url), content=content, headers={
-        "content-type": "application/json", "X-Request-Id": request_id})
-    response = await transport.handle_async_request(request)
-    response.request = request
-    return _HttpxResponse(response)
-
-
-async def _post(client: httpx.AsyncClient, url: str, body: dict[str, Any], request_id: str, *,
-                stream: bool) -> tuple[Upstream, bytes]:
-    """POST one leg, once: the response and, unless streamed, its whole body; transport
-    errors come back translated into the proxy's hierarchy."""
+async def _post(legs: Legs, url: str, body: dict[str, Any], request_id: str, *,
+                stream: bool) -> tuple[LegResponse, bytes]:
+    """POST one leg, once: the response and, unless streamed, its whole body. The legs
+    raise the proxy's own errors (`proxy.legs`) and add the headers every leg carries."""
+    response = await legs.post(url, dumps(body), {"content-type": "application/json",
+                                                  "x-request-id": request_id})
+    if stream:
+        return response, b""
     try:
-        response = await _send(client, url, dumps(body), request_id)
-        if stream:
-            return response, b""
-        try:
-            return response, await response.aread()
-        finally:
-            await response.aclose()
-    except httpx.HTTPError as exc:
-        raise _translate(exc, url) from exc
+        return response, await response.aread()
+    finally:
+        await response.aclose()
 
 
-def _translate(exc: httpx.HTTPError, url: str) -> UpstreamError | UpstreamTimeout:
-    if isinstance(exc, httpx.TimeoutException):
-        return UpstreamTimeout(f"backend {url} timed out ({type(exc).__name__})")
-    if isinstance(exc, httpx.ConnectError):
-        return UpstreamRefused(f"cannot connect to backend {url}: {exc}")
-    return UpstreamBroken(f"backend {url} failed: {type(exc).__name__}: {exc}")
-
-
-def _answer(response: Upstream, body: bytes, url: str) -> Answer:
+def _answer(response: LegResponse, body: bytes, url: str) -> Answer:
     """The answer of a finished response; a 5xx raises (the node failed, not the request)."""
     if response.status >= 500:
         snippet = body[:_ERROR_SNIPPET].decode(errors="replace")
@@ -166,20 +84,20 @@ def _answer(response: Upstream, body: bytes, url: str) -> Answer:
     return Answer(response.status, body, response.content_type)
 
 
-async def fetch(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
+async def fetch(legs: Legs, base_url: str, endpoint: Endpoint,
                 body: dict[str, Any], request_id: str) -> Answer:
     """POST body and read the whole answer (2xx or 4xx); a 5xx or a broken body raises."""
     url = base_url + endpoint.value
-    response, content = await _post(client, url, body, request_id, stream=False)
+    response, content = await _post(legs, url, body, request_id, stream=False)
     return _answer(response, content, url)
 
 
-async def tokenize(client: httpx.AsyncClient, base_url: str, body: dict[str, Any],
+async def tokenize(legs: Legs, base_url: str, body: dict[str, Any],
                    request_id: str) -> Any:
     """vLLM's POST /tokenize (a readback's check of the new prompt's ids): the decoded JSON of
     a 2xx, None for any other answer (a node without the endpoint, a prompt it refuses)."""
     url = base_url + "/tokenize"
-    response, content = await _post(client, url, body, request_id, stream=False)
+    response, content = await _post(legs, url, body, request_id, stream=False)
     if not 200 <= response.status < 300:
         return None
     try:
@@ -188,11 +106,11 @@ async def tokenize(client: httpx.AsyncClient, base_url: str, body: dict[str, Any
         return None
 
 
-async def complete(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
+async def complete(legs: Legs, base_url: str, endpoint: Endpoint,
                    body: dict[str, Any], request_id: str) -> Answer:
     """A non-streamed leg that answers the client: a 2xx must be a JSON object, as from P; a
     body that is not (an HTML error page, a cut document) is the node's failure, a 502."""
-    answer = await fetch(client, base_url, endpoint, body, request_id)
+    answer = await fetch(legs, base_url, endpoint, body, request_id)
     if not answer.rejected:
         try:
             data = loads(answer.body)
@@ -219,10 +137,10 @@ def _check_length(data: dict[str, Any], body: dict[str, Any], url: str) -> None:
                               f"max_tokens ({limit}); reply dropped")
 
 
-async def prefill(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
+async def prefill(legs: Legs, base_url: str, endpoint: Endpoint,
                   body: dict[str, Any], request_id: str) -> Prefilled | Answer:
     """Run the P leg: P's kv_transfer_params, or P's 4xx answer for the client."""
-    answer = await fetch(client, base_url, endpoint, body, request_id)
+    answer = await fetch(legs, base_url, endpoint, body, request_id)
     if answer.rejected:
         return answer
     try:
@@ -237,9 +155,8 @@ async def prefill(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
 class UpstreamStream:
     """An upstream response whose status, headers and first chunk have arrived."""
 
-    response: Upstream
+    response: LegResponse
     first: bytes
-    url: str
 
     @property
     def status(self) -> int:
@@ -253,7 +170,7 @@ class UpstreamStream:
 
     async def next_chunk(self) -> bytes:
         """The body's next bytes as they arrived, the first chunk first; b"" at its end.
-        Mid-stream failures raise UpstreamError.
+        Mid-stream failures raise the legs' errors (`proxy.legs`).
 
         A method, not an async generator: each chunk of each stream passes here, and every
         generator layer between the socket and the client cost a resumption per chunk."""
@@ -261,38 +178,31 @@ class UpstreamStream:
         if first:
             self.first = b""
             return first
-        try:
-            return await self.response.read_chunk()
-        except httpx.HTTPError as exc:
-            raise _translate(exc, self.url) from exc
+        return await self.response.read_chunk()
 
     @property
     def at_end(self) -> bool:
         """Every byte of the body has been read and its end has arrived (False: not known,
-        on the transports other than `proxy.http1`'s)."""
-        response = self.response
-        return not self.first and isinstance(response, Http1Response) and response.at_end
+        on the legs other than `proxy.http1`'s)."""
+        return not self.first and self.response.at_end
 
     async def aclose(self) -> None:
         """Close the upstream response (vLLM aborts a request whose connection closes)."""
         await self.response.aclose()
 
 
-async def open_stream(client: httpx.AsyncClient, base_url: str, endpoint: Endpoint,
+async def open_stream(legs: Legs, base_url: str, endpoint: Endpoint,
                       body: dict[str, Any], request_id: str) -> UpstreamStream | Answer:
     """POST body and wait for the first chunk (a 4xx: its whole answer); errors raise."""
     url = base_url + endpoint.value
-    response, _ = await _post(client, url, body, request_id, stream=True)
+    response, _ = await _post(legs, url, body, request_id, stream=True)
     try:
         if response.status >= 400:
             answer = _answer(response, await response.aread(), url)
             await response.aclose()
             return answer
         first = await response.read_chunk()
-    except httpx.HTTPError as exc:
-        await response.aclose()
-        raise _translate(exc, url) from exc
     except BaseException:
         await response.aclose()
         raise
-    return UpstreamStream(response, first, url)
+    return UpstreamStream(response, first)

@@ -11,17 +11,17 @@ reader with its own buffers - and was ~35% of the proxy's CPU on the P->D path
 is parsed by the same C parser uvicorn uses on the proxy's server side, and body chunks go to
 the reader as they arrive.
 
-Failures come out as the httpx errors `proxy.forward` already classifies (as
-`proxy.transport`'s aiohttp path does): ConnectError / ConnectTimeout before the request was
-sent, RemoteProtocolError when the connection closed or spoke garbage before the answer's
-headers, ReadError when it closed inside the body, ReadTimeout when a read waited longer
-than the timeout's `read`. Nothing is ever sent twice.
+`Http1Pool` is the default `proxy.legs.Legs`; its failures are the proxy's own errors,
+translated here, where they happen (`proxy.legs`): UpstreamRefused when the connection could
+not be made (the request was never sent), UpstreamTimeout when connecting or a read waited
+longer than its timeout, UpstreamBroken when the connection closed or spoke garbage before
+the answer's headers or closed inside the body. Nothing is ever sent twice.
 
 Connections: idle ones are kept per (host, port), newest first, and dropped after
 `keepalive_expiry` seconds idle, before vLLM's own 5 s keep-alive closes them (a POST must
 never meet a connection the server is closing: it cannot be resent). A body not read to its
-end closes its connection, so vLLM aborts that request. Only `http://` URLs; the transport
-sends anything else through aiohttp.
+end closes its connection, so vLLM aborts that request. Only `http://` URLs
+(`proxy.transport.DefaultLegs` sends the others through aiohttp).
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-from collections.abc import AsyncIterator
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 import httptools
-import httpx
+
+from proxy.errors import UpstreamBroken
+from proxy.legs import KEEPALIVE_EXPIRY_S, LegTimeouts, broken, refused, timed_out
 
 # Body bytes buffered for a reader that does not keep up before the socket stops being read
 # (the kernel's buffers then push back on the node, as vLLM expects from a slow client).
@@ -79,10 +81,10 @@ class _Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            exchange.fail(httpx.RemoteProtocolError("unexpected protocol upgrade"))
+            exchange.fail(exchange.broken("unexpected protocol upgrade"))
             self.close()
         except httptools.HttpParserError as exc:
-            exchange.fail(httpx.RemoteProtocolError(f"invalid HTTP response: {exc}"))
+            exchange.fail(exchange.broken(f"invalid HTTP response: {exc}"))
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -125,14 +127,15 @@ class _Connection(asyncio.Protocol):
 class _Exchange:
     """One request's answer as it arrives: status, content type, then body chunks."""
 
-    __slots__ = ("status", "content_type", "reusable", "_loop", "_conn", "_read_timeout",
-                 "_chunks", "_buffered", "_paused", "_waiter", "_error", "_headers_done",
-                 "_eof", "_last", "_timer", "_framed")
+    __slots__ = ("status", "content_type", "reusable", "_loop", "_conn", "_url",
+                 "_read_timeout", "_chunks", "_buffered", "_paused", "_waiter", "_error",
+                 "_headers_done", "_eof", "_last", "_timer", "_framed")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, conn: _Connection,
+    def __init__(self, loop: asyncio.AbstractEventLoop, conn: _Connection, url: str,
                  read_timeout: float | None) -> None:
         self._loop = loop
         self._conn = conn
+        self._url = url  # named in its errors
         self._read_timeout = read_timeout
         self.status = 0
         self.content_type = "application/json"
@@ -185,10 +188,13 @@ class _Exchange:
             self.complete()  # a body delimited by the connection's end is whole
             return
         detail = f": {exc}" if exc else ""
-        self.fail(httpx.ReadError(f"connection closed inside the response body{detail}")
-                  if self._headers_done else
-                  httpx.RemoteProtocolError(f"server disconnected without sending a "
-                                            f"response{detail}"))
+        self.fail(self.broken(f"connection closed inside the response body{detail}"
+                              if self._headers_done else
+                              f"server disconnected without sending a response{detail}"))
+
+    def broken(self, detail: str) -> UpstreamBroken:
+        """The error of a connection that failed after it was made (`proxy.legs`)."""
+        return broken(self._url, detail)
 
     def fail(self, error: BaseException) -> None:
         if self._error is None and not self._eof:
@@ -210,7 +216,7 @@ class _Exchange:
         if self._waiter is None:  # the reader is busy elsewhere: nothing is waiting on a read
             self._timer = self._loop.call_at(now + timeout, self._check_timeout)
         elif now >= self._last + timeout:
-            self.fail(httpx.ReadTimeout(f"no data for {timeout} s"))
+            self.fail(timed_out(self._url, f"no data for {timeout:g} s"))
             self._conn.close()
         else:
             self._timer = self._loop.call_at(self._last + timeout, self._check_timeout)
@@ -291,7 +297,7 @@ class Http1Response:
         self._done = False
         self.status = exchange.status
         self.content_type = exchange.content_type
-        # The bytes that arrived since the last read, b"" at the end (httpx errors).
+        # The bytes that arrived since the last read, b"" at the end (`proxy.legs` errors).
         self.read_chunk = exchange.readany
 
     @property
@@ -305,12 +311,6 @@ class Http1Response:
         while data := await self._exchange.readany():
             parts.append(data)
         return b"".join(parts)
-
-    async def aiter(self) -> AsyncIterator[bytes]:
-        """The body's chunks as they arrive."""
-        exchange = self._exchange
-        while data := await exchange.readany():
-            yield data
 
     async def aclose(self) -> None:
         """Back to the pool when read to the end, else the connection is closed."""
@@ -327,25 +327,31 @@ class Http1Response:
 
 
 class Http1Pool:
-    """POSTs over kept-alive HTTP/1.1 connections, idle ones pooled per node."""
+    """POSTs over kept-alive HTTP/1.1 connections, idle ones pooled per node (`proxy.legs`)."""
 
-    def __init__(self, keepalive_expiry: float) -> None:
+    def __init__(self, timeout: LegTimeouts, headers: Mapping[str, str] | None = None,
+                 keepalive_expiry: float = KEEPALIVE_EXPIRY_S) -> None:
+        self._timeout = timeout
+        # The headers every leg carries, encoded once.
+        self._headers = b"".join(f"{name}: {value}\r\n".encode("latin-1")
+                                 for name, value in (headers or {}).items())
         self._keepalive_expiry = keepalive_expiry
         self._idle: dict[tuple[str, int], list[_Connection]] = {}  # oldest first
         self._sweep_timer: asyncio.TimerHandle | None = None
 
-    async def post(self, url: str, content: bytes, headers: dict[str, str],
-                   timeout: httpx.Timeout) -> Http1Response:
-        """Send content; the answer once its status and headers arrived (httpx errors)."""
+    async def post(self, url: str, content: bytes, headers: Mapping[str, str]) -> Http1Response:
+        """Send content; the answer once its status and headers arrived (`proxy.legs`
+        errors)."""
         key, head = _target(url)
         loop = asyncio.get_running_loop()
-        conn = self._reusable(key, loop.time()) or await self._connect(loop, key, timeout.connect)
-        request = [head]
+        conn = (self._reusable(key, loop.time())
+                or await self._connect(loop, key, url, self._timeout.connect))
+        request = [head, self._headers]
         for name, value in headers.items():
             request.append(f"{name}: {value}\r\n".encode("latin-1"))
         request.append(b"content-length: %d\r\n\r\n" % len(content))
         request.append(content)
-        exchange = _Exchange(loop, conn, timeout.read)
+        exchange = _Exchange(loop, conn, url, self._timeout.read)
         conn.start(exchange, b"".join(request))
         try:
             await exchange.headers()
@@ -365,15 +371,15 @@ class Http1Pool:
             conn.close()
         return None
 
-    async def _connect(self, loop: asyncio.AbstractEventLoop, key: tuple[str, int],
+    async def _connect(self, loop: asyncio.AbstractEventLoop, key: tuple[str, int], url: str,
                        connect_timeout: float | None) -> _Connection:
         try:
             async with asyncio.timeout(connect_timeout):
                 _, conn = await loop.create_connection(lambda: _Connection(loop), *key)
         except TimeoutError:
-            raise httpx.ConnectTimeout(f"connecting to {key[0]}:{key[1]} timed out") from None
+            raise timed_out(url, f"connecting took over {connect_timeout:g} s") from None
         except OSError as exc:
-            raise httpx.ConnectError(f"cannot connect to {key[0]}:{key[1]}: {exc}") from exc
+            raise refused(url, exc) from exc
         return conn
 
     def keep(self, key: tuple[str, int], conn: _Connection) -> None:
@@ -403,7 +409,8 @@ class Http1Pool:
         if self._idle:
             self._sweep_timer = loop.call_later(self._keepalive_expiry, self._sweep, loop)
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
+        """Close every idle connection (the ones in use close with their responses)."""
         if self._sweep_timer is not None:
             self._sweep_timer.cancel()
             self._sweep_timer = None

@@ -19,8 +19,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
 from proxy import forward, pd_protocol, readback, turn_plan
 from proxy.backends import Backend, BackendPool
 from proxy.completion import Captured, ReplyCapture
@@ -30,6 +28,7 @@ from proxy.failover import Failover, charge
 from proxy.forward import Answer, UpstreamStream
 from proxy.json_codec import dumps, loads
 from proxy.lease import Admission, Lease
+from proxy.legs import Legs
 from proxy.live_view import LiveView, tag_session
 from proxy.load_meter import RateMeter, RunningMean
 from proxy.logs import AccessEntry
@@ -159,7 +158,7 @@ class Router:
         self.admission = Admission(pool, max_in_flight)
         # The whole request's budget, stream included (`--request-timeout`); None: unbounded.
         self.request_timeout = request_timeout
-        self.client: httpx.AsyncClient | None = None
+        self.legs: Legs | None = None  # the upstream legs (`proxy.legs`), set by the app
         self.view: LiveView | None = None  # policy live: the cluster now (proxy.live_view)
         # What each session's D keeps for a readback (None: the nodes do not offer it), and
         # for how long D keeps it (`--kv-readback-ttl`, cluster.json's kv_readback_ttl_s).
@@ -335,7 +334,7 @@ class Router:
                 params = await self._readback_params(turn, prefill, held.pop(), request_id)
                 if params is not None:
                     p_body["kv_transfer_params"], route = params, RouteKind.READBACK
-            result = await forward.prefill(self._client(), prefill.base, turn.incoming.endpoint,
+            result = await forward.prefill(self._legs(), prefill.base, turn.incoming.endpoint,
                                            p_body, request_id)
             lease.settle(prefill, ok=True)
             return prefill, request_id, result
@@ -360,10 +359,10 @@ class Router:
         lease, endpoint = turn.failover.lease, turn.incoming.endpoint
         result: UpstreamStream | Answer
         if turn.incoming.stream:
-            result = await forward.open_stream(self._client(), node.base, endpoint, body,
+            result = await forward.open_stream(self._legs(), node.base, endpoint, body,
                                                request_id)
         else:
-            result = await forward.complete(self._client(), node.base, endpoint, body,
+            result = await forward.complete(self._legs(), node.base, endpoint, body,
                                             request_id)
         if isinstance(result, Answer):
             lease.settle(node, ok=True)
@@ -376,7 +375,7 @@ class Router:
         hold, by P's own tokenization of the request; None when too few match (the turn goes
         P->D, reason readback_mismatch)."""
         answer = await forward.tokenize(
-            self._client(), prefill.base,
+            self._legs(), prefill.base,
             readback.tokenize_body(turn.incoming.endpoint, turn.incoming.body),
             f"{request_id}-tokenize")
         ids = readback.tokenized_ids(answer)
@@ -395,10 +394,10 @@ class Router:
                 and not readback.wants_token_ids(body)
                 and body.get("n", 1) == 1)  # one sequence: its blocks are the history
 
-    def _client(self) -> httpx.AsyncClient:
-        if self.client is None:
-            raise RuntimeError("the router has no HTTP client (is the app serving?)")
-        return self.client
+    def _legs(self) -> Legs:
+        if self.legs is None:
+            raise RuntimeError("the router has no upstream legs (is the app serving?)")
+        return self.legs
 
     async def _reply(self, turn: _Turn, served: _Served, lease: Lease) -> Reply:
         headers = turn.headers()

@@ -4,8 +4,9 @@
 
 `default` runs `proxy.cli.main` (what `ppd proxy` runs); `workers2` and `workers4` the same
 with `--workers 2` / `--workers 4` (and their embedded session store). The other stacks serve
-the same app with a chosen upstream transport (`httpx`: httpx's own pool; `aiohttp`:
-`proxy.transport`), ASGI server and event loop, so the parts can be compared in one run:
+the same app with chosen legs (`proxy.legs`; `httpx`: httpx's own pool, `proxy.httpx_legs`;
+`aiohttp`: `proxy.aiohttp_legs`), ASGI server and event loop, so the parts can be compared in
+one run:
 `TRANSPORT+SERVER[+asyncio]` (the loop is uvloop unless `+asyncio`), or `aiohttp+granian`.
 `floor` is not ppd: the same parts relaying with no logic at all (`floor.py`), the cost of the
 hops alone; `floor+granian` the same on granian (Rust I/O threads) instead of uvicorn.
@@ -25,10 +26,14 @@ STACKS = ("default", "workers2", "workers4", "httpx+hypercorn+asyncio", "httpx+u
           "aiohttp+granian", "floor", "floor+granian")
 
 
-def _transport(name: str) -> Any:
-    from proxy.transport import AiohttpTransport, httpx_transport
+def _legs(name: str) -> Any:
+    """The legs' factory (`proxy.legs.LegsFactory`) a stack names."""
+    from proxy.aiohttp_legs import AiohttpLegs
+    from proxy.httpx_legs import HttpxLegs, httpx_pool
 
-    return AiohttpTransport() if name == "aiohttp" else httpx_transport()
+    if name == "aiohttp":
+        return AiohttpLegs
+    return lambda timeout, headers: HttpxLegs(httpx_pool(), timeout, headers)
 
 
 async def _serve(app: Any, host: str, port: int, server: str) -> None:
@@ -89,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             uvloop.run(_serve(floor, config.host, config.port, "uvicorn"))
         return 0
     transport, server, *loop = args.stack.split("+")
-    app = create_app(config, transport=_transport(transport))
+    app = create_app(config, legs=_legs(transport))
     # As `ppd proxy` configures it (INFO), so hot-path logging costs what it costs there.
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")

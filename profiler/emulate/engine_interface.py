@@ -29,6 +29,8 @@ class Job:
       the engine has blocks for it, it asks for a pull (Tick.kv_pulls) and waits for
       `kv_arrived`.
     hold_kv: a P leg - keep the KV after the job ends until `release_kv` (D has pulled it).
+    keep_kv_s: a D (or local) leg on a node with bidirectional transfer - keep the KV after
+      the job ends, for a readback, until `release_kv` (a P has read it) or this many seconds.
     session_id: the request's `session_id` field; the blocks it stores carry it in the node's
       KV cache events (as vLLM >= 0.32 tags them).
     preloaded: leading prompt tokens whose KV was read back from a D before the job was
@@ -40,6 +42,7 @@ class Job:
     output_ids: Sequence[int]
     remote_kv: bool = False
     hold_kv: bool = False
+    keep_kv_s: float | None = None
     session_id: str | None = None
     preloaded: int = 0
 
@@ -106,7 +109,7 @@ class NodeEngine(Protocol):
         ...
 
     def release_kv(self, job_id: str) -> None:
-        """A hold_kv job's KV was pulled (or never will be): free its blocks."""
+        """A hold_kv (or keep_kv_s) job's KV was read (or never will be): free its blocks."""
         ...
 
     def reset_prefix_cache(self) -> bool:

@@ -34,13 +34,15 @@ class SimNodeEngine:
         self._events = events
         self.block_size = engine.config.block_size
         self._outputs: dict[str, Sequence[int]] = {}
-        self._held: set[str] = set()  # finished P jobs whose KV waits for its D
+        # finished P jobs whose KV waits for its D; D jobs kept for a readback
+        self._held: set[str] = set()
 
     def submit(self, job: Job, now: float) -> None:
         try:
             self.engine.submit(Request(
                 job.id, max_tokens=len(job.output_ids), prompt_token_ids=list(job.prompt_ids),
                 kv_from=REMOTE if job.remote_kv else None, send_kv=job.hold_kv,
+                keep_kv=job.keep_kv_s is not None,
                 preloaded=job.preloaded,
             ), now)  # fmt: skip
         except RequestRejected as exc:
@@ -72,7 +74,7 @@ class SimNodeEngine:
             seq = self.engine.sequence(job_id)
             tick.finished.append(job_id)
             tick.cached[job_id] = seq.num_cached_prompt + seq.num_external
-            if seq.request.send_kv:
+            if seq.request.send_kv or seq.request.keep_kv:
                 self._held.add(job_id)
             else:
                 self._forget(job_id)

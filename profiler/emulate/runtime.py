@@ -128,7 +128,8 @@ class EmulatedNode:
         self._wake.set()
 
     def hold_released(self, job_id: str) -> None:
-        """D has the KV of P's job `job_id` (or gave up on it): free it."""
+        """D has the KV of P's job `job_id` (or gave up on it), or a P has read back the KV
+        this D kept for job `job_id` (or its TTL passed): free it."""
         timer = self._held.pop(job_id, None)
         if timer is not None:
             timer.cancel()
@@ -191,6 +192,8 @@ class EmulatedNode:
             stream.cached_tokens = tick.cached.get(job_id, 0)
             stream.finished = True
             stream._queue.put_nowait(None)
-            if stream.job.hold_kv:
+            # A P job's KV waits for its D; a kept D job's for a readback, until its TTL.
+            hold_s = HOLD_TIMEOUT_S if stream.job.hold_kv else stream.job.keep_kv_s
+            if hold_s is not None:
                 loop = asyncio.get_running_loop()
-                self._held[job_id] = loop.call_later(HOLD_TIMEOUT_S, self.hold_released, job_id)
+                self._held[job_id] = loop.call_later(hold_s, self.hold_released, job_id)

@@ -10,8 +10,10 @@ The P/D protocol as vLLM's NixlConnector plays it:
 - With `readback_ttl_s` (vLLM's bidirectional_kv_xfer; docs/readback.md) a D's whole answer
   to a D leg names its blocks (`do_remote_decode`, `remote_num_tokens`: the prompt and all but
   the last generated token), and a P leg that carries such params first moves the KV of the
-  tokens it does not cache over that D's link, then computes only the rest. Not modelled: D
-  keeping those blocks pinned for the TTL.
+  tokens it does not cache over that D's link, then computes only the rest. D keeps those
+  blocks pinned (they count as used, never evicted) until that P has read them or the TTL
+  passes - streamed legs' blocks too, as vLLM's D does, although it names them only in a
+  whole answer.
 - A local leg (no kv_transfer_params) is an ordinary request: its prompt's prefix found in this
   node's cache (an earlier turn's prompt and reply) is not prefilled again.
 
@@ -151,8 +153,14 @@ class NodeService:
                 f"({max_tokens} > {limit} - {len(prompt)}).", param="max_tokens")  # fmt: skip
         job_id = f"{request_id}-{next(self._ids)}"
         output = self.vocab.reply_ids(max_tokens, seed=job_id)
+        # A D or kept local leg (it came with kv_transfer_params) on a node with bidirectional
+        # transfer keeps its blocks when it ends (vLLM's request_finished on D).
+        keeps = (parsed.kv_transfer_params is not None and not parsed.wants_remote_decode
+                 and self.spec.readback_ttl_s is not None)
         job = Job(job_id, prompt, output, remote_kv=parsed.wants_remote_prefill,
-                  hold_kv=parsed.wants_remote_decode, session_id=parsed.session_id,
+                  hold_kv=parsed.wants_remote_decode,
+                  keep_kv_s=self.spec.readback_ttl_s if keeps else None,
+                  session_id=parsed.session_id,
                   preloaded=self._read_back_tokens(parsed, prompt))
         return Prepared(parsed, job, Envelope.new(request_id, self.spec.model, parsed.chat))
 
@@ -186,8 +194,14 @@ class NodeService:
         handoff = self.spec.handoff_fixed_s + self.spec.handoff_per_token_s * tokens
         if handoff > 0:
             await asyncio.sleep(handoff)
-        if tokens > 0:
+        if tokens <= 0:
+            return  # nothing read: D keeps its blocks until their TTL
+        try:
             await link.transfer(tokens * self.spec.kv_bytes_per_token)
+        finally:
+            # P tells D it has read the blocks (or gave up): D frees them before their TTL.
+            if source is not None and params.get("remote_request_id"):
+                source.node.hold_released(str(params["remote_request_id"]))
 
     def start_job(self, prepared: Prepared) -> Running:
         """Submit the job (RequestError if it can never run here); tokens follow on Running."""

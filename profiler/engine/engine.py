@@ -126,7 +126,8 @@ class Engine:
         return self._scheduler.cache.reset()
 
     def release_kv(self, request_id: str) -> None:
-        """P: the D has read this finished request's KV; its blocks become cached/free."""
+        """P: the D has read this finished request's KV (D, with `keep_kv`: P has read it
+        back, or its TTL passed); its blocks become cached/free."""
         seq = self._kv_held.pop(request_id, None)
         if seq is None:
             raise ValueError(f"request {request_id} holds no KV for a transfer")
@@ -200,7 +201,7 @@ class Engine:
     def _finish(self, seq: Sequence, now: float) -> None:
         self._scheduler.running.remove(seq)  # still holds its blocks: P keeps them for the D
         seq.phase, seq.finish_time = Phase.FINISHED, now
-        if seq.request.send_kv:
+        if seq.request.send_kv or seq.request.keep_kv:
             self._kv_held[seq.id] = seq
         else:
             self._scheduler.free(seq)

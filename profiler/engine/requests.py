@@ -37,6 +37,9 @@ class Request:
       the request waits in WAITING_KV until `Engine.kv_arrived(id)`, then decodes.
     - `send_kv`: this node is a P for the request: after it finishes, its KV blocks stay held
       for the D to read until `Engine.release_kv(id)` (vLLM's delayed free).
+    - `keep_kv`: this node is a D that keeps the finished request's blocks for a readback
+      (vLLM's bidirectional NIXL, `decoder_kv_blocks_ttl`): held, like `send_kv`'s, until
+      `Engine.release_kv(id)` - when P has read them, or the TTL has passed.
     - `preloaded`: leading prompt tokens whose KV this node read from another before the
       request reached it (a P reading the history back from a D: vLLM's bidirectional
       NIXL, docs/readback.md); they count as computed at admission, like a prefix-cache hit.
@@ -52,6 +55,7 @@ class Request:
     block_hashes: tuple[int, ...] | None = None
     kv_from: str | None = None
     send_kv: bool = False
+    keep_kv: bool = False
     output_token_ids: SequenceOf[int] | None = None
     preloaded: int = 0
 

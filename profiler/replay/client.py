@@ -208,31 +208,14 @@ class _Replayer:
         self.on_total: Callable[[int], None] = lambda total: None
         self.started = 0
 
-    async def _stream(self, body: dict, headers: Mapping[str, str]) -> _Stream:
-        s = _Stream(start=self.clock())
+    async def _send(self, body: dict, headers: Mapping[str, str], *, whole: bool) -> _Stream:
+        """One turn's request and answer, streamed or whole; a timeout or an HTTP error is
+        the answer's error, never an exception."""
+        s = _Stream(start=self.clock(), whole=whole)
         try:
             async with asyncio.timeout(self.config.timeout_s):
-                async with self.client.stream(
-                    "POST", self.api.path, json=body, headers=dict(headers)
-                ) as response:
-                    s.status, s.headers = response.status_code, response.headers
-                    if response.status_code != 200:
-                        s.error = error_message(response.status_code, await response.aread())
-                        return s
-                    async for line in response.aiter_lines():
-                        if not line.startswith("data:"):
-                            continue
-                        delta = parse_data(line[5:])
-                        if delta.done:
-                            break
-                        if delta.error:
-                            s.error = delta.error
-                            break
-                        if delta.has_tokens:  # reasoning tokens count for TTFT and ITL too
-                            s.chunk_times.append(self.clock())
-                            s.text.append(delta.text)
-                        if delta.usage:
-                            s.usage = delta.usage
+                read = self._read_whole if whole else self._read_stream
+                await read(s, body, headers)
         except TimeoutError:
             s.error = f"timeout after {self.config.timeout_s:g} s"
         except httpx.HTTPError as exc:
@@ -241,36 +224,48 @@ class _Replayer:
             s.end = self.clock()
         return s
 
-    async def _whole(self, body: dict, headers: Mapping[str, str]) -> _Stream:
+    async def _read_stream(self, s: _Stream, body: dict, headers: Mapping[str, str]) -> None:
+        async with self.client.stream(
+            "POST", self.api.path, json=body, headers=dict(headers)
+        ) as response:
+            s.status, s.headers = response.status_code, response.headers
+            if response.status_code != 200:
+                s.error = error_message(response.status_code, await response.aread())
+                return
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                delta = parse_data(line[5:])
+                if delta.done:
+                    break
+                if delta.error:
+                    s.error = delta.error
+                    break
+                if delta.has_tokens:  # reasoning tokens count for TTFT and ITL too
+                    s.chunk_times.append(self.clock())
+                    s.text.append(delta.text)
+                if delta.usage:
+                    s.usage = delta.usage
+
+    async def _read_whole(self, s: _Stream, body: dict, headers: Mapping[str, str]) -> None:
         """A turn sent without streaming: one 'chunk' when the whole answer has arrived."""
         body = {**body, "stream": False}
         body.pop("stream_options", None)
-        s = _Stream(start=self.clock(), whole=True)
+        response = await self.client.post(self.api.path, json=body, headers=dict(headers))
+        s.status, s.headers = response.status_code, response.headers
+        if response.status_code != 200:
+            s.error = error_message(response.status_code, response.content)
+            return
         try:
-            async with asyncio.timeout(self.config.timeout_s):
-                response = await self.client.post(self.api.path, json=body,
-                                                  headers=dict(headers))
-            s.status, s.headers = response.status_code, response.headers
-            if response.status_code != 200:
-                s.error = error_message(response.status_code, response.content)
-                return s
-            try:
-                answer = parse_payload(response.json())
-            except ValueError:
-                answer = parse_payload(None)
-            if answer.error:
-                s.error = answer.error
-            elif answer.has_tokens:
-                s.chunk_times.append(self.clock())
-                s.text.append(answer.text)
-            s.usage = answer.usage
-        except TimeoutError:
-            s.error = f"timeout after {self.config.timeout_s:g} s"
-        except httpx.HTTPError as exc:
-            s.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            s.end = self.clock()
-        return s
+            answer = parse_payload(response.json())
+        except ValueError:
+            answer = parse_payload(None)
+        if answer.error:
+            s.error = answer.error
+        elif answer.has_tokens:
+            s.chunk_times.append(self.clock())
+            s.text.append(answer.text)
+        s.usage = answer.usage
 
     async def conversation(self, conversation: Conversation, conv_id: str) -> None:
         """Send the conversation's turns one after another; stop at the first failure."""
@@ -286,8 +281,7 @@ class _Replayer:
             if config.headers_for_turn is not None:
                 headers.update(config.headers_for_turn(turn_index))
             body = history.body(self.model, max_tokens, ignore_eos=config.ignore_eos)
-            send = self._whole if turn_index in config.whole_turns else self._stream
-            stream = await send(body, headers)
+            stream = await self._send(body, headers, whole=turn_index in config.whole_turns)
             record = _record(conv_id, turn_index, self.t0, max_tokens, stream)
             self.records.append(record)
             self.on_record(record)

@@ -58,7 +58,7 @@ _USER_TOKEN_BASE = 1 << 40
 DEFAULT_TIMEOUT_S = 30.0
 
 # Event kinds, in the order ties at one instant are handled.
-_STEP_END, _TRANSFER, _TURN, _TIMEOUT, _SUBMIT, _SEND_WAITING = range(6)
+_STEP_END, _TRANSFER, _TURN, _TIMEOUT, _SUBMIT, _SEND_WAITING, _UNPIN = range(7)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +156,11 @@ class Simulator:
         self._turns: dict[str, _Turn] = {}  # request id (D's / R's) -> turn
         self._by_prefill: dict[str, _Turn] = {}  # P's request id -> turn
         self._reading_back: dict[str, _Turn] = {}  # D->P readback transfer id -> turn
+        # With readback on, D keeps each finished turn's blocks (vLLM's bidirectional NIXL):
+        # request id -> the D holding them, until P reads them back or the TTL passes; and
+        # each conversation's latest such request (the one the proxy's book names).
+        self._pinned: dict[str, _Node] = {}
+        self._latest_pin: dict[str, str] = {}
         self._history: dict[str, list[int]] = {}  # conversation id -> its context's token ids
         self._records: list[RequestRecord] = []
         # per node, vLLM's request histograms as sums and counts (what its /metrics shows)
@@ -184,6 +189,8 @@ class Simulator:
             elif kind == _SEND_WAITING:
                 conversation, index, due = payload
                 self._start_turn(conversation, index, due)
+            elif kind == _UNPIN:
+                self._unpin(payload)
             else:
                 self._timeout(payload)
         moved = sum(n.link.bytes_moved for n in self._nodes.values() if n.link is not None)
@@ -221,7 +228,7 @@ class Simulator:
         else:
             self._submit_via_frontend(turn, plan.decode.url,
                          Request(request_id, max_tokens=turn_spec.max_tokens,
-                                 prompt_token_ids=prompt))
+                                 prompt_token_ids=prompt, keep_kv=self._keeps(plan.route)))
 
     def _submit_prefill(self, turn: _Turn) -> None:
         """P->D's P leg (a readback's too, with the tokens P read back)."""
@@ -290,7 +297,31 @@ class Simulator:
         self._submit_via_frontend(
             turn, plan.decode.url,
             Request(turn.request_id, max_tokens=turn.conversation.turns[turn.index].max_tokens,
-                    prompt_token_ids=turn.prompt, kv_from=plan.prefill.url))
+                    prompt_token_ids=turn.prompt, kv_from=plan.prefill.url,
+                    keep_kv=self._keeps(plan.route)))
+
+    def _keeps(self, route: RouteKind) -> bool:
+        """Whether D keeps this leg's blocks when it finishes: on vLLM with bidirectional
+        transfer every D-side request that came with kv_transfer_params does (a P->D or
+        readback leg, and a local leg, which the proxy sends with empty params to that end:
+        proxy.readback.KEEP_BLOCKS)."""
+        return self.setup.readback_ttl_s is not None and route in (
+            RouteKind.PD, RouteKind.READBACK, RouteKind.LOCAL)
+
+    def _pin(self, node: _Node, turn: _Turn) -> None:
+        """D holds the finished turn's blocks (no eviction) until read back or the TTL."""
+        assert self.setup.readback_ttl_s is not None
+        self._pinned[turn.request_id] = node
+        self._latest_pin[turn.conversation.id] = turn.request_id
+        self._push(self.now + self.setup.readback_ttl_s, _UNPIN, turn.request_id)
+
+    def _unpin(self, request_id: str) -> None:
+        node = self._pinned.pop(request_id, None)
+        if node is None:
+            return  # read back already
+        node.engine.release_kv(request_id)
+        node.engine.forget(request_id)
+        self._wake(node)
 
     def _finished(self, node: _Node, request_id: str) -> None:
         turn = self._turns.pop(request_id, None)
@@ -300,7 +331,11 @@ class Simulator:
             with contextlib.suppress(KeyError):
                 node.engine.forget(request_id)
             return
-        seq = node.engine.forget(request_id)
+        seq = node.engine.sequence(request_id)
+        if seq.request.keep_kv:
+            self._pin(node, turn)  # forgotten when D frees the blocks
+        else:
+            node.engine.forget(request_id)
         turn.done = True
         outputs = seq.output_token_ids
         first = seq.first_token_time if seq.first_token_time is not None else self.now
@@ -467,6 +502,11 @@ class Simulator:
         for request_id in source.link.advance(self.now):
             read_back = self._reading_back.pop(request_id, None)
             if read_back is not None:  # D's blocks are in P: P's leg computes the rest
+                # P tells D it has read them: D frees the blocks it kept (vLLM's NIXL
+                # notification), before its TTL.
+                pinned = self._latest_pin.pop(read_back.conversation.id, None)
+                if pinned is not None:
+                    self._unpin(pinned)
                 if not read_back.done:
                     self._submit_prefill(read_back)
                 continue

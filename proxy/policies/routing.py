@@ -28,12 +28,12 @@ class RoutingPolicy:
             raise ValueError(f"policy {self.spec.name} needs a decision table")
         if needs.costs is Need.REQUIRED and costs is None:
             raise ValueError(f"policy {self.spec.name} needs a step-cost model")
-        reads_table = table is not None and needs.table is not Need.NO
-        verdicts = (table.decisions(config.w_ttft, config.w_tpot, config.success_margin)
-                    if reads_table else None)
-        readback_verdicts = (
-            table.decisions(config.w_ttft, config.w_tpot, config.success_margin, TABLE_ROUTES)
-            if reads_table and table.has_readback else None)
+        verdicts = readback_verdicts = None
+        if table is not None and needs.table is not Need.NO:
+            weights = (config.w_ttft, config.w_tpot, config.success_margin)
+            verdicts = table.decisions(*weights)
+            if table.has_readback:
+                readback_verdicts = table.decisions(*weights, routes=TABLE_ROUTES)
         self.config = config
         self.inputs = Inputs(config, table, verdicts, costs, readback_verdicts)
         self.memory = self.spec.remember(config) if self.spec.remember is not None else None

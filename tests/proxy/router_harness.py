@@ -8,11 +8,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from proxy.backends import BackendPool
 from proxy.breaker import Breaker
 from proxy.config import NodeSpec, Policy, PolicyConfig
+from proxy.httpx_legs import HttpxLegs
+from proxy.legs import LegTimeouts
 from proxy.load_meter import RateMeter
 from proxy.metrics import ProxyMetrics
 from proxy.policies import RoutingPolicy
@@ -81,9 +81,11 @@ async def router_over(*names: str, policy: Policy = Policy.PD, breaker: Breaker 
     router = Router(pool, sessions, RoutingPolicy(PolicyConfig(policy)), token_counter(None),
                     metrics, RateMeter(30.0, clock), clock, max_in_flight)
     metrics.watch(pool.snapshot, lambda: router.admission.open)
-    async with httpx.AsyncClient(transport=cluster.transport) as client:
-        router.client = client
+    router.legs = HttpxLegs(cluster.transport, LegTimeouts(connect=5.0, read=5.0))
+    try:
         yield Harness(router, cluster, clock)
+    finally:
+        await router.legs.aclose()
 
 
 def chat(*contents: str, **extra: Any) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """`proxy.http1`: the legs' HTTP/1.1 client, against raw TCP servers doing one thing each.
 
-The failure moments shared with aiohttp's path are in test_transport.py; these are the pool's
+The failure moments shared with the other legs are in test_legs.py; these are the pool's
 own promises: exact request bytes, connection reuse and its limits, framing, flow control.
 """
 
@@ -10,14 +10,15 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import httpx
 import pytest
 
-from proxy.http1 import Http1Pool
+from proxy.errors import UpstreamBroken, UpstreamTimeout
+from proxy.http1 import Http1Pool, Http1Response
+from proxy.legs import LegTimeouts
 from tests.proxy.raw_http import read_request
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-TIMEOUT = httpx.Timeout(5.0, read=0.5)
+TIMEOUT = LegTimeouts(connect=5.0, read=0.5)
 EVENT = b"data: x\n\n"
 
 
@@ -56,9 +57,15 @@ async def keep_answering(reader: asyncio.StreamReader, writer: asyncio.StreamWri
         await writer.drain()
 
 
+async def chunks(response: Http1Response) -> AsyncIterator[bytes]:
+    """The body's chunks as they arrive."""
+    while chunk := await response.read_chunk():
+        yield chunk
+
+
 async def post(pool: Http1Pool, url: str, body: bytes = b"{}") -> tuple[int, bytes]:
     response = await pool.post(url + "/v1/completions", body,
-                               {"content-type": "application/json"}, TIMEOUT)
+                               {"content-type": "application/json"})
     try:
         return response.status, await response.aread()
     finally:
@@ -73,46 +80,46 @@ async def test_the_request_is_exactly_the_bytes_given() -> None:
         writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
         await writer.drain()
 
-    pool = Http1Pool(2.0)
+    # The headers every leg carries first (given once), then the leg's own.
+    pool = Http1Pool(TIMEOUT, {"authorization": "Bearer k"}, keepalive_expiry=2.0)
     async with tcp_server(answer) as (url, _):
         response = await pool.post(url + "/v1/chat/completions?x=1", '{"p":"é"}'.encode(),
-                                   {"x-request-id": "r-1", "authorization": "Bearer k"},
-                                   TIMEOUT)
+                                   {"x-request-id": "r-1"})
         assert response.status == 204 and await response.aread() == b""
         await response.aclose()
-    pool.close()
+    await pool.aclose()
     host = url.removeprefix("http://")
     assert seen == [f"POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: {host}\r\n"
-                    "x-request-id: r-1\r\nauthorization: Bearer k\r\n"
+                    "authorization: Bearer k\r\nx-request-id: r-1\r\n"
                     "content-length: 10\r\n\r\n".encode() + '{"p":"é"}'.encode()]
 
 
 async def test_a_connection_read_to_its_end_is_reused() -> None:
-    pool = Http1Pool(2.0)
+    pool = Http1Pool(TIMEOUT, keepalive_expiry=2.0)
     async with tcp_server(keep_answering) as (url, accepted):
         for _ in range(3):
             assert await post(pool, url) == (200, b"{}")
-    pool.close()
+    await pool.aclose()
     assert len(accepted) == 1
 
 
 async def test_an_idle_connection_past_its_expiry_is_not_reused() -> None:
-    pool = Http1Pool(0.05)
+    pool = Http1Pool(TIMEOUT, keepalive_expiry=0.05)
     async with tcp_server(keep_answering) as (url, accepted):
         assert await post(pool, url) == (200, b"{}")
         await asyncio.sleep(0.1)
         assert await post(pool, url) == (200, b"{}")
-    pool.close()
+    await pool.aclose()
     assert len(accepted) == 2
 
 
 async def test_concurrent_requests_each_get_their_own_connection() -> None:
-    pool = Http1Pool(2.0)
+    pool = Http1Pool(TIMEOUT, keepalive_expiry=2.0)
     async with tcp_server(keep_answering) as (url, accepted):
         answers = await asyncio.gather(*(post(pool, url) for _ in range(5)))
         assert answers == [(200, b"{}")] * 5
         assert await post(pool, url) == (200, b"{}")  # one of the five, back from the pool
-    pool.close()
+    await pool.aclose()
     assert len(accepted) == 5
 
 
@@ -123,11 +130,11 @@ async def test_a_connection_the_server_closes_is_not_reused() -> None:
         await writer.drain()
         writer.close()
 
-    pool = Http1Pool(2.0)
+    pool = Http1Pool(TIMEOUT, keepalive_expiry=2.0)
     async with tcp_server(once) as (url, accepted):
         assert await post(pool, url) == (200, b"{}")
         assert await post(pool, url) == (200, b"{}")
-    pool.close()
+    await pool.aclose()
     assert len(accepted) == 2
 
 
@@ -142,15 +149,15 @@ async def test_a_body_closed_early_closes_its_connection() -> None:
         if await reader.read(1) == b"":
             closed.set()
 
-    pool = Http1Pool(2.0)
+    pool = Http1Pool(TIMEOUT, keepalive_expiry=2.0)
     async with tcp_server(endless) as (url, _):
-        response = await pool.post(url + "/v1/completions", b"{}", {}, TIMEOUT)
-        async for chunk in response.aiter():
+        response = await pool.post(url + "/v1/completions", b"{}", {})
+        async for chunk in chunks(response):
             assert chunk == EVENT
             break
         await response.aclose()
         await asyncio.wait_for(closed.wait(), 5)
-    pool.close()
+    await pool.aclose()
 
 
 async def test_a_body_delimited_by_the_connections_end_is_whole() -> None:
@@ -160,10 +167,10 @@ async def test_a_body_delimited_by_the_connections_end_is_whole() -> None:
         await writer.drain()
         writer.close()
 
-    pool = Http1Pool(2.0)
+    pool = Http1Pool(TIMEOUT, keepalive_expiry=2.0)
     async with tcp_server(until_close) as (url, _):
         assert await post(pool, url) == (200, b"all of it")
-    pool.close()
+    await pool.aclose()
 
 
 async def test_garbage_instead_of_an_answer_is_a_protocol_error() -> None:
@@ -172,11 +179,11 @@ async def test_garbage_instead_of_an_answer_is_a_protocol_error() -> None:
         writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
         await writer.drain()
 
-    pool = Http1Pool(2.0)
+    pool = Http1Pool(TIMEOUT, keepalive_expiry=2.0)
     async with tcp_server(garbage) as (url, _):
-        with pytest.raises(httpx.RemoteProtocolError):
+        with pytest.raises(UpstreamBroken, match="invalid HTTP response"):
             await post(pool, url)
-    pool.close()
+    await pool.aclose()
 
 
 async def test_a_stream_that_goes_silent_is_a_read_timeout_after_its_chunks() -> None:
@@ -187,15 +194,15 @@ async def test_a_stream_that_goes_silent_is_a_read_timeout_after_its_chunks() ->
         await writer.drain()
         await asyncio.sleep(3)
 
-    pool = Http1Pool(2.0)
+    pool = Http1Pool(TIMEOUT, keepalive_expiry=2.0)
     got = []
     async with tcp_server(stalls) as (url, _):
-        response = await pool.post(url + "/v1/completions", b"{}", {}, TIMEOUT)
-        with pytest.raises(httpx.ReadTimeout):
-            async for chunk in response.aiter():
+        response = await pool.post(url + "/v1/completions", b"{}", {})
+        with pytest.raises(UpstreamTimeout, match="no data for 0.5 s"):
+            async for chunk in chunks(response):
                 got.append(chunk)
         await response.aclose()
-    pool.close()
+    await pool.aclose()
     assert got == [EVENT]
 
 
@@ -209,23 +216,23 @@ async def test_a_slow_reader_gets_every_byte_and_the_socket_pauses() -> None:
         await writer.drain()
         await keep_answering(reader, writer)
 
-    pool = Http1Pool(2.0)
+    pool = Http1Pool(TIMEOUT, keepalive_expiry=2.0)
     async with tcp_server(fast) as (url, accepted):
-        response = await pool.post(url + "/v1/completions", b"{}", {}, TIMEOUT)
+        response = await pool.post(url + "/v1/completions", b"{}", {})
         await asyncio.sleep(0.2)  # the whole answer has arrived or is held by the kernel
         exchange = response._exchange
         assert exchange._paused and exchange._buffered < 2 * 256 * 1024
-        body = b"".join([chunk async for chunk in response.aiter()])
+        body = b"".join([chunk async for chunk in chunks(response)])
         await response.aclose()
         assert body == b"".join(events)
         assert await post(pool, url) == (200, b"{}")  # on the same connection, from the pool
-    pool.close()
+    await pool.aclose()
     assert len(accepted) == 1
 
 
 async def test_an_https_url_is_refused_by_the_pool() -> None:
     with pytest.raises(ValueError, match="http://"):
-        await Http1Pool(2.0).post("https://node/v1/completions", b"{}", {}, TIMEOUT)
+        await Http1Pool(TIMEOUT).post("https://node/v1/completions", b"{}", {})
 
 
 async def test_idle_connections_are_closed_after_their_expiry_without_more_traffic() -> None:
@@ -238,9 +245,9 @@ async def test_idle_connections_are_closed_after_their_expiry_without_more_traff
         if await reader.read(1) == b"":  # the client closed its idle connection
             closed.set()
 
-    pool = Http1Pool(0.05)
+    pool = Http1Pool(TIMEOUT, keepalive_expiry=0.05)
     async with tcp_server(once_then_watch) as (url, _):
         assert await post(pool, url) == (200, b"{}")
         await asyncio.wait_for(closed.wait(), 2)
     assert not pool._idle and pool._sweep_timer is None
-    pool.close()
+    await pool.aclose()

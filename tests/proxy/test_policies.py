@@ -125,14 +125,18 @@ def test_ppd_weights_change_verdicts() -> None:
     assert throughput.decide(work(), "s", True).kind is RouteKind.PD
 
 
-def test_ppd_sends_a_turn_to_readback_only_where_it_can_read_back() -> None:
-    # pd 200/50, local 100/60 (score -0.1 at w_tpot 3), readback 150/50 (0.25): readback wins.
-    table = DecisionTable.from_rows([{
+def readback_table() -> DecisionTable:
+    """small/tiny at 1/s: pd 200/50 ms, local 100/60 (score -0.1 at w_tpot 3), readback 150/50
+    (+0.25): readback wins at w_tpot 3, pd between the two others."""
+    return DecisionTable.from_rows([{
         "context_class": "small", "workload": "tiny", "qps": 1, "pd_ttft_ms": 200,
         "pd_tpot_ms": 50, "pd_success": 1, "local_ttft_ms": 100, "local_tpot_ms": 60,
         "local_success": 1, "n_requests": 5, "readback_ttft_ms": 150, "readback_tpot_ms": 50,
         "readback_success": 1}])
-    p = policy(Policy.PPD, table=__file__, table_obj=table, w_tpot=3.0)
+
+
+def test_ppd_sends_a_turn_to_readback_only_where_it_can_read_back() -> None:
+    p = policy(Policy.PPD, table=__file__, table_obj=readback_table(), w_tpot=3.0)
     assert p.decide(work(), "s", True, can_readback=True).kind is RouteKind.READBACK
     # The session's D keeps nothing to read: the cell's verdict between pd and local.
     assert p.decide(work(), "s", True, can_readback=False).kind is RouteKind.PD

@@ -15,10 +15,10 @@ from proxy.config import Policy, PolicyConfig
 from proxy.live import TurnState
 from proxy.policies import RoutingPolicy
 from proxy.sessions.session import Lookup, Session
-from proxy.table import DecisionTable
 from proxy.turn_plan import Attempt, Pick, TurnPlan, plan_turn
 from proxy.vocabulary import Decision, Node, Reason, Role, RouteKind, Workload
 from tests.proxy.router_harness import chat, router_over, text_of
+from tests.proxy.test_policies import readback_table
 
 
 def _pool() -> BackendPool:
@@ -59,12 +59,8 @@ def test_a_forced_local_turn_without_a_usable_home_goes_p_to_d() -> None:
 
 def test_a_table_with_readback_reads_back_only_where_d_keeps_the_blocks() -> None:
     # The cell of WORK (small/tiny at 1/s): readback beats pd and local at w_tpot 3.
-    table = DecisionTable.from_rows([{
-        "context_class": "small", "workload": "tiny", "qps": 1, "pd_ttft_ms": 200,
-        "pd_tpot_ms": 50, "pd_success": 1, "local_ttft_ms": 100, "local_tpot_ms": 60,
-        "local_success": 1, "n_requests": 5, "readback_ttft_ms": 150, "readback_tpot_ms": 50,
-        "readback_success": 1}])
-    policy = RoutingPolicy(PolicyConfig(kind=Policy.PPD, table=Path("t.csv"), w_tpot=3.0), table)
+    policy = RoutingPolicy(PolicyConfig(kind=Policy.PPD, table=Path("t.csv"), w_tpot=3.0),
+                           readback_table())
     lookup = _lookup(2, "http://d1", "http://p0")
     kept = plan_turn(policy, _pool(), lookup, WORK, readback=None)
     assert kept.decision.kind is RouteKind.READBACK

@@ -37,6 +37,7 @@ from proxy.kv_subscriber import KvEventSource, KvEventSubscribers, NodeSubscribe
 from proxy.residency import NodeResidency
 from proxy.vocabulary import Role
 from tests.e2e.support import (
+    KV_READBACK_TTL_S,
     Conversation,
     Turn,
     evicted_moves_resident_stays,
@@ -109,9 +110,13 @@ def stored_tokens(turn: Turn) -> int:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    # D keeps each finished turn's blocks for a readback as long as the real cluster's e2e
+    # test has vLLM keep them (tests/e2e/test_eviction.py), pinned: the flood evicts only
+    # once they are freed.
     config = ClusterConfig(model="tiny", layout=parse_layout("1P1D"),
                            base_port=free_base_port(2),
-                           state_dir=tmp_path_factory.mktemp("emulated-live"))
+                           state_dir=tmp_path_factory.mktemp("emulated-live"),
+                           kv_readback_ttl_s=KV_READBACK_TTL_S)
     with pytest.MonkeyPatch.context() as env:  # the tokenizer is built here, not in ~/.cache
         env.setenv("PPD_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
         running = start_emulated_cluster(config, str(PRESET), max_model_len=MAX_MODEL_LEN,

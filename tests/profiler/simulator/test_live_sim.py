@@ -25,8 +25,8 @@ NVLINK = load_link("nvlink")
 LLAMA_KV = load_model_shape("llama-3.1-8b").kv_bytes_per_token
 
 
-def _run(hand_cost: LinearCost, blocks: int,
-         monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, int, str]], list[Decision]]:
+def _run(hand_cost: LinearCost, blocks: int, monkeypatch: pytest.MonkeyPatch,
+         ttl: float | None = None) -> tuple[list[tuple[str, int, str]], list[Decision]]:
     decisions: list[Decision] = []
     predicted = proxy.policies.live._predicted
 
@@ -40,7 +40,7 @@ def _run(hand_cost: LinearCost, blocks: int,
                       hand_cost.per_decode_seq_ms)
     setup = SimSetup(Layout.parse("1P1D"), hand_cost,
                      RoutingPolicy(PolicyConfig(kind=Policy.LIVE), costs=costs), NVLINK,
-                     LLAMA_KV, engine=EngineConfig(num_kv_blocks=blocks))
+                     LLAMA_KV, engine=EngineConfig(num_kv_blocks=blocks), readback_ttl_s=ttl)
     # b decodes long and holds its blocks; a's turn 1 fills most of the rest; c waits on D for
     # room and gets it when a's turn 1 ends - by evicting a's blocks, just before a's turn 2.
     arrivals = [Arrival(0.0, SimConversation("b", (SimTurn(200, 40),))),
@@ -58,6 +58,34 @@ def test_evicted_session_goes_p_to_d_and_a_resident_one_stays_local(
     large, resident = _run(hand_cost, 4096, monkeypatch)
     assert ("a", 2, "local") in large
     assert [d.reason.value for d in resident] == ["live"]
+
+
+def test_blocks_d_keeps_for_a_readback_are_not_evicted(
+        hand_cost: LinearCost, monkeypatch: pytest.MonkeyPatch) -> None:
+    # As above, with D keeping each finished turn's blocks for a readback (vLLM's
+    # bidirectional NIXL): a's turn-1 blocks are pinned, so c cannot evict them and a's
+    # history is still on D at turn 2; c waits until b's and a's pins are freed.
+    pinned, decisions = _run(hand_cost, 40, monkeypatch, ttl=0.5)
+    assert ("a", 2, "local") in pinned
+    assert [d.reason.value for d in decisions] == ["live"]
+
+
+def test_a_pinned_cache_makes_a_new_request_wait_for_the_ttl(hand_cost: LinearCost) -> None:
+    # b's and a's finished turns pin most of D's 40 blocks; c's 300-token prompt gets room
+    # only when their 0.5 s TTL ends (without readback it evicts a's blocks at once).
+    def c_ttft(ttl: float | None) -> float:
+        setup = SimSetup(Layout.parse("1P1D"), hand_cost, RoutingPolicy(PolicyConfig(
+            kind=Policy.PD)), NVLINK, LLAMA_KV, engine=EngineConfig(num_kv_blocks=40),
+            readback_ttl_s=ttl)
+        records = Simulator(setup).run([
+            Arrival(0.0, SimConversation("b", (SimTurn(200, 40),))),
+            Arrival(0.001, SimConversation("a", (SimTurn(300, 3),))),
+            Arrival(0.002, SimConversation("c", (SimTurn(300, 3),)))]).records
+        ttft = next(r.ttft_s for r in records if r.conversation_id == "c")
+        assert ttft is not None
+        return ttft
+
+    assert c_ttft(None) < 0.5 < c_ttft(0.5)
 
 
 def test_fitted_costs_of_a_linear_preset_are_the_preset(hand_cost: LinearCost) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from profiler.profile.on_simulator import measure_cell
-from profiler.profile.runner import ProfileGrid
+from profiler.profile.runner import PROFILED_ROUTES, ProfileGrid
 from profiler.simulator.run import RunSpec
 from proxy.discretize import Cell, ContextClass
 from proxy.table import DecisionTable
@@ -50,6 +50,6 @@ def test_a_shipped_cell_is_measured_again_to_the_same_numbers() -> None:
     base = RunSpec(layout="1P3D", dataset="synthetic:small-tiny", qps=1.0,
                    cost=table.meta["cost"], duration_s=grid.duration_s,
                    timeout_s=grid.timeout_s, seed=table.meta["seed"])
-    row = measure_cell((base, cell))
+    row = measure_cell((base, cell, PROFILED_ROUTES))
     for column in ("pd_ttft_ms", "pd_tpot_ms", "local_ttft_ms", "local_tpot_ms"):
         assert math.isclose(row[column], getattr(shipped, column), rel_tol=1e-9), column

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 
+import httpx
 import pytest
 
 from proxy.breaker import Breaker
@@ -303,7 +304,8 @@ async def test_a_node_healthy_to_health_checks_but_failing_completions_is_broken
     async with router_over("p1", "d1", "d2", breaker=Breaker(failures=3)) as h:
         h.cluster["d1"].script(*[Fault.status(500)] * 100)
         replies = [await h.ask(chat(f"c{i}")) for i in range(10)]
-        await HealthMonitor(h.pool, h.router._client(), interval=60).check_all()
+        async with httpx.AsyncClient(transport=h.cluster.transport) as probes:
+            await HealthMonitor(h.pool, probes, interval=60).check_all()
         assert_clean(h)
     assert all(reply.status == 200 for reply, _ in replies)
     assert len(h.cluster["d1"].received) == 3  # then its circuit kept it out
