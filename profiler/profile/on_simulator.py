@@ -31,6 +31,7 @@ from profiler.simulator.run import RunSpec, simulate
 from profiler.tables.io import build_meta, write_table
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import Cell
+from proxy.readback import VLLM_DECODER_BLOCKS_TTL_S
 from proxy.tokens import TOKEN_DEFINITION
 from proxy.vocabulary import RouteKind
 
@@ -55,7 +56,11 @@ def profile_sim(grid: ProfileGrid, *, layout: str, cost: str, out_csv: Path, see
     """Profile every cell of grid on a simulated cluster; write the table; return its rows."""
     base = RunSpec(layout=layout, dataset="synthetic:small-tiny", qps=1.0,
                    policy=PolicyConfig(kind=Policy.PD), cost=cost, model=model, link=link,
-                   duration_s=grid.duration_s, timeout_s=grid.timeout_s, seed=seed)
+                   duration_s=grid.duration_s, timeout_s=grid.timeout_s, seed=seed,
+                   # D keeps blocks only when the readback is profiled: a real profile
+                   # (`--cluster`) turns it on only then, so a pd/local table is the same.
+                   kv_readback_ttl_s=(VLLM_DECODER_BLOCKS_TTL_S
+                                      if RouteKind.READBACK in routes else None))
     cells = grid.cells()
     rows = _measure_all(base, cells, processes, routes)
     meta = build_meta(

@@ -19,7 +19,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from profiler.simulator.flags import add_cluster_flags
+from profiler.simulator.flags import add_cluster_flags, readback_ttl
 from proxy.config import ConfigError, PolicyConfig
 from proxy.options import add_flags, option_fields
 
@@ -81,7 +81,8 @@ def run_main(argv: list[str]) -> int:
                    seed=args.seed, max_turns=args.max_turns,
                    max_context_tokens=args.max_context_tokens, load_window_s=args.load_window,
                    client_connections=args.client_connections,
-                   reply_retokenized=args.reply_retokenized, client=args.client)
+                   reply_retokenized=args.reply_retokenized, client=args.client,
+                   kv_readback_ttl_s=readback_ttl(args))
     started = time.perf_counter()
     result = simulate(spec)
     elapsed = time.perf_counter() - started

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
+from proxy.readback import VLLM_DECODER_BLOCKS_TTL_S
 
 # Here, not in run.py: the parsers need them before the simulator (numpy, pandas) is imported.
 DEFAULT_COST = "h100:llama-3.1-8b"
@@ -37,7 +38,26 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
                         "(as ppd replay); paper: the PPD paper's benchmark client - 50 "
                         "connections, its clock, replies sent back as text of which only a "
                         "measured share still hits the prefix cache (docs/simulator.md)")
+    readback = parser.add_mutually_exclusive_group()
+    readback.add_argument("--kv-readback-ttl", type=float, default=None, metavar="S",
+                          help="D keeps each finished turn's blocks pinned S seconds for a "
+                          "readback (vLLM's bidirectional NIXL; docs/readback.md). Default: "
+                          f"{VLLM_DECODER_BLOCKS_TTL_S:g}, vLLM's and `ppd cluster up`'s; off "
+                          "with --client paper (the paper's testbed had no such transfer)")
+    readback.add_argument("--no-kv-readback", action="store_true",
+                          help="D keeps nothing: no readback route, no pinned blocks")
     parser.add_argument("--reply-retokenized", action="store_true",
                         help="each reply comes back in the next turn as text the server "
                         "tokenizes into other ids, so it misses the prefix cache (the tiny "
                         "CPU model's replies do; default: replies hit, as on a real model)")
+
+
+def readback_ttl(args: argparse.Namespace) -> float | None:
+    """How long the simulated Ds keep a finished turn's blocks (None: not at all)."""
+    if args.no_kv_readback:
+        return None
+    if args.kv_readback_ttl is not None:
+        if not args.kv_readback_ttl > 0:
+            raise ValueError("--kv-readback-ttl must be > 0")
+        return float(args.kv_readback_ttl)
+    return None if args.client == "paper" else VLLM_DECODER_BLOCKS_TTL_S

@@ -30,7 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from profiler.simulator.flags import add_cluster_flags
+from profiler.simulator.flags import add_cluster_flags, readback_ttl
 from profiler.simulator.provenance import METADATA_KEY, SimulatedSetup, describe, sidecar_path
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import PAPER_CONTEXTS, WORKLOAD_SHAPES
@@ -243,7 +243,8 @@ def simulate_grid(argv: list[str]) -> list[dict[str, Any]]:
                    timeout_s=args.timeout, seed=args.seed, max_turns=args.max_turns,
                    load_window_s=args.load_window, max_context_tokens=args.max_context_tokens,
                    client_connections=args.client_connections,
-                   reply_retokenized=args.reply_retokenized, client=args.client)
+                   reply_retokenized=args.reply_retokenized, client=args.client,
+                   kv_readback_ttl_s=readback_ttl(args))
 
     def table_for(layout: str) -> Path | None:
         if args.table is not None:

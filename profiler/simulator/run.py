@@ -39,6 +39,7 @@ from proxy.live import StepCosts
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.policies import RoutingPolicy, registry
 from proxy.policies.base import Need
+from proxy.readback import VLLM_DECODER_BLOCKS_TTL_S
 from proxy.table import DecisionTable
 from proxy.vocabulary import Layout, Role, RouteKind
 
@@ -64,10 +65,15 @@ class RunSpec:
     client_connections: int | None = None  # the paper's capped client; None: ideal client
     reply_retokenized: bool = False  # replies come back as other token ids (no cache hit)
     client: str = "ideal"  # paper_client.ClientKind: "paper" = the paper's benchmark client
+    # D keeps each finished turn's blocks pinned this long for a readback (vLLM's
+    # bidirectional NIXL, on by default as `ppd cluster up` turns it on); None: off.
+    kv_readback_ttl_s: float | None = VLLM_DECODER_BLOCKS_TTL_S
 
     def __post_init__(self) -> None:
         if min(self.qps, self.duration_s, self.timeout_s, self.load_window_s) <= 0:
             raise ValueError("qps, duration, timeout and load window must be > 0")
+        if self.kv_readback_ttl_s is not None and not self.kv_readback_ttl_s > 0:
+            raise ValueError("the KV readback TTL must be > 0 (or unset: no readback)")
         if self.client_connections is not None and self.client_connections < 1:
             raise ValueError("client connections must be at least 1 (or unset: no cap)")
         known = [kind.value for kind in ClientKind]
@@ -162,7 +168,7 @@ def setup_for(spec: RunSpec) -> SimSetup:
         engine=engine_config(spec.cost, spec.seed), timeout_s=spec.timeout_s,
         load_window_s=spec.load_window_s, client_connections=connections,
         reply_retokenized=spec.reply_retokenized, forced=force if forced is not None else None,
-        kept_reply=kept_reply_tokens if paper else None)
+        kept_reply=kept_reply_tokens if paper else None, readback_ttl_s=spec.kv_readback_ttl_s)
 
 
 def simulate(spec: RunSpec) -> SimResult:

@@ -135,3 +135,18 @@ def test_profile_backend_sim_needs_a_layout(hand_preset: str, tmp_path: Path,
     assert ppd(["profile", "--backend", "sim", "--cost", hand_preset,
                 "--out", str(tmp_path / "t.csv")]) == 1
     assert "--layout" in capsys.readouterr().err
+
+
+def test_readback_is_on_by_default_and_off_for_the_papers_client() -> None:
+    from profiler.simulator.flags import readback_ttl
+    from profiler.simulator.grid import build_parser as grid_parser
+
+    def ttl(*flags: str) -> float | None:
+        return readback_ttl(grid_parser().parse_args(["--out", "g.parquet", *flags]))
+
+    assert ttl() == 480.0  # vLLM's decoder_kv_blocks_ttl, as `ppd cluster up` sets it
+    assert ttl("--client", "paper") is None  # the paper's testbed: no bidirectional transfer
+    assert ttl("--client", "paper", "--kv-readback-ttl", "60") == 60.0
+    assert ttl("--no-kv-readback") is None
+    with pytest.raises(ValueError, match="must be > 0"):
+        ttl("--kv-readback-ttl", "0")
