@@ -20,14 +20,10 @@ from collections.abc import AsyncIterator, Mapping
 import httpx
 
 from proxy.errors import UpstreamError, UpstreamTimeout
-from proxy.legs import (
-    KEEPALIVE_EXPIRY_S,
-    MAX_IDLE_CONNECTIONS,
-    LegTimeouts,
-    broken,
-    refused,
-    timed_out,
-)
+from proxy.legs import KEEPALIVE_EXPIRY_S, LegTimeouts, broken, refused, timed_out
+
+# Idle connections httpx's pool keeps (the other legs keep every idle one until it expires).
+MAX_IDLE_CONNECTIONS = 256
 
 
 def _upstream_error(exc: httpx.HTTPError, url: str) -> UpstreamError | UpstreamTimeout:

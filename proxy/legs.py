@@ -17,7 +17,8 @@ own boundary, by what the failure means for a retry (`proxy.forward`: nothing is
 - `UpstreamTimeout`: connecting, or a read, waited longer than its timeout;
 - `UpstreamBroken`: anything after the connection was made (closed before the answer's
   head, closed inside the body, garbage instead of HTTP): the node may have run the request.
-The constructors below give each its one message shape, whichever implementation raises it.
+`refused`, `timed_out` and `broken` below give each error its one message shape, whichever
+implementation raises it.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ from proxy.errors import UpstreamBroken, UpstreamRefused, UpstreamTimeout
 # Idle connections are dropped before vLLM's 5 s keep-alive timeout closes them: a POST must
 # never meet a connection the server is closing, since it cannot be resent.
 KEEPALIVE_EXPIRY_S = 2.0
-# Idle connections httpx's pool keeps (the others keep every idle one until it expires).
-MAX_IDLE_CONNECTIONS = 256
 
 
 @dataclass(frozen=True, slots=True)
