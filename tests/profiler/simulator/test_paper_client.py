@@ -7,7 +7,7 @@ import pytest
 
 from profiler.engine import LinearCost
 from profiler.engine.transfer import load_link, load_model_shape
-from profiler.simulator.run import RunSpec
+from profiler.simulator.run import RunSpec, arrival_seed
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
 from proxy.config import Policy, PolicyConfig
@@ -103,3 +103,19 @@ def test_paper_setup_has_fifty_connections_and_the_reply_model(hand_preset: str,
     ideal = setup_for(RunSpec(layout="1P1D", dataset="synthetic:small-tiny", qps=1.0,
                               cost=hand_preset, model="llama-3.1-8b"))
     assert ideal.client_connections is None and ideal.kept_reply is None
+
+
+def test_the_paper_client_draws_each_configurations_arrivals_afresh() -> None:
+    def spec(layout: str, policy: Policy, client: str) -> RunSpec:
+        return RunSpec(layout=layout, dataset="synthetic:small-tiny", qps=2.0,
+                       policy=PolicyConfig(kind=policy), client=client)
+
+    ideal = {arrival_seed(spec(layout, policy, "ideal"))
+             for layout, policy in (("4R", Policy.REPLICA), ("1P3D", Policy.PD),
+                                    ("1P3D", Policy.LOCAL))}
+    assert ideal == {0}  # the ideal client replays one draw on every configuration
+    paper = [arrival_seed(spec(layout, policy, "paper"))
+             for layout, policy in (("4R", Policy.REPLICA), ("1P3D", Policy.PD),
+                                    ("1P3D", Policy.LOCAL), ("2P2D", Policy.PD))]
+    assert len(set(paper)) == len(paper)  # the paper's script: one draw per configuration
+    assert arrival_seed(spec("4R", Policy.REPLICA, "paper")) == paper[0]  # and reproducible
