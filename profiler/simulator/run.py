@@ -185,11 +185,13 @@ def arrival_seed(spec: RunSpec) -> int:
     """The seed of a run's arrival times. The ideal client replays the same arrivals on
     every layout and policy (`spec.seed`). The paper's script draws each run's Poisson gaps
     afresh (`random.expovariate` unseeded, per configuration, workload and QPS point), so
-    with `--client paper` each (layout, policy) gets its own draw, stable for a given seed:
-    configurations are compared on different arrivals, as the paper's were."""
+    with `--client paper` each run - (layout, policy, workload, load) - gets its own draw,
+    stable for a given seed: configurations are compared on different arrivals, as the
+    paper's were."""
     if spec.client != ClientKind.PAPER:
         return spec.seed
-    return hash_seed(spec.seed, f"{spec.layout}/{policy_label(spec.policy)}")
+    return hash_seed(spec.seed, f"{spec.layout}/{policy_label(spec.policy)}/{spec.dataset}/"
+                                f"{spec.qps:g}")
 
 
 def run_summary(spec: RunSpec, result: SimResult) -> dict[str, Any]:

@@ -3,6 +3,8 @@ clock started when a turn is due, not when a connection frees up."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from profiler.engine import LinearCost
@@ -119,3 +121,8 @@ def test_the_paper_client_draws_each_configurations_arrivals_afresh() -> None:
                                     ("1P3D", Policy.LOCAL), ("2P2D", Policy.PD))]
     assert len(set(paper)) == len(paper)  # the paper's script: one draw per configuration
     assert arrival_seed(spec("4R", Policy.REPLICA, "paper")) == paper[0]  # and reproducible
+    # and afresh per workload and load point too (one draw per run, as the script's)
+    other = RunSpec(layout="4R", dataset="synthetic:large-tiny", qps=2.0,
+                    policy=PolicyConfig(kind=Policy.REPLICA), client="paper")
+    assert arrival_seed(other) != paper[0]
+    assert arrival_seed(replace(other, qps=4.0)) != arrival_seed(other)
