@@ -21,6 +21,7 @@ from profiler.engine import Engine, EngineConfig, load_cost, measured
 from profiler.engine.aic import AicCost
 from profiler.engine.batch import BatchShape
 from profiler.engine.drive import simulate
+from profiler.engine.frontend import ApiServer
 from profiler.engine.host import HostedCost, HostModel
 from profiler.engine.idle import IdleShape, predict
 from profiler.engine.requests import Request
@@ -40,16 +41,22 @@ def micro_benchmark(cost: HostedCost, batch: int) -> tuple[float, float]:
     histories = [list(range((i + 1) << 20, ((i + 1) << 20) + 2048)) for i in range(batch)]
     arrivals = [(0.0, Request(f"h{i}", max_tokens=1, prompt_token_ids=h))
                 for i, h in enumerate(histories)]
-    frontend = cost.host.frontend_s(2080)
     start = 60.0  # long after the histories are done
-    arrivals += [(start + frontend, Request(
+    # All B reach the API server at `start` and its one event loop takes them in turn
+    # (frontend.ApiServer); each reaches the engine when its front end is done. The engine
+    # runs nothing else meanwhile (the histories are done), so `running` is 0 throughout.
+    api = ApiServer(cost.host)
+    at_engine = [api.admit(start, measured.BURST_PROMPT_TOKENS) for _ in histories]
+    arrivals += [(at, Request(
         f"r{i}", max_tokens=64, prompt_token_ids=h + list(range(1 << 40 | i << 8,
                                                                 (1 << 40 | i << 8) + 32))))
-        for i, h in enumerate(histories)]
+        for i, (h, at) in enumerate(zip(histories, at_engine, strict=True))]
     result = simulate(Engine(config, cost), arrivals)
-    done = [o for rid, o in result.outcomes.items() if rid.startswith("r") and o.finished]
-    ttft = statistics.fmean(o.ttft for o in done) * 1000 + frontend * 1000
-    tpot = statistics.fmean(o.tpot * 1000 for o in done)
+    done = {rid: o for rid, o in result.outcomes.items() if rid.startswith("r") and o.finished}
+    # an outcome's ttft runs from its engine arrival; the client's clock started at `start`
+    ttft = statistics.fmean(o.ttft + at_engine[int(rid[1:])] - start
+                            for rid, o in done.items()) * 1000
+    tpot = statistics.fmean(o.tpot * 1000 for o in done.values())
     return ttft, tpot
 
 
@@ -107,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     data = measured.read(args.data)
     kernel = load_cost("h100:llama-3.1-8b:kernels")
     host = measured.fit_host(kernel, data)
-    terms = ("frontend_request_ms", "frontend_per_token_us", "step_base_ms",
+    terms = ("frontend_request_ms", "frontend_per_token_us", "frontend_service_ms",
+             "step_base_ms",
              "step_per_request_ms", "cold_step_host_ms")
     print("fitted on every length and batches 1-100: "
           + ", ".join(f"{t} {getattr(host, t):g}" for t in terms) + "\n")

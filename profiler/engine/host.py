@@ -18,6 +18,11 @@ on the critical path. Each term here is one named part of that, in vLLM's terms:
   and the client (a CPU calibration's); emulated nodes sleep only this part, since the proxy
   and client in front of them pay the rest for real (`node_side`). 0: all of it is the node's
   (the GPU presets' front end is the API server alone);
+- `frontend_service_ms`, of the front end above, how long the API server's one event loop is
+  busy with a request (parse, preprocess, hand-off to the engine core): a node's API server
+  takes requests one at a time, so a request that arrives while it is busy waits its turn
+  first (`frontend.ApiServer`, a FIFO queue per node); 0: no queue, the front end is a
+  delay per request;
 - `frontend_finish_ms`, once per request after its last token: final detokenize, usage chunk,
   `[DONE]`;
 - `step_base_ms`, every step: the scheduler (`schedule()`, `update_from_output()`), input
@@ -84,6 +89,7 @@ class HostModel:
     frontend_per_running_ms: float = 0.0
     frontend_node_ms: float = 0.0
     frontend_node_per_token_us: float = 0.0
+    frontend_service_ms: float = 0.0
     frontend_finish_ms: float = 0.0
     step_base_ms: float = 0.0
     step_per_request_ms: float = 0.0

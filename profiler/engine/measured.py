@@ -10,7 +10,10 @@ gaps and the server's own histograms (`vllm:request_prefill_time_seconds`,
 1. **Front end** (`frontend_request_ms`, `frontend_per_token_us`): client TTFT - the server's
    queue time - its prefill time, per fresh prompt: the HTTP request and JSON prompt, the API
    server's preprocessing, the engine-core hand-off, the first token's way back; a least-squares
-   line in the prompt's length.
+   line in the prompt's length. **The API server's queue** (`frontend_service_ms`): the same
+   time outside the engine, mean over B requests launched together (phase C), less that line
+   at their prompt's length, against (B - 1) / 2 - the mean wait of a FIFO server that takes
+   them one at a time (`frontend.ApiServer`) - least squares through the origin.
 2. **Steps** (`step_base_ms`, `step_per_request_ms`): mean TPOT of B requests decoding at ~2.1k
    context - the kernels of the same CUDA-graph-padded decode step: what async scheduling
    leaves exposed per step, a least-squares line in B.
@@ -45,6 +48,7 @@ SOURCE = ("real vLLM 0.24.0 on one H100 80GB HBM3, Llama-3.1-8B (dummy weights),
           "(profiler/engine/data/h100_vllm_0_24)")
 # The micro-benchmark shape of phase C: 2048 cached + 32 new prompt tokens, 64 outputs.
 DECODE_CONTEXT = 2048 + 32 + 64 // 2
+BURST_PROMPT_TOKENS = 2048 + 32  # each phase C request's prompt, sent as token ids
 # vLLM's default token budget on an H100 for `vllm serve`: EngineArgs.get_batch_defaults
 # (vllm/engine/arg_utils.py): device memory >= 70 GiB and not an A100 -> OPENAI_API_SERVER
 # 8192 (LLM class 16384); the 8,000-token prompt ran in one step here (its iteration tokens).
@@ -136,6 +140,19 @@ def decode_shape(batch: int) -> BatchShape:
     return BatchShape(num_decode_requests=batch, sum_decode_kv_tokens=batch * DECODE_CONTEXT)
 
 
+def api_service_ms(decode: dict[int, DecodeBatch], single_ms: float) -> float:
+    """The API server's time per request (ms): B requests launched together wait for it one
+    at a time, (B - 1) / 2 service times on average, beyond one request's front end
+    (`single_ms`); least squares through the origin over the bursts (B >= 2)."""
+    bursts = [(row.batch - 1) / 2 for row in decode.values() if row.batch >= 2]
+    waits = [row.client_ttft_ms - row.queue_ms - row.prefill_ms - single_ms
+             for row in decode.values() if row.batch >= 2]
+    if not bursts:
+        return 0.0
+    x, y = np.array(bursts), np.array(waits)
+    return max(float(x @ y / (x @ x)), 0.0)
+
+
 def fit_host(kernel: CostModel, data: Measurements | None = None, *,
              lengths: Collection[int] | None = None, batches: Collection[int] | None = None,
              num_layers: int = 32) -> HostModel:
@@ -159,6 +176,7 @@ def fit_host(kernel: CostModel, data: Measurements | None = None, *,
     tokens = np.array([r.tokens for r in fresh], dtype=float)
     outside = np.array([r.outside_engine_ms for r in fresh])
     per_token_ms, frontend = (float(v) for v in np.polyfit(tokens, outside, 1))
+    service = api_service_ms(decode, frontend + per_token_ms * BURST_PROMPT_TOKENS)
     cold = statistics.median(
         r.prefill_ms - kernel.step_ms(BatchShape(1, r.tokens, 0, 0, 0)) - (base + per_request)
         for r in fresh)
@@ -170,6 +188,7 @@ def fit_host(kernel: CostModel, data: Measurements | None = None, *,
     return HostModel(
         frontend_request_ms=round(max(frontend, 0.0), 2),
         frontend_per_token_us=round(max(per_token_ms * 1000, 0.0), 3),
+        frontend_service_ms=round(service, 3),
         step_base_ms=round(base, 3),
         step_per_request_ms=round(per_request, 4),
         cuda_graph_sizes=graphs.cuda_graph_sizes,
@@ -181,6 +200,11 @@ def fit_host(kernel: CostModel, data: Measurements | None = None, *,
             "frontend_request_ms": f"{fit_a}: client TTFT - server queue - server prefill "
                                    "time, least-squares intercept",
             "frontend_per_token_us": f"{fit_a}: the same line's slope",
+            "frontend_service_ms": (f"{SOURCE}: client TTFT - server queue - server prefill "
+                                    f"time of {', '.join(str(b) for b in sorted(decode))} "
+                                    "requests launched together, less the front end of one, "
+                                    "against (B - 1) / 2 (a FIFO API server's mean wait), "
+                                    "least squares through the origin"),
             "frontend_finish_ms": "not measured: 0",
             "step_base_ms": fit_c,
             "step_per_request_ms": fit_c,

@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
 def shipped_table(table_dir: Path, cost: str, layout: str) -> Path:
     """Where the shipped decision table of a (cost preset, layout) lives: one per GPU and
     model, whatever vLLM the preset names (a table's meta.json says which engine it was
-    measured on; the shipped H100 tables are the paper's, `@vllm-0.13`)."""
+    measured on; the shipped H100 tables are the default preset's, vLLM 0.24)."""
     name = cost.partition("@")[0].replace(":", "-")
     return table_dir / f"{name}-{layout.lower()}.csv"
 

@@ -14,9 +14,12 @@ from ppd's ideal client in three ways the simulator models:
   `python -m benchmarks.reply_retokenization` (a real instruct model from an installed
   package, greedy, never stopping at its end-of-text token; docs/paper-reproduction.md), not
   fitted to any result: a reply keeps its ids for its first `kept_reply_tokens(n)` tokens
-  and the rest comes back as new ids. The table below is the tokenizer's part (`--canonical-
-  only`); the model's part (a reply that runs past its end-of-text token under `ignore_eos`)
-  is measured by the same script without that flag, on a real model, when the machine allows.
+  and the rest comes back as new ids. The table below holds both the tokenizer's part and
+  the model's (a reply that runs into a special token under `ignore_eos` loses the rest);
+- **fresh arrivals per run**: its Poisson gaps come from an unseeded `random.expovariate`, drawn
+  again for every configuration, workload and QPS point, so two layouts at one point were
+  measured on different arrivals (`run.arrival_seed`: each layout and policy its own seeded
+  draw; the ideal client replays the same arrivals on all).
 """
 
 from __future__ import annotations
@@ -32,15 +35,23 @@ class ClientKind(enum.StrEnum):
 
 PAPER_CONNECTIONS = 50
 
-# `python -m benchmarks.reply_retokenization --canonical-only --replies 40 --tokens 512`
-# (2026-11-28): 40 of ShareGPT's assistant replies as the SmolLM2 tokenizer's own ids, sent
-# back as the paper's client does: mean share of a reply of n tokens that still hits the
-# prefix cache (whole 16-token blocks). The tokenizer's part: what a model that emits its
-# tokenizer's segmentation and stops before max_tokens loses (the blocks where the reply
-# meets the text around it) - an upper bound for `ignore_eos` replies that run past the
-# model's end-of-text token (docs/paper-reproduction.md).
-REPLY_HIT_SHARE: dict[int, float] = {32: 0.79, 64: 0.90, 128: 0.95, 256: 0.98, 384: 0.98,
-                                     512: 0.99}
+# `python -m benchmarks.reply_retokenization --replies 3 --tokens 256` (2026-11-28, the only
+# run of the model's part that finished here): SmolLM2-135M-Instruct answering 3 ShareGPT
+# prompts greedily, never stopping at its end-of-text token (`ignore_eos`), each reply sent
+# back as text as the paper's client does: mean share of a reply of n tokens that still hits
+# the prefix cache (whole 16-token blocks). Both parts are in it: the tokenizer's (the block
+# where the reply meets the text around it) and the model's - a special token the reply runs
+# into under `ignore_eos` is dropped from the text vLLM returns (`skip_special_tokens`), so
+# the hit ends there (one of the three replies opened with it: 0.00; two ran 256 tokens
+# without one: 0.99, 1.00). Three replies are a small sample of that rate; past 256 tokens
+# the share at 256 is carried (a longer reply is no less likely to meet one).
+REPLY_HIT_SHARE: dict[int, float] = {32: 0.62, 64: 0.65, 128: 0.66, 256: 0.66}
+
+# The tokenizer's part alone (`--canonical-only --replies 40 --tokens 512`: 40 of ShareGPT's
+# assistant replies as the tokenizer's own ids): what a model that never emits a special
+# token would keep - the upper bound `--client paper` used before 2026-11-28.
+REPLY_HIT_SHARE_TOKENIZER: dict[int, float] = {32: 0.79, 64: 0.90, 128: 0.95, 256: 0.98,
+                                               384: 0.98, 512: 0.99}
 
 
 def kept_reply_tokens(n: int) -> int:

@@ -32,7 +32,13 @@ from profiler.simulator.flags import DEFAULT_COST, DEFAULT_LINK
 from profiler.simulator.live_costs import step_costs_for
 from profiler.simulator.paper_client import PAPER_CONNECTIONS, ClientKind, kept_reply_tokens
 from profiler.simulator.provenance import SimulatedSetup, describe
-from profiler.simulator.virtual_cluster import DEFAULT_TIMEOUT_S, SimResult, SimSetup, Simulator
+from profiler.simulator.virtual_cluster import (
+    DEFAULT_TIMEOUT_S,
+    SimResult,
+    SimSetup,
+    Simulator,
+    hash_seed,
+)
 from profiler.simulator.workload import arrivals, conversations_needed, load_conversations
 from proxy.config import Policy, PolicyConfig
 from proxy.live import StepCosts
@@ -177,8 +183,21 @@ def simulate(spec: RunSpec) -> SimResult:
     conversations = load_conversations(
         spec.dataset, conversations_needed(spec.qps, spec.duration_s), seed=spec.seed,
         max_turns=spec.max_turns, max_context_tokens=spec.max_context_tokens)
-    starts = arrivals(conversations, spec.qps, spec.duration_s, seed=spec.seed)
+    starts = arrivals(conversations, spec.qps, spec.duration_s, seed=arrival_seed(spec))
     return Simulator(setup).run(starts)
+
+
+def arrival_seed(spec: RunSpec) -> int:
+    """The seed of a run's arrival times. The ideal client replays the same arrivals on
+    every layout and policy (`spec.seed`). The paper's script draws each run's Poisson gaps
+    afresh (`random.expovariate` unseeded, per configuration, workload and QPS point), so
+    with `--client paper` each run - (layout, policy, workload, load) - gets its own draw,
+    stable for a given seed: configurations are compared on different arrivals, as the
+    paper's were."""
+    if spec.client != ClientKind.PAPER:
+        return spec.seed
+    return hash_seed(spec.seed, f"{spec.layout}/{policy_label(spec.policy)}/{spec.dataset}/"
+                                f"{spec.qps:g}")
 
 
 def run_summary(spec: RunSpec, result: SimResult) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from typing import Any
 from profiler.engine.config import EngineConfig
 from profiler.engine.cost import CostModel
 from profiler.engine.engine import Engine, StepResult
+from profiler.engine.frontend import ApiServer
 from profiler.engine.host import host_of
 from profiler.engine.prefix_cache import block_hashes
 from profiler.engine.requests import Request, RequestRejected
@@ -108,6 +109,7 @@ class SimResult:
 class _Node:
     spec: SimNode
     engine: Engine
+    api: ApiServer  # its API server, a FIFO queue (profiler/engine/frontend.py)
     busy: bool = False  # a step is running (its end event is queued)
     link: SharedLink | None = None  # P (and D, for readbacks): the egress port transfers share
     link_event: float | None = None  # the queued completion time of link (None: none queued)
@@ -141,7 +143,7 @@ class Simulator:
         self._nodes: dict[str, _Node] = {}
         for spec in sim_nodes(setup.layout):
             config = _node_config(setup.engine, spec)
-            node = _Node(spec, Engine(config, setup.cost))
+            node = _Node(spec, Engine(config, setup.cost), ApiServer(self.host))
             if spec.role is Role.PREFILL or (spec.role is Role.DECODE
                                              and setup.readback_ttl_s is not None):
                 node.link = SharedLink(setup.link)
@@ -269,10 +271,12 @@ class Simulator:
 
     def _submit_via_frontend(self, turn: _Turn, url: str, request: Request) -> None:
         """The node's API server takes its front-end time before its engine sees the
-        request (HTTP, template, tokenize; the first output's way back is counted here)."""
+        request (HTTP, template, tokenize; the first output's way back is counted here),
+        after the requests that reached it first (a FIFO queue: frontend.ApiServer)."""
         tokens = (len(request.prompt_token_ids) if request.prompt_token_ids is not None
                   else request.prompt_len or 0)
-        delay = self.host.frontend_s(tokens, self._nodes[url].engine.num_running())
+        node = self._nodes[url]
+        delay = node.api.admit(self.now, tokens, node.engine.num_running()) - self.now
         if delay > 0:
             self._push(self.now + delay, _SUBMIT, (turn, url, request))
         else:

@@ -4,6 +4,7 @@ numbers, and the simulator paying the per-request terms where vLLM pays them."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -136,3 +137,21 @@ def test_simulator_pays_the_front_end_per_node_request_and_the_handoff_per_trans
     assert hosted[1].start_s == pytest.approx(hosted[0].start_s + hosted[0].e2e_s)
     # Turn 2 is local on D: one front end.
     assert hosted[1].ttft_s == pytest.approx(bare[1].ttft_s + 0.007, abs=1e-9)
+
+
+def test_simulator_queues_simultaneous_requests_at_a_nodes_api_server() -> None:
+    # Two conversations whose turn 1 reaches the same R at the same instant: with a service
+    # time the second waits for the first at the API server (profiler/engine/frontend.py).
+    conversations = [SimConversation(f"c{i}", (SimTurn(100, 3),)) for i in range(2)]
+    setup = SimSetup(Layout.parse("1R"), HostedCost("h", HAND, HostModel(
+        frontend_request_ms=7.0, frontend_service_ms=3.0)),
+        RoutingPolicy(PolicyConfig(kind=Policy.REPLICA)), load_link("nvlink"),
+        load_model_shape("llama-3.1-8b").kv_bytes_per_token)
+    records = Simulator(setup).run([Arrival(0.0, c) for c in conversations]).records
+    delay = HostedCost("h", HAND, HostModel(frontend_request_ms=7.0))
+    plain = Simulator(replace(setup, cost=delay)).run(
+        [Arrival(0.0, c) for c in conversations]).records
+    first, second = sorted(r.ttft_s for r in records)
+    plain_first, _ = sorted(r.ttft_s for r in plain)
+    assert first == pytest.approx(plain_first, abs=1e-9)  # the first is served at once
+    assert second >= first + 0.003 - 1e-9  # the second waited its 3 ms turn

@@ -3,11 +3,13 @@ clock started when a turn is due, not when a connection frees up."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from profiler.engine import LinearCost
 from profiler.engine.transfer import load_link, load_model_shape
-from profiler.simulator.run import RunSpec
+from profiler.simulator.run import RunSpec, arrival_seed
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
 from proxy.config import Policy, PolicyConfig
@@ -103,3 +105,24 @@ def test_paper_setup_has_fifty_connections_and_the_reply_model(hand_preset: str,
     ideal = setup_for(RunSpec(layout="1P1D", dataset="synthetic:small-tiny", qps=1.0,
                               cost=hand_preset, model="llama-3.1-8b"))
     assert ideal.client_connections is None and ideal.kept_reply is None
+
+
+def test_the_paper_client_draws_each_configurations_arrivals_afresh() -> None:
+    def spec(layout: str, policy: Policy, client: str) -> RunSpec:
+        return RunSpec(layout=layout, dataset="synthetic:small-tiny", qps=2.0,
+                       policy=PolicyConfig(kind=policy), client=client)
+
+    ideal = {arrival_seed(spec(layout, policy, "ideal"))
+             for layout, policy in (("4R", Policy.REPLICA), ("1P3D", Policy.PD),
+                                    ("1P3D", Policy.LOCAL))}
+    assert ideal == {0}  # the ideal client replays one draw on every configuration
+    paper = [arrival_seed(spec(layout, policy, "paper"))
+             for layout, policy in (("4R", Policy.REPLICA), ("1P3D", Policy.PD),
+                                    ("1P3D", Policy.LOCAL), ("2P2D", Policy.PD))]
+    assert len(set(paper)) == len(paper)  # the paper's script: one draw per configuration
+    assert arrival_seed(spec("4R", Policy.REPLICA, "paper")) == paper[0]  # and reproducible
+    # and afresh per workload and load point too (one draw per run, as the script's)
+    other = RunSpec(layout="4R", dataset="synthetic:large-tiny", qps=2.0,
+                    policy=PolicyConfig(kind=Policy.REPLICA), client="paper")
+    assert arrival_seed(other) != paper[0]
+    assert arrival_seed(replace(other, qps=4.0)) != arrival_seed(other)

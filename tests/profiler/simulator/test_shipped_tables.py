@@ -21,9 +21,9 @@ LAYOUTS = ("1p3d", "2p2d", "3p1d")
 def test_shipped_table_loads_and_records_its_rebuild_command(layout: str) -> None:
     table = DecisionTable.load(TABLES / f"h100-llama-3.1-8b-{layout}.csv")
     assert len(table) == 270  # 3 contexts x 9 shapes x 10 qps points
-    # the paper's engine: aiconfigurator's kernels plus vLLM 0.13's host side
+    # the default preset: aiconfigurator's kernels plus vLLM 0.24's host side (real H100 fit)
     assert table.meta["simulated"] is True
-    assert table.meta["cost"] == "h100:llama-3.1-8b@vllm-0.13"
+    assert table.meta["cost"] == "h100:llama-3.1-8b"
     assert f"--cost {table.meta['cost']} " in table.meta["command"]
     assert table.meta["layout"].lower() == layout
     assert f"--backend sim --layout {layout.upper()}" in table.meta["command"]
