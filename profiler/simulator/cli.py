@@ -82,7 +82,8 @@ def run_main(argv: list[str]) -> int:
                    max_context_tokens=args.max_context_tokens, load_window_s=args.load_window,
                    client_connections=args.client_connections,
                    reply_retokenized=args.reply_retokenized, client=args.client,
-                   kv_readback_ttl_s=readback_ttl(args))
+                   kv_readback_ttl_s=readback_ttl(args),
+                   fresh_arrivals=args.fresh_arrivals)
     started = time.perf_counter()
     result = simulate(spec)
     elapsed = time.perf_counter() - started

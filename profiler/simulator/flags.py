@@ -38,6 +38,10 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
                         "(as ppd replay); paper: the PPD paper's benchmark client - 50 "
                         "connections, its clock, replies sent back as text of which only a "
                         "measured share still hits the prefix cache (docs/simulator.md)")
+    parser.add_argument("--fresh-arrivals", action="store_true",
+                        help="each run draws its own arrival times, as the PPD paper's unseeded "
+                        "script did (default: every layout and policy replays the same draw, "
+                        "so configurations are compared on the same arrivals)")
     readback = parser.add_mutually_exclusive_group()
     readback.add_argument("--kv-readback-ttl", type=float, default=None, metavar="S",
                           help="D keeps each finished turn's blocks pinned S seconds for a "

@@ -244,7 +244,8 @@ def simulate_grid(argv: list[str]) -> list[dict[str, Any]]:
                    load_window_s=args.load_window, max_context_tokens=args.max_context_tokens,
                    client_connections=args.client_connections,
                    reply_retokenized=args.reply_retokenized, client=args.client,
-                   kv_readback_ttl_s=readback_ttl(args))
+                   kv_readback_ttl_s=readback_ttl(args),
+                   fresh_arrivals=args.fresh_arrivals)
 
     def table_for(layout: str) -> Path | None:
         if args.table is not None:

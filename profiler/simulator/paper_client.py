@@ -16,10 +16,11 @@ from ppd's ideal client in three ways the simulator models:
   fitted to any result: a reply keeps its ids for its first `kept_reply_tokens(n)` tokens
   and the rest comes back as new ids. The table below holds both the tokenizer's part and
   the model's (a reply that runs into a special token under `ignore_eos` loses the rest);
-- **fresh arrivals per run**: its Poisson gaps come from an unseeded `random.expovariate`, drawn
-  again for every configuration, workload and QPS point, so two layouts at one point were
-  measured on different arrivals (`run.arrival_seed`: each layout and policy its own seeded
-  draw; the ideal client replays the same arrivals on all).
+- **fresh arrivals per run** (`--fresh-arrivals`, not a default): its Poisson gaps come from
+  an unseeded `random.expovariate`, drawn again for every configuration, workload and QPS
+  point, so two layouts at one point were measured on different arrivals
+  (`run.arrival_seed`: with the flag each layout and policy its own seeded draw; without it
+  the same arrivals on all, so a comparison sees the configurations' difference).
 """
 
 from __future__ import annotations

@@ -74,6 +74,10 @@ class RunSpec:
     # D keeps each finished turn's blocks pinned this long for a readback (vLLM's
     # bidirectional NIXL, on by default as `ppd cluster up` turns it on); None: off.
     kv_readback_ttl_s: float | None = VLLM_DECODER_BLOCKS_TTL_S
+    # Each run draws its own arrival times, as the PPD paper's unseeded script did; default:
+    # every layout and policy replays the same draw (common random numbers: a comparison of
+    # configurations sees their difference, not their arrivals').
+    fresh_arrivals: bool = False
 
     def __post_init__(self) -> None:
         if min(self.qps, self.duration_s, self.timeout_s, self.load_window_s) <= 0:
@@ -188,13 +192,11 @@ def simulate(spec: RunSpec) -> SimResult:
 
 
 def arrival_seed(spec: RunSpec) -> int:
-    """The seed of a run's arrival times. The ideal client replays the same arrivals on
-    every layout and policy (`spec.seed`). The paper's script draws each run's Poisson gaps
-    afresh (`random.expovariate` unseeded, per configuration, workload and QPS point), so
-    with `--client paper` each run - (layout, policy, workload, load) - gets its own draw,
-    stable for a given seed: configurations are compared on different arrivals, as the
-    paper's were."""
-    if spec.client != ClientKind.PAPER:
+    """The seed of a run's arrival times: `spec.seed`, the same draw on every layout and
+    policy. With `fresh_arrivals` each run - (layout, policy, workload, load) - gets its own
+    draw, stable for a given seed, as the paper's script drew its Poisson gaps afresh
+    (`random.expovariate` unseeded, per configuration, workload and QPS point)."""
+    if not spec.fresh_arrivals:
         return spec.seed
     return hash_seed(spec.seed, f"{spec.layout}/{policy_label(spec.policy)}/{spec.dataset}/"
                                 f"{spec.qps:g}")

@@ -107,22 +107,21 @@ def test_paper_setup_has_fifty_connections_and_the_reply_model(hand_preset: str,
     assert ideal.client_connections is None and ideal.kept_reply is None
 
 
-def test_the_paper_client_draws_each_configurations_arrivals_afresh() -> None:
-    def spec(layout: str, policy: Policy, client: str) -> RunSpec:
+def test_fresh_arrivals_draw_each_runs_arrivals_afresh() -> None:
+    def spec(layout: str, policy: Policy, fresh: bool) -> RunSpec:
         return RunSpec(layout=layout, dataset="synthetic:small-tiny", qps=2.0,
-                       policy=PolicyConfig(kind=policy), client=client)
+                       policy=PolicyConfig(kind=policy), client="paper", fresh_arrivals=fresh)
 
-    ideal = {arrival_seed(spec(layout, policy, "ideal"))
-             for layout, policy in (("4R", Policy.REPLICA), ("1P3D", Policy.PD),
-                                    ("1P3D", Policy.LOCAL))}
-    assert ideal == {0}  # the ideal client replays one draw on every configuration
-    paper = [arrival_seed(spec(layout, policy, "paper"))
-             for layout, policy in (("4R", Policy.REPLICA), ("1P3D", Policy.PD),
-                                    ("1P3D", Policy.LOCAL), ("2P2D", Policy.PD))]
-    assert len(set(paper)) == len(paper)  # the paper's script: one draw per configuration
-    assert arrival_seed(spec("4R", Policy.REPLICA, "paper")) == paper[0]  # and reproducible
+    configurations = (("4R", Policy.REPLICA), ("1P3D", Policy.PD), ("1P3D", Policy.LOCAL),
+                      ("2P2D", Policy.PD))
+    shared = {arrival_seed(spec(layout, policy, False)) for layout, policy in configurations}
+    assert shared == {0}  # by default one draw on every configuration (common arrivals)
+    fresh = [arrival_seed(spec(layout, policy, True)) for layout, policy in configurations]
+    assert len(set(fresh)) == len(fresh)  # the paper's script: one draw per configuration
+    assert arrival_seed(spec("4R", Policy.REPLICA, True)) == fresh[0]  # and reproducible
     # and afresh per workload and load point too (one draw per run, as the script's)
     other = RunSpec(layout="4R", dataset="synthetic:large-tiny", qps=2.0,
-                    policy=PolicyConfig(kind=Policy.REPLICA), client="paper")
-    assert arrival_seed(other) != paper[0]
+                    policy=PolicyConfig(kind=Policy.REPLICA), client="paper",
+                    fresh_arrivals=True)
+    assert arrival_seed(other) != fresh[0]
     assert arrival_seed(replace(other, qps=4.0)) != arrival_seed(other)
