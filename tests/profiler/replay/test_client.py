@@ -218,7 +218,9 @@ async def test_a_stop_ends_the_run_with_the_turns_completed_so_far() -> None:
         conversations = named_workload("small-tiny", 50, seed=0)
 
         async def stop_after_some_turns() -> None:
-            while len(app.bodies) < 6:
+            # Once the server has answered 4 turns whole: on a loaded machine more are in
+            # flight by then, and the stop abandons those.
+            while len(app.replies) < 4:
                 await asyncio.sleep(0.01)
             stop.set()
 
@@ -226,7 +228,9 @@ async def test_a_stop_ends_the_run_with_the_turns_completed_so_far() -> None:
         result = await asyncio.wait_for(replay(conversations, config, stop=stop), 60)
         await stopper
     assert result.interrupted
-    assert 4 <= len(result.records) <= len(app.bodies)
+    # The turns the client had read to the end are kept (how many of the server's 4 answers
+    # it had read when the stop came depends on scheduling); none it never sent.
+    assert 1 <= len(result.records) <= len(app.bodies)
     assert all(record.success for record in result.records)
     assert result.n_conversations >= 3
 
