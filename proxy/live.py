@@ -12,7 +12,10 @@ For the turn it predicts, with a linear step-cost model (`StepCosts`):
 - readback (docs/readback.md), when the session's D keeps the history's blocks for it: P
   reads the history it does not hold from D over the link, prefills only the rest, and the
   turn goes on as P->D: TTFT = P->D's with P's prefill cut to the new tokens, plus that
-  transfer; D's batch is untouched, as on P->D, so its TPOT is P->D's;
+  transfer; D's batch is untouched, as on P->D, so its TPOT is P->D's. Only while D has
+  room for the whole prompt (`NodeState.free_kv_tokens`): P's read frees D's kept copy,
+  and a D short of room hands those blocks to its waiting requests before the turn's D
+  leg comes back, which then waits for room to receive the whole history again;
 - the TPOT the local route costs D's batch: the prefill lengthens one of D's steps by
   delta = step(B decodes + prefill) - step(B decodes), a delay each of the B running
   requests spreads over its n_out tokens.
@@ -117,6 +120,9 @@ class NodeState:
     # Sum over the running batch of 1 / (n_out - 1): how much one step's delay raises the
     # batch's summed TPOT. None: not known (the policy uses running / mean n_out).
     tpot_sensitivity: float | None = None
+    # Tokens of KV it has room for now: (1 - vLLM's kv_cache_usage_perc) x its blocks x the
+    # block size, pinned blocks counted as used. None: not known.
+    free_kv_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,11 +183,22 @@ def predict(workload: Workload, state: TurnState, costs: StepCosts) -> Predictio
     # eviction event), so on a real D that is the whole history; where D's residency says
     # blocks are gone (the simulator does not pin them), P computes them as on P->D.
     readback = (_pd_ttft_ms(workload, state, n_ctx, costs, read_back=n_ctx - missing)
-                if state.readback else None)
+                if state.readback and _has_room(state.decode, n_ctx + n_in) else None)
     return Prediction(local.ttft_ms, _pd_ttft_ms(workload, state, n_ctx, costs),
                       local.decode_step_ms,
                       state.decode.running * local.delay_ms, missing, local.delay_ms,
                       state.decode.tpot_sensitivity, ttft_readback_ms=readback)
+
+
+def _has_room(node: NodeState, tokens: int) -> bool:
+    """Whether the node can take `tokens` of new KV now without waiting (unknown: yes).
+
+    What a readback needs of D: vLLM frees D's kept blocks when P's read completes, so the
+    turn's D leg finds the history in D's prefix cache only if nothing claimed the room in
+    between; with room for the whole prompt it is admitted either way. Without it, D's
+    waiting requests take the freed blocks and the leg waits for room to receive the whole
+    history again (a D whose cache is full of kept blocks: docs/readback.md)."""
+    return node.free_kv_tokens is None or node.free_kv_tokens >= tokens
 
 
 def predict_placement(workload: Workload, state: TurnState, costs: StepCosts) -> Prediction:

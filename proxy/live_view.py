@@ -82,15 +82,16 @@ class LiveView:
         own = len(self._streams.get(url, ()))
         reading = self.signals.get(url)
         age = self.signals.age(url)
+        free: int | None = None
         if reading is not None and age is not None and age <= self.max_age:
-            running, waiting = reading.running, reading.waiting
+            running, waiting, free = reading.running, reading.waiting, reading.free_kv_tokens
         else:
             backend = self.pool.get(url)
             running, waiting = (float(backend.in_flight) if backend is not None else 0.0), 0.0
         # The batch's sum of 1/(n_out - 1): the proxy's own streams, scaled up to the batch
         # /metrics reports when other clients share the node; unknown without own streams.
         sensitivity = (self._sums[url] * max(1.0, running / own)) if own else None
-        return NodeState(running, waiting, held, block_size, sensitivity)
+        return NodeState(running, waiting, held, block_size, sensitivity, free)
 
 
 class LiveRuntime:

@@ -50,6 +50,15 @@ class NodeMetrics:
     # KV cache capacity in blocks (vllm:cache_config_info's num_gpu_blocks label, summed
     # over engines): what bounds the node's residency index. None: not on the page.
     kv_blocks: int | None = None
+    kv_block_size: int | None = None  # tokens per block (the same line's block_size label)
+
+    @property
+    def free_kv_tokens(self) -> int | None:
+        """Tokens of KV the node has room for: (1 - usage) x blocks x block size; None
+        where the page lacks one of them."""
+        if self.kv_usage is None or self.kv_blocks is None or self.kv_block_size is None:
+            return None
+        return int(max(0.0, 1.0 - self.kv_usage) * self.kv_blocks * self.kv_block_size)
 
 
 def parse_metrics(text: str, at: float) -> NodeMetrics:
@@ -71,23 +80,35 @@ def parse_metrics(text: str, at: float) -> NodeMetrics:
             if fields:
                 totals[name] = totals.get(name, 0.0) + float(fields[0])  # ValueError: bad
     usage = totals.get(KV_USAGE, totals.get(KV_USAGE_OLD))
+    blocks, block_size = _cache_config(page)
     return NodeMetrics(totals.get(RUNNING, 0.0), totals.get(WAITING, 0.0), usage, at,
-                       _kv_blocks(page))
+                       blocks, block_size)
 
 
-def _kv_blocks(page: str) -> int | None:
-    """Sum of num_gpu_blocks over the page's `vllm:cache_config_info{...}` lines."""
-    total, key, pos = 0, "\n" + CACHE_CONFIG + "{", page.find("\n" + CACHE_CONFIG + "{")
+def _cache_config(page: str) -> tuple[int | None, int | None]:
+    """From the page's `vllm:cache_config_info{...}` lines: num_gpu_blocks summed over
+    engines, and the block size (the first line's)."""
+    total, block_size = 0, None
+    key = "\n" + CACHE_CONFIG + "{"
+    pos = page.find(key)
     while pos >= 0:
         end = page.find("\n", pos + 1)
         line = page[pos:end if end >= 0 else len(page)]
-        label = line.find('num_gpu_blocks="')
-        if label >= 0:
-            value = line[label + 16:line.find('"', label + 16)]
-            if value.isdigit():
-                total += int(value)
+        blocks = _label(line, "num_gpu_blocks")
+        total += blocks or 0
+        block_size = block_size or _label(line, "block_size")
         pos = page.find(key, pos + 1)
-    return total or None
+    return total or None, block_size
+
+
+def _label(line: str, name: str) -> int | None:
+    """An integer label's value on a Prometheus line (None: absent or not an integer)."""
+    start = line.find(f'{name}="')
+    if start < 0:
+        return None
+    start += len(name) + 2
+    value = line[start:line.find('"', start)]
+    return int(value) if value.isdigit() else None
 
 
 class NodeGauges:

@@ -3,7 +3,7 @@
 The proxy learns a node's batch and queue from its `/metrics` (`proxy.node_gauges`) and what it
 still holds of a session from its KV cache events (`proxy.residency`). A simulated node is an
 engine model, so the same numbers are read from it directly, at the decision's instant: the
-running and waiting counts vLLM's gauges report, the leading tokens of the session's history
+running and waiting counts and the KV room vLLM's gauges report, the leading tokens of the session's history
 its prefix cache (the LRU the events describe) holds, and the output lengths of its running
 batch (which a proxy knows of the requests it sent). The D, P and (hybrid pools) replica a
 turn would use are the ones the pool would pick: the session's own if usable, else the
@@ -50,8 +50,10 @@ def node_state(engine: Engine | None, chain: list[int] | None) -> NodeState:
     stats = engine.stats()
     held = engine.cached_prefix_tokens(chain) if chain is not None else None
     sensitivity = sum(1.0 / max(n - 1, 1) for n in engine.running_output_lengths())
+    blocks, block_size = engine.config.num_kv_blocks, engine.config.block_size
     return NodeState(float(stats.num_running), float(stats.num_waiting + stats.num_waiting_kv),
-                     held, engine.config.block_size, sensitivity)
+                     held, block_size, sensitivity,
+                     int((1.0 - stats.kv_usage) * blocks * block_size))
 
 
 def observer(engines: Mapping[str, Engine], pool: BackendPool,

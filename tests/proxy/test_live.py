@@ -138,11 +138,13 @@ def test_live_view_trusts_fresh_metrics_else_the_proxy_in_flight() -> None:
     residency = Residency()
     residency.node("http://d").apply(BlockStored((1, 2), None, 64, 32, "s"))
     signals = NodeGauges(clock=lambda: now[0])
-    signals.latest["http://d"] = NodeMetrics(running=40, waiting=2, kv_usage=0.5, at=9.0)
+    signals.latest["http://d"] = NodeMetrics(running=40, waiting=2, kv_usage=0.75, at=9.0,
+                                             kv_blocks=1000, kv_block_size=16)
     view = LiveView(pool, residency, signals, max_age=3.0)
     session = Session("s", opening="o", hashed=False, decode="http://d")
     state = view.state(session)
     assert (state.decode.running, state.decode.waiting) == (40, 2)
+    assert state.decode.free_kv_tokens == 4000  # a quarter of 1,000 blocks of 16 tokens
     assert (state.decode.held_tokens, state.decode.block_size) == (64, 32)
     assert state.prefill.held_tokens is None  # P publishes nothing
     assert state.decode.tpot_sensitivity is None  # no stream of the proxy's own there
@@ -157,6 +159,7 @@ def test_live_view_trusts_fresh_metrics_else_the_proxy_in_flight() -> None:
     decode.in_flight = 3
     stale = view.state(session).decode
     assert (stale.running, stale.waiting) == (3, 0)
+    assert stale.free_kv_tokens is None  # not known from the proxy's own counts
     assert stale.tpot_sensitivity == pytest.approx(0.05 * 3)
 
 
@@ -253,6 +256,22 @@ def test_live_reads_back_where_local_would_stall_the_batch() -> None:
     assert busy.kind is RouteKind.READBACK and busy.reason is Reason.LIVE
     # The same turn without blocks to read back goes P->D.
     assert policy.decide(paste, "s", True, state(2048, running=128)).kind is RouteKind.PD
+
+
+def test_readback_is_priced_only_while_d_has_room_for_the_whole_prompt() -> None:
+    # P's read frees D's kept copy; a D without room for the whole prompt gives those blocks
+    # to its waiting requests and the D leg then waits to receive the history again.
+    def on(free: int | None) -> TurnState:
+        busy = NodeState(128.0, 0.0, 2048, 16, free_kv_tokens=free)
+        return TurnState(busy, NodeState(0.0, 0.0, None, 16), readback=True)
+
+    paste = turn(n_in=1024)
+    assert predict(paste, on(None), COSTS).ttft_readback_ms is not None  # room unknown
+    assert predict(paste, on(2048 + 1024), COSTS).ttft_readback_ms is not None
+    assert predict(paste, on(2048 + 1023), COSTS).ttft_readback_ms is None
+    policy = RoutingPolicy(replace(LIVE, w_tpot=3.0), costs=COSTS)
+    assert policy.decide(paste, "s", True, on(10_000)).kind is RouteKind.READBACK
+    assert policy.decide(paste, "s", True, on(1_000)).kind is RouteKind.PD
 
 
 def test_a_readback_that_gains_nothing_is_not_taken() -> None:

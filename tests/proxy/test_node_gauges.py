@@ -76,6 +76,11 @@ def test_kv_capacity_in_blocks_from_cache_config_info() -> None:
             'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="1024"} 1.0\n'
             "vllm:num_requests_running 1\n")
     assert parse_metrics(page, 0.0).kv_blocks == 3072
+    assert parse_metrics(page, 0.0).kv_block_size == 16
+    # Room for new KV: (1 - usage) x blocks x block size; unknown without the usage gauge.
+    assert parse_metrics(page, 0.0).free_kv_tokens is None
+    used = page + "vllm:kv_cache_usage_perc 0.25\n"
+    assert parse_metrics(used, 0.0).free_kv_tokens == 3072 * 16 * 3 // 4
     assert parse_metrics("vllm:num_requests_running 1\n", 0.0).kv_blocks is None
     odd = 'vllm:cache_config_info{num_gpu_blocks="None"} 1.0\n'  # before the engine profiled
     assert parse_metrics(odd, 0.0).kv_blocks is None

@@ -88,6 +88,20 @@ def test_a_pinned_cache_makes_a_new_request_wait_for_the_ttl(hand_cost: LinearCo
     assert c_ttft(None) < 0.5 < c_ttft(0.5)
 
 
+def test_live_sees_the_room_d_has_for_new_kv_pinned_blocks_counted_as_used(
+        hand_cost: LinearCost) -> None:
+    from profiler.engine.engine import Engine
+    from profiler.engine.requests import Request
+    from profiler.simulator.cluster_state import node_state
+
+    engine = Engine(EngineConfig(num_kv_blocks=40, block_size=16), hand_cost)
+    assert node_state(engine, None).free_kv_tokens == 640
+    engine.submit(Request("r", max_tokens=2, prompt_token_ids=list(range(100))), 0.0)
+    engine.step(0.0)
+    # 100 prompt tokens (and the first output) in 7 blocks of 16: 33 blocks of room left.
+    assert node_state(engine, None).free_kv_tokens == 33 * 16
+
+
 def test_fitted_costs_of_a_linear_preset_are_the_preset(hand_cost: LinearCost) -> None:
     costs = fit_step_costs(hand_cost, NVLINK, LLAMA_KV)
     assert costs.step_ms(100, 0, 3, 0) == pytest.approx(10 + 10 + 3)
