@@ -7,8 +7,8 @@ For the turn it predicts, with a linear step-cost model (`StepCosts`):
   (n_ctx - held, from `proxy.residency`) plus the new n_in, in one step beside its running
   decode batch of B requests: TTFT = the rest of D's current step + D's queue + that step;
 - P->D: P prefills the whole history it does not hold plus n_in; D admits the request in
-  one step, pulls the KV, and decodes its first token in a later step: TTFT = P's queue +
-  P's prefill + about three of D's steps + the transfer;
+  one step, pulls the KV its own prefix cache lacks, and decodes its first token in a later
+  step: TTFT = P's queue + P's prefill + about three of D's steps + the transfer;
 - readback (docs/readback.md), when the session's D keeps the history's blocks for it: P
   reads the history it does not hold from D over the link, prefills only the rest, and the
   turn goes on as P->D: TTFT = P->D's with P's prefill cut to the new tokens, plus that
@@ -182,9 +182,10 @@ def predict(workload: Workload, state: TurnState, costs: StepCosts) -> Predictio
     # P can read back only what D still holds: vLLM pins a finished turn's kept blocks (no
     # eviction event), so on a real D that is the whole history; where D's residency says
     # blocks are gone (the simulator does not pin them), P computes them as on P->D.
-    readback = (_pd_ttft_ms(workload, state, n_ctx, costs, read_back=n_ctx - missing)
+    d_held = n_ctx - missing
+    readback = (_pd_ttft_ms(workload, state, n_ctx, costs, read_back=d_held, d_held=d_held)
                 if state.readback and _has_room(state.decode, n_ctx + n_in) else None)
-    return Prediction(local.ttft_ms, _pd_ttft_ms(workload, state, n_ctx, costs),
+    return Prediction(local.ttft_ms, _pd_ttft_ms(workload, state, n_ctx, costs, d_held=d_held),
                       local.decode_step_ms,
                       state.decode.running * local.delay_ms, missing, local.delay_ms,
                       state.decode.tpot_sensitivity, ttft_readback_ms=readback)
@@ -254,9 +255,11 @@ def _beside_batch(node: NodeState, prefill: int, cached: int, context: int,
 
 
 def _pd_ttft_ms(workload: Workload, state: TurnState, context: int,
-                costs: StepCosts, read_back: int = 0) -> float:
+                costs: StepCosts, read_back: int = 0, d_held: int = 0) -> float:
     """P->D's TTFT; with `read_back` tokens of history, a readback's: P first reads those it
-    does not hold from D (the link), then computes only what follows them."""
+    does not hold from D (the link), then computes only what follows them. D pulls only what
+    its own prefix cache lacks: the prompt less its first `d_held` tokens (vLLM's NIXL D
+    matches its local cache first and asks P for the rest)."""
     n_ctx, n_in = workload.n_ctx, workload.n_in
     batch = state.decode.running
     decode_kv = batch * context
@@ -270,7 +273,7 @@ def _pd_ttft_ms(workload: Workload, state: TurnState, context: int,
     # is admitted (blocks allocated) in the next step, pulls the KV after it, waits for the
     # step then in flight, and gets its first token from the step after that.
     return (read + p_queue + p_prefill + decode_step / 2 + decode_step
-            + costs.transfer_ms(n_ctx + n_in) + decode_step / 2
+            + costs.transfer_ms(n_ctx + n_in - d_held) + decode_step / 2
             + costs.step_ms(0, 0, batch + 1, decode_kv + n_ctx + n_in))
 
 

@@ -24,12 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
+from profiler.engine.config import EngineConfig
 from profiler.engine.cost import BatchShape, CostModel, LinearCost
 from profiler.engine.host import HostedCost
 from profiler.engine.presets import cached_cost
 from profiler.engine.transfer import Link, load_link, load_model_shape
 from proxy.live import StepCosts
 
+# vLLM's default --block-size, the simulator's too (`EngineConfig`).
+DEFAULT_BLOCK_SIZE = EngineConfig().block_size
 _PREFILL = (16, 64, 256, 1024, 2048, 4096, 8192)
 _PREFILL_CTX = (0, 512, 2048, 8192, 16384)
 _BATCH = (1, 4, 16, 32, 64, 128, 256)
@@ -41,8 +44,10 @@ def _features(prefill: int, ctx: int, batch: int, kv: int) -> list[float]:
     return [1.0, float(prefill), float(batch), kv / 1000.0, attention]
 
 
-def fit_step_costs(cost: CostModel, link: Link, kv_bytes_per_token: int) -> StepCosts:
-    """A linear StepCosts fitted to cost's step times, plus link's transfer terms."""
+def fit_step_costs(cost: CostModel, link: Link, kv_bytes_per_token: int,
+                   block_size: int = DEFAULT_BLOCK_SIZE) -> StepCosts:
+    """A linear StepCosts fitted to cost's step times, plus link's transfer terms (a
+    hosted preset's connector terms per `block_size`-token block)."""
     transfer_base = link.latency_s * 1000.0
     transfer_per_ktoken = kv_bytes_per_token * 1000.0 / link.bandwidth_bytes_per_s * 1000.0
     source = f"fitted to {cost.name} ({cost.source}); transfer: {link.name} ({link.source})"
@@ -65,11 +70,18 @@ def fit_step_costs(cost: CostModel, link: Link, kv_bytes_per_token: int) -> Step
     base, per_token, per_seq, per_kv, attention = (max(0.0, float(c)) for c in coef)
     if isinstance(cost, HostedCost):
         # What a P->D turn pays beyond the steps and the link: D's connector hand-off, and
-        # one more front end than a local turn (the request passes two API servers).
+        # one more front end than a local turn (the request passes two API servers, each
+        # tokenizing the whole prompt); per token, the connector's own work and NIXL's
+        # descriptors (descriptors_per_block per block: `HostModel.handoff_s`, which the
+        # simulator charges every transfer - a readback's read too).
         host = cost.host
         transfer_base += host.kv_handoff_ms + host.frontend_request_ms
-        transfer_per_ktoken += host.kv_per_token_us
-        source += f"; hand-off and the second front end: {cost.name}'s host terms"
+        # Each per-token term in us is, per 1,000 tokens, the same number of ms.
+        transfer_per_ktoken += (host.kv_per_token_us + host.frontend_per_token_us
+                                + host.kv_descriptor_us * host.descriptors_per_block
+                                / block_size)
+        source += (f"; hand-off, descriptors and the second front end: {cost.name}'s host "
+                   "terms")
     return StepCosts(base, per_token, per_seq, per_kv, attention, transfer_base,
                      transfer_per_ktoken, source)
 

@@ -131,10 +131,16 @@ def test_a_hosted_preset_adds_its_hand_off_and_second_front_end_to_the_transfer(
         hand_cost: LinearCost) -> None:
     from profiler.engine.host import HostedCost, HostModel
 
-    host = HostModel(frontend_request_ms=30.0, kv_handoff_ms=12.0, kv_per_token_us=50.0)
+    host = HostModel(frontend_request_ms=30.0, kv_handoff_ms=12.0, kv_per_token_us=50.0,
+                     frontend_per_token_us=0.5, kv_descriptor_us=4.0, descriptors_per_block=64)
     hosted = HostedCost("hosted", hand_cost, host)
     bare = fit_step_costs(hand_cost, NVLINK, LLAMA_KV)
-    costs = fit_step_costs(hosted, NVLINK, LLAMA_KV)
+    costs = fit_step_costs(hosted, NVLINK, LLAMA_KV, block_size=16)
     assert costs.transfer_ms(0) == pytest.approx(bare.transfer_ms(0) + 30.0 + 12.0)
+    # Per token: the connector's 50 us, the second front end's 0.5 us, and 64 descriptors of
+    # 4 us per 16-token block - what the simulator's hand-off charges a 2,000-token pull.
+    per_token_us = 50.0 + 0.5 + 4.0 * 64 / 16
     assert costs.transfer_ms(2000) - costs.transfer_ms(0) == pytest.approx(
-        bare.transfer_ms(2000) - bare.transfer_ms(0) + 2000 * 50.0 / 1000)
+        bare.transfer_ms(2000) - bare.transfer_ms(0) + 2000 * per_token_us / 1000)
+    handoff_ms = host.handoff_s(2000, 16) * 1000 - host.kv_handoff_ms
+    assert 2000 * (per_token_us - 0.5) / 1000 == pytest.approx(handoff_ms)
