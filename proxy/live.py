@@ -5,10 +5,12 @@ For the turn it predicts, with a linear step-cost model (`StepCosts`):
 
 - local (append-prefill on the session's D): D must prefill the tokens it no longer holds
   (n_ctx - held, from `proxy.residency`) plus the new n_in, in one step beside its running
-  decode batch of B requests: TTFT = the rest of D's current step + D's queue + that step;
+  decode batch of B requests: TTFT = the front end + the rest of D's current step + D's
+  queue + that step;
 - P->D: P prefills the whole history it does not hold plus n_in; D admits the request in
   one step, pulls the KV its own prefix cache lacks, and decodes its first token in a later
-  step: TTFT = P's queue + P's prefill + about three of D's steps + the transfer;
+  step: TTFT = the front end + P's queue + P's prefill + about three of D's steps + the
+  transfer (which carries D's own front end);
 - readback (docs/readback.md), when the session's D keeps the history's blocks for it: P
   reads the history it does not hold from D over the link, prefills only the rest, and the
   turn goes on as P->D: TTFT = P->D's with P's prefill cut to the new tokens, plus that
@@ -63,7 +65,8 @@ class StepCosts:
 
     step = base + per_prefill_token * P + per_prefill_attention * P * (ctx + P/2) / 1000
            + per_decode_seq * B + per_decode_kv_ktoken * KV / 1000
-    plus the P->D transfer: transfer_base_ms + transfer_ms_per_ktoken * tokens / 1000."""
+    plus the P->D transfer: transfer_base_ms + transfer_ms_per_ktoken * tokens / 1000, and
+    the front end every request passes first (`frontend_ms`)."""
 
     base_ms: float
     per_prefill_token_ms: float
@@ -72,6 +75,11 @@ class StepCosts:
     per_prefill_attention_ms: float = 0.0
     transfer_base_ms: float = 0.0
     transfer_ms_per_ktoken: float = 0.0
+    # A request's way through its API server before its engine sees it (HTTP, chat template,
+    # tokenization), on every route: frontend_base_ms + frontend_ms_per_ktoken x prompt
+    # tokens / 1000. Both routes pay it once; P->D's second front end is in the transfer.
+    frontend_base_ms: float = 0.0
+    frontend_ms_per_ktoken: float = 0.0
     source: str = ""
 
     def step_ms(self, prefill: int, prefill_ctx: int, decodes: float, decode_kv: float) -> float:
@@ -84,6 +92,9 @@ class StepCosts:
 
     def transfer_ms(self, tokens: int) -> float:
         return self.transfer_base_ms + self.transfer_ms_per_ktoken * tokens / 1000.0
+
+    def frontend_ms(self, prompt_tokens: int) -> float:
+        return self.frontend_base_ms + self.frontend_ms_per_ktoken * prompt_tokens / 1000.0
 
     @classmethod
     def load(cls, path: Path) -> StepCosts:
@@ -250,7 +261,8 @@ def _beside_batch(node: NodeState, prefill: int, cached: int, context: int,
     """`prefill` tokens after `cached` ones, in one step beside the node's running batch."""
     decode_step = _decode_step_ms(node, context, costs)
     step = costs.step_ms(prefill, cached, node.running, node.running * context)
-    ttft = decode_step / 2 + node.waiting * decode_step + step
+    ttft = (costs.frontend_ms(cached + prefill) + decode_step / 2
+            + node.waiting * decode_step + step)
     return _BesideBatch(ttft, decode_step, step - decode_step)
 
 
@@ -272,7 +284,8 @@ def _pd_ttft_ms(workload: Workload, state: TurnState, context: int,
     # D's side of P->D (vLLM's P/D connectors): the request waits for D's step in flight,
     # is admitted (blocks allocated) in the next step, pulls the KV after it, waits for the
     # step then in flight, and gets its first token from the step after that.
-    return (read + p_queue + p_prefill + decode_step / 2 + decode_step
+    return (costs.frontend_ms(n_ctx + n_in) + read + p_queue + p_prefill
+            + decode_step / 2 + decode_step
             + costs.transfer_ms(n_ctx + n_in - d_held) + decode_step / 2
             + costs.step_ms(0, 0, batch + 1, decode_kv + n_ctx + n_in))
 

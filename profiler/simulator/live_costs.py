@@ -54,7 +54,8 @@ def fit_step_costs(cost: CostModel, link: Link, kv_bytes_per_token: int,
     if isinstance(cost, LinearCost):
         return StepCosts(cost.base_ms, cost.per_prefill_token_ms, cost.per_decode_seq_ms,
                          cost.per_decode_kv_ktoken_ms, cost.per_prefill_attention_ms,
-                         transfer_base, transfer_per_ktoken, f"{cost.name} ({cost.source})")
+                         transfer_base, transfer_per_ktoken,
+                         source=f"{cost.name} ({cost.source})")
     rows, times = [], []
     shapes = [(p, c, 0, 0) for p in _PREFILL for c in _PREFILL_CTX]
     shapes += [(0, 0, b, b * c) for b in _BATCH for c in _CONTEXT]
@@ -82,8 +83,14 @@ def fit_step_costs(cost: CostModel, link: Link, kv_bytes_per_token: int,
                                 / block_size)
         source += (f"; hand-off, descriptors and the second front end: {cost.name}'s host "
                    "terms")
+    frontend_base = frontend_per_ktoken = 0.0
+    if isinstance(cost, HostedCost):
+        # The front end every request passes first (the API server's queue is not known
+        # to a proxy, so its service time is left out).
+        frontend_base = cost.host.frontend_request_ms
+        frontend_per_ktoken = cost.host.frontend_per_token_us
     return StepCosts(base, per_token, per_seq, per_kv, attention, transfer_base,
-                     transfer_per_ktoken, source)
+                     transfer_per_ktoken, frontend_base, frontend_per_ktoken, source=source)
 
 
 @lru_cache(maxsize=8)
