@@ -9,12 +9,12 @@ For the turn it predicts, with a linear step-cost model (`StepCosts`):
   queue + that step;
 - P->D: P prefills the whole history it does not hold plus n_in; D admits the request in
   one step, pulls the KV its own prefix cache lacks, and decodes its first token in a later
-  step: TTFT = the front end + P's queue + P's prefill + about three of D's steps + the
-  transfer (which carries D's own front end);
+  step: TTFT = two front ends (P's and D's API servers) + P's queue + P's prefill + about
+  three of D's steps + the transfer;
 - readback (docs/readback.md), when the session's D keeps the history's blocks for it: P
   reads the history it does not hold from D over the link, prefills only the rest, and the
-  turn goes on as P->D: TTFT = P->D's with P's prefill cut to the new tokens, plus that
-  transfer; D's batch is untouched, as on P->D, so its TPOT is P->D's. Only while D has
+  turn goes on as P->D: TTFT = P->D's with P's prefill cut to the new tokens, plus P's
+  /tokenize of the new prompt (a front end) and that transfer; D's batch is untouched, as on P->D, so its TPOT is P->D's. Only while D has
   room for the whole prompt (`NodeState.free_kv_tokens`): P's read frees D's kept copy,
   and a D short of room hands those blocks to its waiting requests before the turn's D
   leg comes back, which then waits for room to receive the whole history again;
@@ -75,9 +75,10 @@ class StepCosts:
     per_prefill_attention_ms: float = 0.0
     transfer_base_ms: float = 0.0
     transfer_ms_per_ktoken: float = 0.0
-    # A request's way through its API server before its engine sees it (HTTP, chat template,
-    # tokenization), on every route: frontend_base_ms + frontend_ms_per_ktoken x prompt
-    # tokens / 1000. Both routes pay it once; P->D's second front end is in the transfer.
+    # One pass through an API server before its engine sees the request (HTTP, chat
+    # template, tokenization): frontend_base_ms + frontend_ms_per_ktoken x prompt tokens /
+    # 1000. Local passes one (D's), P->D two (P's, then D's), a readback three (P's
+    # /tokenize of the new prompt first).
     frontend_base_ms: float = 0.0
     frontend_ms_per_ktoken: float = 0.0
     source: str = ""
@@ -267,7 +268,7 @@ def _beside_batch(node: NodeState, prefill: int, cached: int, context: int,
 
 
 def _pd_ttft_ms(workload: Workload, state: TurnState, context: int,
-                costs: StepCosts, read_back: int = 0, d_held: int = 0) -> float:
+                costs: StepCosts, read_back: int | None = None, d_held: int = 0) -> float:
     """P->D's TTFT; with `read_back` tokens of history, a readback's: P first reads those it
     does not hold from D (the link), then computes only what follows them. D pulls only what
     its own prefix cache lacks: the prompt less its first `d_held` tokens (vLLM's NIXL D
@@ -277,15 +278,19 @@ def _pd_ttft_ms(workload: Workload, state: TurnState, context: int,
     decode_kv = batch * context
     decode_step = _decode_step_ms(state.decode, context, costs)
     p_held = min(state.prefill.held_tokens or 0, n_ctx)
-    p_has = max(p_held, min(read_back, n_ctx))
-    read = costs.transfer_ms(p_has - p_held) if p_has > p_held else 0.0
+    p_has = max(p_held, min(read_back or 0, n_ctx))
+    frontend = costs.frontend_ms(n_ctx + n_in)
+    read = 0.0
+    if read_back is not None:
+        # P's /tokenize of the new prompt (which tells the proxy how much of D's blocks
+        # match), then the read of what P does not hold.
+        read = frontend + (costs.transfer_ms(p_has - p_held) if p_has > p_held else 0.0)
     p_prefill = costs.step_ms(n_ctx + n_in - p_has, p_has, 0, 0)
     p_queue = (state.prefill.running + state.prefill.waiting) * p_prefill
     # D's side of P->D (vLLM's P/D connectors): the request waits for D's step in flight,
     # is admitted (blocks allocated) in the next step, pulls the KV after it, waits for the
     # step then in flight, and gets its first token from the step after that.
-    return (costs.frontend_ms(n_ctx + n_in) + read + p_queue + p_prefill
-            + decode_step / 2 + decode_step
+    return (2 * frontend + read + p_queue + p_prefill + decode_step / 2 + decode_step
             + costs.transfer_ms(n_ctx + n_in - d_held) + decode_step / 2
             + costs.step_ms(0, 0, batch + 1, decode_kv + n_ctx + n_in))
 

@@ -70,23 +70,22 @@ def fit_step_costs(cost: CostModel, link: Link, kv_bytes_per_token: int,
     coef, *_ = np.linalg.lstsq(x * weights[:, None], y * weights, rcond=None)
     base, per_token, per_seq, per_kv, attention = (max(0.0, float(c)) for c in coef)
     if isinstance(cost, HostedCost):
-        # What a P->D turn pays beyond the steps and the link: D's connector hand-off, and
-        # one more front end than a local turn (the request passes two API servers, each
-        # tokenizing the whole prompt); per token, the connector's own work and NIXL's
-        # descriptors (descriptors_per_block per block: `HostModel.handoff_s`, which the
-        # simulator charges every transfer - a readback's read too).
+        # What a transfer pays beyond the link: the connector's hand-off and, per token,
+        # its own work and NIXL's descriptors (descriptors_per_block per block:
+        # `HostModel.handoff_s`, which the simulator charges every transfer - a readback's
+        # read too). The front ends are apart (`frontend_base_ms`): a P->D turn passes two
+        # API servers, a readback three (P's /tokenize first).
         host = cost.host
-        transfer_base += host.kv_handoff_ms + host.frontend_request_ms
+        transfer_base += host.kv_handoff_ms
         # Each per-token term in us is, per 1,000 tokens, the same number of ms.
-        transfer_per_ktoken += (host.kv_per_token_us + host.frontend_per_token_us
+        transfer_per_ktoken += (host.kv_per_token_us
                                 + host.kv_descriptor_us * host.descriptors_per_block
                                 / block_size)
-        source += (f"; hand-off, descriptors and the second front end: {cost.name}'s host "
-                   "terms")
+        source += f"; hand-off, descriptors and front end: {cost.name}'s host terms"
     frontend_base = frontend_per_ktoken = 0.0
     if isinstance(cost, HostedCost):
-        # The front end every request passes first (the API server's queue is not known
-        # to a proxy, so its service time is left out).
+        # One pass through an API server (the API server's queue is not known to a proxy,
+        # so its service time is left out).
         frontend_base = cost.host.frontend_request_ms
         frontend_per_ktoken = cost.host.frontend_per_token_us
     return StepCosts(base, per_token, per_seq, per_kv, attention, transfer_base,

@@ -59,7 +59,7 @@ _USER_TOKEN_BASE = 1 << 40
 DEFAULT_TIMEOUT_S = 30.0
 
 # Event kinds, in the order ties at one instant are handled.
-_STEP_END, _TRANSFER, _TURN, _TIMEOUT, _SUBMIT, _SEND_WAITING, _UNPIN = range(7)
+_STEP_END, _TRANSFER, _TURN, _TIMEOUT, _SUBMIT, _SEND_WAITING, _UNPIN, _TOKENIZED = range(8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +193,9 @@ class Simulator:
                 self._start_turn(conversation, index, due)
             elif kind == _UNPIN:
                 self._unpin(payload)
+            elif kind == _TOKENIZED:
+                if not payload.done:
+                    self._read_back(payload)
             else:
                 self._timeout(payload)
         moved = sum(n.link.bytes_moved for n in self._nodes.values() if n.link is not None)
@@ -224,7 +227,7 @@ class Simulator:
         self._turns[request_id] = turn
         self._push(self.now + self.setup.timeout_s, _TIMEOUT, request_id)
         if plan.route is RouteKind.READBACK:
-            self._read_back(turn)
+            self._tokenize_at_prefill(turn)
         elif plan.route is RouteKind.PD:
             self._submit_prefill(turn)
         else:
@@ -242,6 +245,15 @@ class Simulator:
                                   Request(turn.prefill_id, max_tokens=1,
                                           prompt_token_ids=turn.prompt, send_kv=True,
                                           preloaded=turn.preloaded))
+
+    def _tokenize_at_prefill(self, turn: _Turn) -> None:
+        """A readback first asks P's API server to tokenize the new prompt (the proxy's
+        `/tokenize` round trip, proxy.readback): one pass through its front end, queued
+        behind the requests that reached it first; then the read."""
+        assert turn.plan.prefill is not None
+        prefill = self._nodes[turn.plan.prefill.url]
+        done = prefill.api.admit(self.now, len(turn.prompt), prefill.engine.num_running())
+        self._push(done, _TOKENIZED, turn)
 
     def _read_back(self, turn: _Turn) -> None:
         """A readback: the tokens of the new prompt that D's blocks hold (their common

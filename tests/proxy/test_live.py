@@ -280,3 +280,14 @@ def test_a_readback_that_gains_nothing_is_not_taken() -> None:
     policy = RoutingPolicy(replace(LIVE, w_tpot=3.0), costs=COSTS)
     warm = replace(state(2048, running=128, p_held=2048), readback=True)
     assert policy.decide(turn(n_in=1024), "s", True, warm).kind is RouteKind.PD
+
+
+def test_each_route_pays_its_front_ends_local_one_pd_two_readback_three() -> None:
+    fronted = replace(COSTS, frontend_base_ms=10.0, frontend_ms_per_ktoken=1.0)
+    on = replace(state(2048), readback=True)
+    bare, with_front = predict(turn(), on, COSTS), predict(turn(), on, fronted)
+    one = 10.0 + 1.0 * (2048 + 64) / 1000  # the whole prompt passes each API server
+    assert with_front.ttft_local_ms - bare.ttft_local_ms == pytest.approx(one)
+    assert with_front.ttft_pd_ms - bare.ttft_pd_ms == pytest.approx(2 * one)
+    assert with_front.ttft_readback_ms is not None and bare.ttft_readback_ms is not None
+    assert with_front.ttft_readback_ms - bare.ttft_readback_ms == pytest.approx(3 * one)

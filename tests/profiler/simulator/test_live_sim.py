@@ -127,7 +127,7 @@ def test_live_costs_command_writes_a_file_the_proxy_reads(hand_preset: str,
         sim_cli.main(["live-costs", "--cost", hand_preset, "--out", str(out)])
 
 
-def test_a_hosted_preset_adds_its_hand_off_and_second_front_end_to_the_transfer(
+def test_a_hosted_preset_adds_its_hand_off_descriptors_and_front_end(
         hand_cost: LinearCost) -> None:
     from profiler.engine.host import HostedCost, HostModel
 
@@ -136,11 +136,34 @@ def test_a_hosted_preset_adds_its_hand_off_and_second_front_end_to_the_transfer(
     hosted = HostedCost("hosted", hand_cost, host)
     bare = fit_step_costs(hand_cost, NVLINK, LLAMA_KV)
     costs = fit_step_costs(hosted, NVLINK, LLAMA_KV, block_size=16)
-    assert costs.transfer_ms(0) == pytest.approx(bare.transfer_ms(0) + 30.0 + 12.0)
-    # Per token: the connector's 50 us, the second front end's 0.5 us, and 64 descriptors of
-    # 4 us per 16-token block - what the simulator's hand-off charges a 2,000-token pull.
-    per_token_us = 50.0 + 0.5 + 4.0 * 64 / 16
+    assert costs.transfer_ms(0) == pytest.approx(bare.transfer_ms(0) + 12.0)
+    # Per token: the connector's 50 us and 64 descriptors of 4 us per 16-token block - what
+    # the simulator's hand-off charges a 2,000-token pull.
+    per_token_us = 50.0 + 4.0 * 64 / 16
     assert costs.transfer_ms(2000) - costs.transfer_ms(0) == pytest.approx(
         bare.transfer_ms(2000) - bare.transfer_ms(0) + 2000 * per_token_us / 1000)
-    handoff_ms = host.handoff_s(2000, 16) * 1000 - host.kv_handoff_ms
-    assert 2000 * (per_token_us - 0.5) / 1000 == pytest.approx(handoff_ms)
+    assert costs.transfer_ms(2000) - bare.transfer_ms(2000) == pytest.approx(
+        host.handoff_s(2000, 16) * 1000)
+    # One pass through an API server: what every route pays per front end.
+    assert costs.frontend_ms(2000) == pytest.approx(host.frontend_s(2000) * 1000)
+    assert bare.frontend_ms(2000) == 0.0
+
+def test_a_readback_first_passes_ps_api_server_for_its_tokenize() -> None:
+    # The proxy asks P's /tokenize before the read (proxy.readback): on an idle 1P1D where P
+    # still holds turn 1's prompt, a readback reads only the 100-token reply (about what it
+    # saves P computing) and answers about one front end after pd.
+    from profiler.engine.presets import cached_cost
+    from profiler.simulator.run import RunSpec, setup_for
+    from proxy.vocabulary import RouteKind
+
+    def turn2_ttft(route: RouteKind) -> float:
+        setup = setup_for(RunSpec(layout="1P1D", dataset="-", qps=1.0, forced_route=route))
+        conversation = SimConversation("c", (SimTurn(600, 100), SimTurn(60, 50)))
+        records = Simulator(setup).run([Arrival(0.0, conversation)]).records
+        second = next(r for r in records if r.turn == 2)
+        assert second.route == route.value and second.ttft_s is not None
+        return second.ttft_s
+
+    front_end = cached_cost("h100:llama-3.1-8b").host.frontend_s(760)
+    extra = turn2_ttft(RouteKind.READBACK) - turn2_ttft(RouteKind.PD)
+    assert front_end <= extra < front_end + 0.005
