@@ -14,10 +14,11 @@ For the turn it predicts, with a linear step-cost model (`StepCosts`):
 - readback (docs/readback.md), when the session's D keeps the history's blocks for it: P
   reads the history it does not hold from D over the link, prefills only the rest, and the
   turn goes on as P->D: TTFT = P->D's with P's prefill cut to the new tokens, plus P's
-  /tokenize of the new prompt (a front end) and that transfer; D's batch is untouched, as on P->D, so its TPOT is P->D's. Only while D has
-  room for the whole prompt (`NodeState.free_kv_tokens`): P's read frees D's kept copy,
-  and a D short of room hands those blocks to its waiting requests before the turn's D
-  leg comes back, which then waits for room to receive the whole history again;
+  /tokenize of the new prompt (a front end) and that transfer; D's batch is untouched, as
+  on P->D, so its TPOT is P->D's. Only while D has room for the whole prompt
+  (`NodeState.free_kv_tokens`): P's read frees D's kept copy, and a D short of room hands
+  those blocks to its waiting requests before the turn's D leg comes back, which then
+  waits for room to receive the whole history again;
 - the TPOT the local route costs D's batch: the prefill lengthens one of D's steps by
   delta = step(B decodes + prefill) - step(B decodes), a delay each of the B running
   requests spreads over its n_out tokens.

@@ -3,9 +3,9 @@
 The proxy learns a node's batch and queue from its `/metrics` (`proxy.node_gauges`) and what it
 still holds of a session from its KV cache events (`proxy.residency`). A simulated node is an
 engine model, so the same numbers are read from it directly, at the decision's instant: the
-running and waiting counts and the KV room vLLM's gauges report, the leading tokens of the session's history
-its prefix cache (the LRU the events describe) holds, and the output lengths of its running
-batch (which a proxy knows of the requests it sent). The D, P and (hybrid pools) replica a
+running and waiting counts and the KV room vLLM's gauges report, the leading tokens of the
+session's history its prefix cache (the LRU the events describe) holds, and the output
+lengths of its running batch (which a proxy knows of the requests it sent). The D, P and (hybrid pools) replica a
 turn would use are the ones the pool would pick: the session's own if usable, else the
 least busy.
 """
