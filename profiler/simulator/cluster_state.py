@@ -5,9 +5,9 @@ still holds of a session from its KV cache events (`proxy.residency`). A simulat
 engine model, so the same numbers are read from it directly, at the decision's instant: the
 running and waiting counts and the KV room vLLM's gauges report, the leading tokens of the
 session's history its prefix cache (the LRU the events describe) holds, and the output
-lengths of its running batch (which a proxy knows of the requests it sent). The D, P and (hybrid pools) replica a
-turn would use are the ones the pool would pick: the session's own if usable, else the
-least busy.
+lengths of its running batch (which a proxy knows of the requests it sent). The D, P and
+(hybrid pools) replica a turn would use are the ones the pool would pick: the session's own
+if usable, else the least busy.
 """
 
 from __future__ import annotations
