@@ -66,8 +66,8 @@ class StepCosts:
 
     step = base + per_prefill_token * P + per_prefill_attention * P * (ctx + P/2) / 1000
            + per_decode_seq * B + per_decode_kv_ktoken * KV / 1000
-    plus the P->D transfer: transfer_base_ms + transfer_ms_per_ktoken * tokens / 1000, and
-    the front end every request passes first (`frontend_ms`)."""
+    plus a transfer: transfer_base_ms + transfer_ms_per_ktoken * tokens / 1000, and a pass
+    through an API server (`frontend_ms`)."""
 
     base_ms: float
     per_prefill_token_ms: float

@@ -53,7 +53,7 @@ def node_state(engine: Engine | None, chain: list[int] | None) -> NodeState:
     blocks, block_size = engine.config.num_kv_blocks, engine.config.block_size
     return NodeState(float(stats.num_running), float(stats.num_waiting + stats.num_waiting_kv),
                      held, block_size, sensitivity,
-                     int((1.0 - stats.kv_usage) * blocks * block_size))
+                     round((1.0 - stats.kv_usage) * blocks * block_size))
 
 
 def observer(engines: Mapping[str, Engine], pool: BackendPool,

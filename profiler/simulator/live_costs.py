@@ -81,13 +81,12 @@ def fit_step_costs(cost: CostModel, link: Link, kv_bytes_per_token: int,
         transfer_per_ktoken += (host.kv_per_token_us
                                 + host.kv_descriptor_us * host.descriptors_per_block
                                 / block_size)
-        source += f"; hand-off, descriptors and front end: {cost.name}'s host terms"
-    frontend_base = frontend_per_ktoken = 0.0
-    if isinstance(cost, HostedCost):
         # One pass through an API server (the API server's queue is not known to a proxy,
         # so its service time is left out).
-        frontend_base = cost.host.frontend_request_ms
-        frontend_per_ktoken = cost.host.frontend_per_token_us
+        frontend_base, frontend_per_ktoken = host.frontend_request_ms, host.frontend_per_token_us
+        source += f"; hand-off, descriptors and front end: {cost.name}'s host terms"
+    else:
+        frontend_base = frontend_per_ktoken = 0.0
     return StepCosts(base, per_token, per_seq, per_kv, attention, transfer_base,
                      transfer_per_ktoken, frontend_base, frontend_per_ktoken, source=source)
 
