@@ -19,6 +19,7 @@ from quart import Quart, Response, request
 from profiler.emulate.openai_format import RequestError, parse
 from profiler.emulate.runtime import EngineFailed
 from profiler.emulate.service import NodeService
+from profiler.engine.frontend import ApiServer
 
 EMULATOR_VERSION = "ppd-emulated"
 
@@ -30,6 +31,19 @@ def _error(exc: RequestError) -> Response:
 def create_node_app(service: NodeService) -> Quart:
     """A Quart app serving `service`; its engine loop runs while the app is being served."""
     app = Quart(f"emulated-{service.spec.name}")
+    # vLLM's API server is one event loop: a burst of requests reaches the engine in turn
+    # (profiler.engine.frontend), on this node's real clock.
+    api = ApiServer(service.spec.frontend_service_s, service.spec.frontend_s)
+
+    async def through_api_server(arrived: float, prompt_tokens: int) -> None:
+        """Wait out the modelled API server's time on a request that arrived at `arrived`,
+        less what it already took here (reading the body, parsing, tokenizing): those are
+        part of what the model times, so sleeping the whole of it on top would count them
+        twice."""
+        reach = api.admit(arrived, prompt_tokens, service.node.engine.stats().running)
+        remaining = reach - time.perf_counter()
+        if remaining > 0:
+            await asyncio.sleep(remaining)
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 600
 
@@ -69,6 +83,7 @@ def create_node_app(service: NodeService) -> Quart:
 
     @app.post("/tokenize")
     async def tokenize() -> Response:
+        arrived = time.perf_counter()
         try:
             try:
                 body = json.loads(await request.get_data())
@@ -76,6 +91,7 @@ def create_node_app(service: NodeService) -> Quart:
                 raise RequestError("the request body is not valid JSON") from None
             chat = isinstance(body, dict) and "messages" in body
             ids = service.tokenize(parse(body, chat))
+            await through_api_server(arrived, len(ids))  # a pass like any request's
         except RequestError as exc:
             return _error(exc)
         return Response(json.dumps({"count": len(ids), "max_model_len":
@@ -101,14 +117,7 @@ def create_node_app(service: NodeService) -> Quart:
             parsed = parse(body, chat)
             request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
             prepared = service.prepare(parsed, request_id)
-            frontend_s = service.spec.frontend_s(len(prepared.job.prompt_ids),
-                                                 service.node.engine.stats().running)
-            # The modelled API server's time, less what this request already took here
-            # (reading the body, parsing, tokenizing): those are part of what the model
-            # times, so sleeping the whole of it on top would count them twice.
-            remaining = frontend_s - (time.perf_counter() - arrived)
-            if remaining > 0:
-                await asyncio.sleep(remaining)
+            await through_api_server(arrived, len(prepared.job.prompt_ids))
             await service.read_back(prepared)  # a readback P leg: D's KV first
             running = service.start_job(prepared)
         except RequestError as exc:

@@ -68,6 +68,7 @@ def node_specs(preset: Preset, served_model: str, nodes: Sequence[tuple[Role, in
             frontend_request_s=node_side.frontend_request_ms / 1000,
             frontend_per_token_s=node_side.frontend_per_token_us / 1e6,
             frontend_per_running_s=modelled.frontend_per_running_ms / 1000,
+            frontend_service_s=modelled.frontend_service_ms / 1000,
             handoff_fixed_s=modelled.kv_handoff_ms / 1000,
             # NIXL's per-block descriptors, spread over the block's tokens
             handoff_per_token_s=(modelled.kv_per_token_us + modelled.kv_descriptor_us

@@ -59,6 +59,9 @@ class NodeSpec:
     frontend_request_s: float = 0.0
     frontend_per_token_s: float = 0.0
     frontend_per_running_s: float = 0.0
+    # How long a request holds the API server's one event loop (a FIFO queue:
+    # profiler.engine.frontend); 0: the front end is a delay, no queue.
+    frontend_service_s: float = 0.0
     handoff_fixed_s: float = 0.0
     handoff_per_token_s: float = 0.0
     host: str = "127.0.0.1"

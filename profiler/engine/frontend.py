@@ -16,6 +16,7 @@ the engine of B requests launched together grows ~linearly in B (3.5 ms for one,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from profiler.engine.host import HostModel
@@ -23,14 +24,23 @@ from profiler.engine.host import HostModel
 
 @dataclass(slots=True)
 class ApiServer:
-    """One node's API server: a FIFO queue with a fixed service time per request."""
+    """One node's API server: a FIFO queue with a fixed service time per request.
 
-    host: HostModel
+    `service_s` is how long a request holds the event loop; `reach_s(prompt_tokens, running)`
+    how long after its service began its engine sees it. The simulator builds one from its
+    `HostModel` (`for_host`); an emulated node from its NodeSpec, on the real clock."""
+
+    service_s: float
+    reach_s: Callable[[int, int], float]
     free_at: float = 0.0  # when the event loop is next free (seconds, the caller's clock)
+
+    @classmethod
+    def for_host(cls, host: HostModel) -> ApiServer:
+        return cls(host.frontend_service_ms / 1000, host.frontend_s)
 
     def admit(self, now: float, prompt_tokens: int, running: int = 0) -> float:
         """A request reaches the API server at `now`: when its engine sees it (seconds).
         `running` is the engine's batch as it arrives (`HostModel.frontend_per_running_ms`)."""
         start = max(now, self.free_at)
-        self.free_at = start + self.host.frontend_service_ms / 1000
-        return start + self.host.frontend_s(prompt_tokens, running)
+        self.free_at = start + self.service_s
+        return start + self.reach_s(prompt_tokens, running)

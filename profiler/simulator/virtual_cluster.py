@@ -143,7 +143,7 @@ class Simulator:
         self._nodes: dict[str, _Node] = {}
         for spec in sim_nodes(setup.layout):
             config = _node_config(setup.engine, spec)
-            node = _Node(spec, Engine(config, setup.cost), ApiServer(self.host))
+            node = _Node(spec, Engine(config, setup.cost), ApiServer.for_host(self.host))
             if spec.role is Role.PREFILL or (spec.role is Role.DECODE
                                              and setup.readback_ttl_s is not None):
                 node.link = SharedLink(setup.link)

@@ -14,7 +14,7 @@ from profiler.engine.host import HostModel
 def test_a_lone_request_pays_the_front_end_and_a_burst_waits_in_turn() -> None:
     host = HostModel(frontend_request_ms=5.0, frontend_per_token_us=1.0,
                      frontend_service_ms=2.0)
-    api = ApiServer(host)
+    api = ApiServer.for_host(host)
     # alone: the front end as a delay, 5 ms + 1 us x 1,000 tokens
     assert api.admit(10.0, 1000) == pytest.approx(10.006)
     # three at once, long after: each waits for the ones before it, 2 ms apiece
@@ -26,7 +26,7 @@ def test_a_lone_request_pays_the_front_end_and_a_burst_waits_in_turn() -> None:
 
 
 def test_no_service_time_is_the_old_fixed_delay() -> None:
-    api = ApiServer(HostModel(frontend_request_ms=5.0))
+    api = ApiServer.for_host(HostModel(frontend_request_ms=5.0))
     assert [api.admit(1.0, 100) for _ in range(5)] == pytest.approx([1.005] * 5)
 
 
@@ -38,7 +38,7 @@ def test_service_time_fitted_on_the_bursts_reproduces_their_wait(h100) -> None:
     # the time outside the engine, mean over B launched together, within 20% at 10-100
     for batch, row in data.decode_means().items():
         if 10 <= batch <= 100:
-            api = ApiServer(host)
+            api = ApiServer.for_host(host)
             modelled = statistics.fmean(api.admit(0.0, measured.BURST_PROMPT_TOKENS)
                                         for _ in range(batch)) * 1000
             outside = row.client_ttft_ms - row.queue_ms - row.prefill_ms
