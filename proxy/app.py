@@ -53,6 +53,7 @@ from proxy.router import Router
 from proxy.server import serve_app
 from proxy.sessions.open_store import open_store
 from proxy.sessions.readback_book import ReadbackBook
+from proxy.sessions.readbacks import MemoryReadbacks, Readbacks
 from proxy.sessions.store import SessionStore, watch_store
 from proxy.tokens import token_counter
 from proxy.transport import DefaultLegs
@@ -99,7 +100,7 @@ def build_state(config: ProxyConfig, clock: Callable[[], float]) -> ProxyState:
     router = Router(pool, sessions, policy, token_counter(config.tokenizer), metrics, load, clock,
                     config.max_in_flight, config.request_timeout)
     if config.kv_readback_ttl is not None:
-        router.readback = ReadbackBook(config.max_sessions, clock)
+        router.readback = _readbacks(sessions, config.max_sessions, clock)
         router.readback_ttl = config.kv_readback_ttl
     metrics.watch(pool.snapshot, lambda: router.admission.open)
     live = (LiveRuntime(pool, config.kv_events, config.metrics_interval, clock,
@@ -112,6 +113,20 @@ def build_state(config: ProxyConfig, clock: Callable[[], float]) -> ProxyState:
                            config.discovery_token, insecure=config.discovery_insecure)
                  if config.discovery else None)
     return ProxyState(config, pool, sessions, router, metrics, load, discovery, live=live)
+
+
+def _readbacks(sessions: SessionStore, max_entries: int,
+               clock: Callable[[], float]) -> Readbacks:
+    """The readback book: in Redis beside the sessions when they are there (whichever worker or
+    replica serves a session's next turn takes the entry), else in this process."""
+    if sessions.shared:
+        # The redis client is an optional dependency: imported only for a store that uses it.
+        from proxy.sessions.redis_readbacks import RedisReadbacks
+        from proxy.sessions.redis_store import RedisStore
+
+        if isinstance(sessions, RedisStore):
+            return RedisReadbacks(sessions, clock)
+    return MemoryReadbacks(ReadbackBook(max_entries, clock))
 
 
 def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | None = None,

@@ -36,7 +36,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.policies import RoutingPolicy
 from proxy.readback import HeldKV
 from proxy.relay import Relay, StreamLimits
-from proxy.sessions.readback_book import ReadbackBook, readback_status, take_readback
+from proxy.sessions.readbacks import Readbacks
 from proxy.sessions.session import Lookup, Transcript
 from proxy.sessions.store import SessionStore
 from proxy.tokens import (
@@ -160,9 +160,10 @@ class Router:
         self.request_timeout = request_timeout
         self.legs: Legs | None = None  # the upstream legs (`proxy.legs`), set by the app
         self.view: LiveView | None = None  # policy live: the cluster now (proxy.live_view)
-        # What each session's D keeps for a readback (None: the nodes do not offer it), and
-        # for how long D keeps it (`--kv-readback-ttl`, cluster.json's kv_readback_ttl_s).
-        self.readback: ReadbackBook | None = None
+        # What each session's D keeps for a readback (None: the nodes do not offer it; shared
+        # by every process when the sessions are), and for how long D keeps it
+        # (`--kv-readback-ttl`, cluster.json's kv_readback_ttl_s).
+        self.readback: Readbacks | None = None
         self.readback_ttl = 0.0
 
     async def handle(self, incoming: Incoming) -> Reply:
@@ -217,7 +218,7 @@ class Router:
         plan = turn_plan.plan_turn(self.policy, self.pool, lookup, turn.workload,
                                    incoming.forced,
                                    self.view.state if self.view is not None else None,
-                                   readback=readback_status(self.readback, lookup))
+                                   readback=await self._readback_status(lookup))
         decision = plan.decision
         access.decided(decision)
         try:
@@ -284,7 +285,8 @@ class Router:
         if attempt.prefill is not None:
             held: list[HeldKV] = []  # read at most once: the first P try takes it
             if attempt.route is RouteKind.READBACK:
-                taken = take_readback(self.readback, turn.lookup)
+                taken = (await self.readback.take(turn.lookup) if self.readback is not None
+                         else Reason.READBACK_MISSING)
                 if not isinstance(taken, HeldKV):
                     turn.readback_fallback = taken
                     return None  # the plan's P->D attempt serves it
@@ -386,6 +388,12 @@ class Router:
         turn.read_back_tokens = matched
         return readback.prefill_params(held, matched)
 
+    async def _readback_status(self, lookup: Lookup) -> Reason | None:
+        """None when the session's D keeps blocks P can read back now, else why not."""
+        if self.readback is None:
+            return Reason.READBACK_MISSING  # the nodes do not offer it
+        return await self.readback.status(lookup)
+
     def _keeps_readbacks(self, turn: _Turn) -> bool:
         """Whether D's answer to this turn can name blocks for a readback: the nodes offer it,
         and the answer is whole (vLLM names them in a whole answer only, never in a stream)."""
@@ -480,6 +488,6 @@ class Router:
         recorded = await self.sessions.record(turn.lookup, held)
         if self.readback is not None and recorded:
             if kv is not None and held is not None:
-                self.readback.put(turn.lookup.session.id, held.digest, kv)
+                await self.readback.put(turn.lookup.session.id, held.digest, kv)
             else:
-                self.readback.discard(turn.lookup.session.id)
+                await self.readback.discard(turn.lookup.session.id)

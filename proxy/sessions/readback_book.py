@@ -7,9 +7,14 @@ notification arrives), so a second reader - a concurrent turn of the session, a 
 older point, a retry - could read blocks D has since given to another request. It expires
 with D's TTL, less a margin (`proxy.readback.EXPIRY_MARGIN_S`).
 
-The book lives in this process: with `--workers N` a turn served by another worker than the
-one that recorded the previous turn finds no entry and goes P->D (`readback_missing`), never a
-wrong one. It is bounded like the in-memory ledger (least recently written first).
+`ReadbackBook` keeps the entries in this process, bounded like the in-memory ledger (least
+recently written first): the book of the default memory session store, and of the simulator's
+proxy, which asks it synchronously (`readback_status`, `take_readback`). The router awaits its
+book through `proxy.sessions.readbacks.Readbacks`: this one wrapped, or, when the sessions are
+in Redis (`--workers N`, `--session-store redis://...`), the entries beside them
+(`proxy.sessions.redis_readbacks`), so the worker or replica that serves a session's next turn
+takes the entry whichever one recorded it. Either way a turn that finds no entry goes P->D
+(`readback_missing`), never to a wrong one.
 """
 
 from __future__ import annotations
@@ -67,18 +72,29 @@ class ReadbackBook:
 def readback_status(book: ReadbackBook | None, lookup: Lookup) -> Reason | None:
     """None when the session's D keeps blocks P can read back now, else why not (`book`
     None: this proxy offers no readback). The router and the simulator's proxy both ask here."""
-    if book is None or not lookup.continuation:
+    if book is None:
         return Reason.READBACK_MISSING
-    held = lookup.session.held
-    return book.status(lookup.session.id, held.digest if held else None)
+    return book.status(lookup.session.id, held_digest(lookup))
 
 
 def take_readback(book: ReadbackBook | None, lookup: Lookup) -> HeldKV | Reason:
     """The session's kept blocks for this turn's readback, taken from the book, or why not."""
-    if book is None or not lookup.continuation:
+    if book is None:
         return Reason.READBACK_MISSING
+    return on_sessions_decode(book.take(lookup.session.id, held_digest(lookup)), lookup)
+
+
+def held_digest(lookup: Lookup) -> str | None:
+    """The digest of the text the session's D holds, which an entry must be for to be read
+    back; None when the turn continues nothing (a new conversation or branch) or D holds
+    nothing known."""
     held = lookup.session.held
-    taken = book.take(lookup.session.id, held.digest if held else None)
+    return held.digest if lookup.continuation and held is not None else None
+
+
+def on_sessions_decode(taken: HeldKV | Reason, lookup: Lookup) -> HeldKV | Reason:
+    """A taken entry if its blocks are on the session's D now, else missing: the session
+    moved to another D since (its next leg goes there; the entry is gone all the same)."""
     if isinstance(taken, HeldKV) and taken.decode != lookup.session.decode:
-        return Reason.READBACK_MISSING  # another D's blocks (the session moved)
+        return Reason.READBACK_MISSING
     return taken

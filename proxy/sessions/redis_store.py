@@ -8,7 +8,9 @@ Layout (prefix `ppd:`; a standalone server, not a cluster: the scripts name keys
   after its session moved on); `l:NS`: the held lengths of the namespace's entries; `o:NS` ->
   ID: its latest session, whose nodes a new branch starts on;
 - `live`: sorted set ID -> expiry, for the live count and the admin snapshot;
-- `k:ID` set: the index entries session ID recorded (what goes with it when it is evicted).
+- `k:ID` set: the index entries session ID recorded (what goes with it when it is evicted);
+- `r:ID` hash: the blocks session ID's D keeps for a readback (`proxy.sessions.redis_readbacks`,
+  through this store's client; they expire on their own clock, not with the session).
 Every key expires `--session-ttl` after the session's last recorded turn (PEXPIRE in the
 store, so an idle session needs no process to forget it), and the store holds at most
 `--max-sessions` sessions: past that, the least recently recorded goes with its keys.
@@ -196,6 +198,18 @@ class RedisStore(SessionStore):
     @property
     def up(self) -> bool:
         return self._up
+
+    @property
+    def client(self) -> aioredis.Redis | None:
+        """The store's connection pool (None before `start`), for what else is kept beside
+        the sessions (`proxy.sessions.redis_readbacks`): one pool, and the probe's reconnect
+        after an outage serves both. Strings come back decoded."""
+        return self._client
+
+    @property
+    def prefix(self) -> str:
+        """The prefix of every key the store and what is kept beside it write."""
+        return self._prefix
 
     async def start(self) -> None:
         self._client = aioredis.Redis.from_url(

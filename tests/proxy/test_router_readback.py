@@ -16,6 +16,7 @@ from typing import Any
 from proxy.pd_protocol import P_KV_TRANSFER_PARAMS
 from proxy.readback import EXPIRY_MARGIN_S, MIN_READBACK_TOKENS
 from proxy.sessions.readback_book import ReadbackBook
+from proxy.sessions.readbacks import MemoryReadbacks
 from proxy.vocabulary import RouteKind
 from tests.fakes.mock_vllm import fake_chat_ids, fake_ids
 from tests.proxy.router_harness import Harness, chat, router_over, text_of
@@ -28,7 +29,7 @@ LONG = " ".join(f"word{i}" for i in range(MIN_READBACK_TOKENS + 10))  # enough t
 async def readback_router(*names: str) -> AsyncIterator[Harness]:
     """A router whose nodes offer the readback (their Ds keep a turn's blocks for TTL_S)."""
     async with router_over(*names) as h:
-        h.router.readback = ReadbackBook(1000, h.clock)
+        h.router.readback = MemoryReadbacks(ReadbackBook(1000, h.clock))
         h.router.readback_ttl = TTL_S
         for name in names:
             h.cluster[name].keeps_readback = name.startswith("d")
