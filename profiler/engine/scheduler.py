@@ -76,7 +76,8 @@ class Scheduler:
             is_decode = pending == 1 and seq.num_computed > 0
             if is_decode and not prefill_only:
                 # The hot path: one token; a new block only at a block boundary.
-                if seq.num_computed >= seq.num_blocks_held * block_size \
+                # (Sequence.num_blocks_held inlined: this runs once per request per step.)
+                if seq.num_computed >= (len(seq.held_hashes) + seq.anon_blocks) * block_size \
                         and not self._make_room(seq, seq.num_computed + 1):
                     break
                 batch.append((seq, 1))
