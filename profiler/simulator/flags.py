@@ -37,7 +37,8 @@ def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
                         help="ideal: every turn sent when due, replies back as their own ids "
                         "(as ppd replay); paper: the PPD paper's benchmark client - 50 "
                         "connections, its clock, replies sent back as text of which only a "
-                        "measured share still hits the prefix cache (docs/simulator.md)")
+                        "measured share still hits the prefix cache; with its proxy's "
+                        "placement of conversations by hash (docs/simulator.md)")
     parser.add_argument("--fresh-arrivals", action="store_true",
                         help="each run draws its own arrival times, as the PPD paper's unseeded "
                         "script did (default: every layout and policy replays the same draw, "

@@ -1,7 +1,9 @@
 """The PPD paper's benchmark client, like for like (`ppd sim run|grid --client paper`).
 
 Its script (scripts/benchmark/comprehensive_benchmark.py in the paper's repository) differs
-from ppd's ideal client in three ways the simulator models:
+from ppd's ideal client in three ways the simulator models (and the paper's proxy in front of
+its nodes places conversations by hash, not by load: `sim_proxy.hashed_placement`, on with
+this client):
 - **50 connections** (`aiohttp.TCPConnector(limit=50, limit_per_host=50)`): at most 50 turns in
   flight; a turn due while all are busy waits for one;
 - **its clock**: a turn's TTFT runs from when it was due (the clock starts before `post`), so

@@ -178,7 +178,8 @@ def setup_for(spec: RunSpec) -> SimSetup:
         engine=engine_config(spec.cost, spec.seed), timeout_s=spec.timeout_s,
         load_window_s=spec.load_window_s, client_connections=connections,
         reply_retokenized=spec.reply_retokenized, forced=force if forced is not None else None,
-        kept_reply=kept_reply_tokens if paper else None, readback_ttl_s=spec.kv_readback_ttl_s)
+        kept_reply=kept_reply_tokens if paper else None, readback_ttl_s=spec.kv_readback_ttl_s,
+        placement_seed=arrival_seed(spec) if paper else None)
 
 
 def simulate(spec: RunSpec) -> SimResult:

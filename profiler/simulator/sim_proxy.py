@@ -22,6 +22,7 @@ message structure as a real chat replay, so a turn after a failed one is a new b
 
 from __future__ import annotations
 
+import hashlib
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -39,7 +40,7 @@ from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, S
 from proxy.sessions.readback_book import ReadbackBook, readback_status, take_readback
 from proxy.sessions.session import Lookup, Session, Transcript
 from proxy.turn_plan import Pick
-from proxy.vocabulary import Decision, Node, Reason, RouteKind, Workload
+from proxy.vocabulary import Decision, Node, Reason, Role, RouteKind, Workload
 
 
 @dataclass(slots=True)
@@ -80,14 +81,29 @@ def reply_text(conversation_id: str, turn: int) -> str:
     return f"{conversation_id}/{turn}/reply"
 
 
+def hashed_placement(urls: Sequence[str], conversation_id: str, seed: int) -> str | None:
+    """The node the PPD paper's proxy gives a new conversation (comprehensive_proxy.py in its
+    repository, `select_servers`): `hash(conv_hash) % len(nodes)` of each role, kept for the
+    conversation's later turns. Python's str hash is random per process but fixed within
+    it, so a conversation is placed at random, ignoring load, and stays; here the draw is a
+    stable hash of the conversation and a seed (one per run, as one proxy process per run)."""
+    if not urls:
+        return None
+    digest = hashlib.blake2b(f"{seed}/{conversation_id}".encode(), digest_size=8).digest()
+    return urls[int.from_bytes(digest, "big") % len(urls)]
+
+
 class SimProxy:
     """The proxy's routing state, driven by a simulator's clock."""
 
     def __init__(self, nodes: Sequence[Node], policy: RoutingPolicy,
                  clock: Callable[[], float], *, load_window_s: float = DEFAULT_LOAD_WINDOW_S,
                  forced: Callable[[int], RouteKind | None] | None = None,
-                 readback_ttl_s: float | None = None) -> None:
+                 readback_ttl_s: float | None = None,
+                 placement_seed: int | None = None) -> None:
         self.pool = BackendPool(nodes, clock=clock)
+        self._urls = {role: sorted(n.url for n in nodes if n.role is role) for role in Role}
+        self._placement_seed = placement_seed
         self.policy = policy
         self.ledger = SessionLedger(DEFAULT_SESSION_TTL_S, DEFAULT_MAX_SESSIONS, clock)
         self.load = RateMeter(load_window_s, clock)
@@ -124,7 +140,7 @@ class SimProxy:
                     decision = Decision(RouteKind.PD, taken)
                     continue  # the plan's P->D attempt serves it
                 held = taken
-            nodes = [self._choose(pick) for pick in attempt.picks]
+            nodes = [self._choose(self._placed(pick, conversation_id)) for pick in attempt.picks]
             if None in nodes and attempt is not plan.attempts[-1]:
                 if attempt.route is RouteKind.READBACK:
                     decision, held = Decision(RouteKind.PD, Reason.NO_HOME), None
@@ -165,6 +181,14 @@ class SimProxy:
                 else:
                     self.readback.discard(recorded.id)
         plan.lease.release()
+
+    def _placed(self, pick: Pick, conversation_id: str) -> Pick:
+        """With the paper's placement, a pick without a home prefers the conversation's
+        hashed node (`hashed_placement`); the pool still takes another if it is unusable."""
+        if self._placement_seed is None or pick.prefer is not None or pick.only_preferred:
+            return pick
+        return replace(pick, prefer=hashed_placement(self._urls[pick.role], conversation_id,
+                                                     self._placement_seed))
 
     def _choose(self, pick: Pick) -> Backend | None:
         if pick.only_preferred:

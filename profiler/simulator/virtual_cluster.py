@@ -92,6 +92,10 @@ class SimSetup:
     # kept_reply(n) keep their ids (and hit), the rest come back as new ids
     # (`paper_client.kept_reply_tokens`). None: as reply_retokenized says.
     kept_reply: Callable[[int], int] | None = None
+    # The paper's proxy places a new conversation on node `hash(conversation) % n` of each
+    # role and keeps it there (`sim_proxy.hashed_placement`); this seeds that hash (Python's
+    # str hash is drawn per proxy process). None: ppd's pool, the least loaded node.
+    placement_seed: int | None = None
 
 
 @dataclass(slots=True)
@@ -151,7 +155,8 @@ class Simulator:
         self.proxy = SimProxy([n.spec for n in self._nodes.values()],
                               setup.policy, lambda: self.now,
                               load_window_s=setup.load_window_s, forced=setup.forced,
-                              readback_ttl_s=setup.readback_ttl_s)
+                              readback_ttl_s=setup.readback_ttl_s,
+                              placement_seed=setup.placement_seed)
         if setup.policy.spec.needs.live_view:
             self.proxy.observe_with(observer({url: n.engine for url, n in self._nodes.items()},
                                              self.proxy.pool, lambda cid: self._history.get(cid)))

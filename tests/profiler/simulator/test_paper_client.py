@@ -90,7 +90,7 @@ def test_the_paper_client_refuses_to_run_without_its_measurement(monkeypatch) ->
         RunSpec(layout="1P1D", dataset="synthetic:small-tiny", qps=1.0, client="bogus")
 
 
-def test_paper_setup_has_fifty_connections_and_the_reply_model(hand_preset: str,
+def test_paper_setup_has_fifty_connections_the_reply_model_and_hashed_placement(hand_preset: str,
                                                                 monkeypatch) -> None:
     from profiler.simulator import paper_client
     from profiler.simulator.run import setup_for
@@ -105,6 +105,8 @@ def test_paper_setup_has_fifty_connections_and_the_reply_model(hand_preset: str,
     ideal = setup_for(RunSpec(layout="1P1D", dataset="synthetic:small-tiny", qps=1.0,
                               cost=hand_preset, model="llama-3.1-8b"))
     assert ideal.client_connections is None and ideal.kept_reply is None
+    # the paper's proxy places conversations by hash (one draw per run); ppd's by load
+    assert setup.placement_seed is not None and ideal.placement_seed is None
 
 
 def test_fresh_arrivals_draw_each_runs_arrivals_afresh() -> None:

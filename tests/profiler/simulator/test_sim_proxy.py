@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from profiler.simulator.sim_proxy import SimProxy
+from profiler.simulator.sim_proxy import SimProxy, hashed_placement
 from proxy.config import Policy, PolicyConfig
 from proxy.policies import RoutingPolicy
 from proxy.vocabulary import Node, Reason, Role, RouteKind
@@ -48,6 +48,34 @@ def test_new_sessions_spread_over_the_least_loaded_decode_nodes() -> None:
     proxy.end(a, True, 10, 10)
     proxy.end(b, True, 10, 10)
     assert all(node.in_flight == 0 for node in proxy.pool.nodes())
+
+
+def test_the_papers_placement_ignores_load_and_keeps_each_conversation_on_its_node() -> None:
+    """The paper's proxy (`--client paper`): a new conversation goes to its hashed D even
+    while that D is the busier one, and later turns stay there."""
+    decodes = ["http://d0", "http://d1"]
+    proxy = SimProxy(NODES, RoutingPolicy(PolicyConfig(kind=Policy.LOCAL)), lambda: 0.0,
+                     placement_seed=7)
+    ids = [f"c{i}" for i in range(40)]
+    plans = [proxy.begin(cid, 1, 10, 10) for cid in ids]  # none ends: load piles up
+    placed = [plan.decode.url for plan in plans]
+    assert placed == [hashed_placement(decodes, cid, 7) for cid in ids]
+    counts = [placed.count(url) for url in decodes]
+    assert min(counts) >= 10 and counts[0] != counts[1]  # random, not alternating by load
+    for cid, plan in zip(ids, plans, strict=True):
+        proxy.end(plan, True, 10, 10)
+        later = proxy.begin(cid, 2, 5, 10)
+        assert later.route is RouteKind.LOCAL and later.decode.url == plan.decode.url
+        proxy.end(later, True, 5, 10)
+
+
+def test_the_papers_placement_is_a_fixed_draw_per_seed() -> None:
+    urls = ["http://d0", "http://d1", "http://d2"]
+    draw = [hashed_placement(urls, f"c{i}", 1) for i in range(300)]
+    assert draw == [hashed_placement(urls, f"c{i}", 1) for i in range(300)]
+    assert draw != [hashed_placement(urls, f"c{i}", 2) for i in range(300)]
+    assert all(70 <= draw.count(url) <= 130 for url in urls)
+    assert hashed_placement([], "c0", 1) is None
 
 
 def test_the_load_meter_runs_on_the_virtual_clock() -> None:
