@@ -217,6 +217,13 @@ class Simulator:
     def _start_turn(self, conversation: SimConversation, index: int,
                     due: float | None = None) -> None:
         cap = self.setup.client_connections
+        if due is not None and self.now >= due + self.setup.timeout_s:
+            # Timed out waiting for a connection: never sent (the capped client's timeout
+            # runs from when the turn was due, as aiohttp's `total` covers the pool's wait).
+            self._record_unsent(conversation, index, due)
+            if self._waiting:  # the connection it would have taken goes to the next turn
+                self._release_connection(self.now, taken=False)
+            return
         if cap is not None and self._in_flight >= cap:
             self._waiting.append((self.now, conversation, index))
             return
@@ -230,7 +237,9 @@ class Simulator:
         start = self.now if due is None else due  # the capped client's clock starts when due
         turn = _Turn(conversation, index, request_id, start, prompt, plan)
         self._turns[request_id] = turn
-        self._push(self.now + self.setup.timeout_s, _TIMEOUT, request_id)
+        # The timeout runs from the turn's start: when it was due, for a capped client (it
+        # counts the wait for a connection), else when it is sent.
+        self._push(start + self.setup.timeout_s, _TIMEOUT, request_id)
         if plan.route is RouteKind.READBACK:
             self._tokenize_at_prefill(turn)
         elif plan.route is RouteKind.PD:
@@ -436,9 +445,25 @@ class Simulator:
         self._last_event = max(self._last_event, end)
         self._release_connection(end)
 
-    def _release_connection(self, at: float) -> None:
-        """The turn's connection is free: the longest-waiting due turn takes it."""
-        self._in_flight -= 1
+    def _record_unsent(self, conversation: SimConversation, index: int, due: float) -> None:
+        """A turn whose timeout passed while it waited for a connection: a failure at its
+        deadline, and the end of its conversation (as any failed turn)."""
+        end = due + self.setup.timeout_s
+        turn_spec = conversation.turns[index]
+        self._records.append(RequestRecord(
+            conversation_id=conversation.id, turn=index + 1, route=None, decode=None,
+            prefill=None, start_s=due, ttft_s=None, tpot_s=None, e2e_s=end - due, itl_s=(),
+            n_input_tokens=None, n_output_tokens=0, success=False,
+            error=f"timeout after {self.setup.timeout_s:g} s waiting for a connection",
+            status=None, max_tokens=turn_spec.max_tokens, proxy_turn=None))
+        self._last_event = max(self._last_event, end)
+        self._history.pop(conversation.id, None)
+
+    def _release_connection(self, at: float, taken: bool = True) -> None:
+        """The turn's connection is free (`taken`: a turn held it): the longest-waiting due
+        turn takes it."""
+        if taken:
+            self._in_flight -= 1
         if self._waiting:
             due, conversation, index = self._waiting.pop(0)
             self._push(at, _SEND_WAITING, (conversation, index, due))

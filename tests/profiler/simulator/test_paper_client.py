@@ -20,11 +20,11 @@ HAND = LinearCost("hand", "tests", base_ms=10.0, per_prefill_token_ms=0.1,
                   per_decode_seq_ms=1.0)
 
 
-def _run(connections: int | None) -> list:
+def _run(connections: int | None, timeout_s: float = 30.0, turns: int = 1) -> list:
     setup = SimSetup(Layout.parse("2R"), HAND, RoutingPolicy(PolicyConfig(kind=Policy.REPLICA)),
                      load_link("nvlink"), load_model_shape("llama-3.1-8b").kv_bytes_per_token,
-                     client_connections=connections)
-    conversations = [SimConversation(f"c{i}", (SimTurn(100, 20),)) for i in range(3)]
+                     client_connections=connections, timeout_s=timeout_s)
+    conversations = [SimConversation(f"c{i}", (SimTurn(100, 20),) * turns) for i in range(3)]
     return Simulator(setup).run([Arrival(0.0, c) for c in conversations]).records
 
 
@@ -41,6 +41,25 @@ def test_a_capped_client_counts_the_wait_for_a_connection_in_ttft() -> None:
     # a cap above the load changes nothing
     assert [(r.ttft_s, r.e2e_s) for r in sorted(_run(10), key=lambda r: r.ttft_s)] == \
         [(r.ttft_s, r.e2e_s) for r in ideal]
+
+
+def test_a_capped_clients_timeout_counts_the_wait_for_a_connection() -> None:
+    """aiohttp's `total` timeout (the paper's script) covers waiting for a pool connection:
+    a turn still waiting at its deadline is never sent, fails, and ends its conversation."""
+    capped = sorted(_run(1), key=lambda r: r.e2e_s)
+    one_reply = capped[0].e2e_s
+    timeout = 1.5 * one_reply  # the second turn waits one reply and fits; the third does not
+    records = _run(1, timeout_s=timeout, turns=2)
+    unsent = [r for r in records if r.route is None]
+    assert unsent and all(not r.success and "waiting for a connection" in (r.error or "")
+                          for r in unsent)
+    assert all(r.e2e_s == pytest.approx(timeout) for r in unsent)
+    assert all(r.e2e_s <= timeout + 1e-9 for r in records)  # no turn outlives its deadline
+    for record in unsent:  # its conversation ends there: no later turn of it was sent
+        assert not [r for r in records
+                    if r.conversation_id == record.conversation_id and r.turn > record.turn]
+    # the ideal client (no cap) sends every turn when due: the same timeout fails none
+    assert all(r.success for r in _run(None, timeout_s=timeout, turns=2))
 
 
 def test_connection_cap_must_be_positive() -> None:
