@@ -218,7 +218,7 @@ class Router:
         plan = turn_plan.plan_turn(self.policy, self.pool, lookup, turn.workload,
                                    incoming.forced,
                                    self.view.state if self.view is not None else None,
-                                   readback=await self._readback_status(lookup))
+                                   readback=await self._readback_status(lookup, incoming.forced))
         decision = plan.decision
         access.decided(decision)
         try:
@@ -388,10 +388,14 @@ class Router:
         turn.read_back_tokens = matched
         return readback.prefill_params(held, matched)
 
-    async def _readback_status(self, lookup: Lookup) -> Reason | None:
-        """None when the session's D keeps blocks P can read back now, else why not."""
+    async def _readback_status(self, lookup: Lookup, forced: RouteKind | None) -> Reason | None:
+        """None when the session's D keeps blocks P can read back now, else why not; the
+        book is asked only when the answer can matter (a policy that reads it, or a turn
+        forced to readback): a shared book is a round trip away."""
         if self.readback is None:
             return Reason.READBACK_MISSING  # the nodes do not offer it
+        if forced is not RouteKind.READBACK and not self.policy.spec.needs.readback:
+            return Reason.READBACK_MISSING  # this policy never reads back by itself
         return await self.readback.status(lookup)
 
     def _keeps_readbacks(self, turn: _Turn) -> bool:

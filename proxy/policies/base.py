@@ -52,12 +52,16 @@ class Need(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class Needs:
     """What a policy reads besides the turn: a decision table (`--table`), a step-cost model
-    (`--live-costs`, or in the simulator one fitted to the run's preset), and the cluster's
-    state now (`proxy.live_view`: KV events and /metrics; the engines in the simulator)."""
+    (`--live-costs`, or in the simulator one fitted to the run's preset), the cluster's
+    state now (`proxy.live_view`: KV events and /metrics; the engines in the simulator), and
+    whether the session's D keeps blocks for a readback now (`Turn.can_readback`, or a
+    `readback` decision that needs them): the router asks its readback book - a Redis round
+    trip when the sessions are shared - only for such a policy, or a turn forced to readback."""
 
     table: Need = Need.NO
     costs: Need = Need.NO
     live_view: bool = False
+    readback: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ from proxy.policies.ppd import (
 from proxy.vocabulary import Decision, Reason, Role, RouteKind
 
 NAME = "live"
-NEEDS = Needs(table=Need.OPTIONAL, costs=Need.REQUIRED, live_view=True)
+NEEDS = Needs(table=Need.OPTIONAL, costs=Need.REQUIRED, live_view=True, readback=True)
 ROLES = (PD_PAIR, (Role.REPLICA,))
 PLACES = True
 _TABLE_LABEL = "-table"  # live with the layout's table as its prior

@@ -42,7 +42,7 @@ class Flags:
         "more than M loses", metavar="M")
 
 
-NEEDS = Needs(table=Need.REQUIRED)
+NEEDS = Needs(table=Need.REQUIRED, readback=True)  # a table's readback verdicts
 # A report label: the name, then `-wtpotW` when only the TPOT weight differs from 1.
 WEIGHTS_LABEL = r"(?:-wtpot(?P<tpot>[\d.]+))?$"
 _LABEL = re.compile(rf"^{NAME}{WEIGHTS_LABEL}")

@@ -5,10 +5,11 @@ P->D with a reason of its own (`proxy.turn_plan.plan_turn`, `proxy.router`)."""
 
 from __future__ import annotations
 
-from proxy.policies.base import Inputs, Turn, disaggregated_default
+from proxy.policies.base import Inputs, Needs, Turn, disaggregated_default
 from proxy.vocabulary import Decision, Reason, RouteKind
 
 NAME = "readback"
+NEEDS = Needs(readback=True)
 
 
 def decide(turn: Turn, inputs: Inputs) -> Decision:

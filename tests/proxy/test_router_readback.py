@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from proxy.config import Policy
 from proxy.pd_protocol import P_KV_TRANSFER_PARAMS
 from proxy.readback import EXPIRY_MARGIN_S, MIN_READBACK_TOKENS
 from proxy.sessions.readback_book import ReadbackBook
@@ -224,3 +225,38 @@ async def test_a_streamed_local_turn_is_left_alone() -> None:
         await h.ask(chat(LONG, text_of(content), "Two", stream=True), forced=RouteKind.LOCAL)
         local_leg = h.cluster["d1"].received[-1].body
     assert "kv_transfer_params" not in local_leg and "return_token_ids" not in local_leg
+
+
+class CountingReadbacks(MemoryReadbacks):
+    """The memory book, counting how often the router asks whether a readback is possible."""
+
+    def __init__(self, book: ReadbackBook) -> None:
+        super().__init__(book)
+        self.asked = 0
+
+    async def status(self, lookup: Any) -> Any:
+        self.asked += 1
+        return await super().status(lookup)
+
+
+async def test_the_book_is_asked_only_when_a_readback_can_follow() -> None:
+    """A shared book costs a round trip per turn: a policy that never reads back (pd here)
+    does not ask it, a turn forced to readback does, and so does a policy that reads back."""
+    async with readback_router("p1", "d1") as h:
+        book = CountingReadbacks(ReadbackBook(1000, h.clock))
+        h.router.readback = book
+        _, content = await h.ask(chat(LONG))
+        body = chat(LONG, text_of(content), "And then?")
+        reply, _ = await h.ask(body)
+        assert reply.headers["x-ppd-route"] == "pd" and book.asked == 0
+        reply, _ = await h.ask(chat(LONG, text_of(content), "Or else?"),
+                               forced=RouteKind.READBACK)
+        assert book.asked == 1
+    async with router_over("p1", "d1", policy=Policy.READBACK) as h:
+        book = CountingReadbacks(ReadbackBook(1000, h.clock))
+        h.router.readback, h.router.readback_ttl = book, TTL_S
+        h.cluster["d1"].keeps_readback = True
+        _, content = await h.ask(chat(LONG))
+        reply, _ = await h.ask(chat(LONG, text_of(content), "And then?"))
+        # both turns ask (turn 1 continues nothing: a shared book answers that without Redis)
+        assert book.asked == 2 and reply.headers["x-ppd-route"] == "readback"
