@@ -40,7 +40,7 @@ from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, S
 from proxy.sessions.readback_book import ReadbackBook, readback_status, take_readback
 from proxy.sessions.session import Lookup, Session, Transcript
 from proxy.turn_plan import Pick
-from proxy.vocabulary import Decision, Node, Reason, Role, RouteKind, Workload
+from proxy.vocabulary import Decision, Node, Reason, RouteKind, Workload
 
 
 @dataclass(slots=True)
@@ -102,7 +102,6 @@ class SimProxy:
                  readback_ttl_s: float | None = None,
                  placement_seed: int | None = None) -> None:
         self.pool = BackendPool(nodes, clock=clock)
-        self._urls = {role: sorted(n.url for n in nodes if n.role is role) for role in Role}
         self._placement_seed = placement_seed
         self.policy = policy
         self.ledger = SessionLedger(DEFAULT_SESSION_TTL_S, DEFAULT_MAX_SESSIONS, clock)
@@ -187,8 +186,8 @@ class SimProxy:
         hashed node (`hashed_placement`); the pool still takes another if it is unusable."""
         if self._placement_seed is None or pick.prefer is not None or pick.only_preferred:
             return pick
-        return replace(pick, prefer=hashed_placement(self._urls[pick.role], conversation_id,
-                                                     self._placement_seed))
+        urls = sorted(node.url for node in self.pool.nodes(pick.role))
+        return replace(pick, prefer=hashed_placement(urls, conversation_id, self._placement_seed))
 
     def _choose(self, pick: Pick) -> Backend | None:
         if pick.only_preferred:

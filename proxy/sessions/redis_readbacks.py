@@ -93,7 +93,8 @@ class RedisReadbacks(Readbacks):
         digest = held_digest(lookup)
         if digest is None:
             return Reason.READBACK_MISSING
-        found = await self._call(lambda client: client.hmget(self._key(lookup), "d", "x"))
+        key = self._key(lookup.session.id)
+        found = await self._call(lambda client: client.hmget(key, "d", "x"))
         if found is None or found[0] != digest:
             return Reason.READBACK_MISSING
         try:
@@ -108,7 +109,7 @@ class RedisReadbacks(Readbacks):
             return Reason.READBACK_MISSING
         # The ids are bytes, not text: this reply is left undecoded (as redis-py's DUMP does).
         found = await self._call(lambda client: client.execute_command(
-            "EVAL", _TAKE, 1, self._key(lookup), digest, **{NEVER_DECODE: []}))
+            "EVAL", _TAKE, 1, self._key(lookup.session.id), digest, **{NEVER_DECODE: []}))
         if not found:
             return Reason.READBACK_MISSING
         try:
@@ -130,7 +131,7 @@ class RedisReadbacks(Readbacks):
         wall_expires = self._wall() + held.expires - self._clock()
         entry = {"d": digest, "u": held.decode, "p": dumps(held.params), "t": ids,
                  "x": repr(wall_expires)}
-        key = f"{self._store.prefix}r:{session_id}"
+        key = self._key(session_id)
 
         async def write(client: Any) -> Any:
             async with client.pipeline(transaction=True) as pipe:  # never a key that lives on
@@ -141,10 +142,10 @@ class RedisReadbacks(Readbacks):
         await self._call(write)
 
     async def discard(self, session_id: str) -> None:
-        await self._call(lambda client: client.delete(f"{self._store.prefix}r:{session_id}"))
+        await self._call(lambda client: client.delete(self._key(session_id)))
 
-    def _key(self, lookup: Lookup) -> str:
-        return f"{self._store.prefix}r:{lookup.session.id}"
+    def _key(self, session_id: str) -> str:
+        return f"{self._store.prefix}r:{session_id}"
 
     async def _call(self, command: Callable[[Any], Any]) -> Any:
         """The command's answer, None while the store is down or when the command fails."""
