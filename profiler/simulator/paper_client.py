@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import hashlib
 
 
 class ClientKind(enum.StrEnum):
@@ -68,3 +69,39 @@ def kept_reply_tokens(n: int) -> int:
     index = bisect.bisect_right(lengths, n) - 1
     length = lengths[max(index, 0)]
     return min(n, int(REPLY_HIT_SHARE[length] * n))
+
+
+# The script's `generate_prompt` wraps each turn's text in one of three formats, drawn with
+# `rng.choice` from a generator seeded by the conversation's id and turn (the id holds a
+# millisecond clock, so the draw is new every run): "User: ...\nAssistant:",
+# "Question: ...\nAnswer:" and "<|user|>...<|assistant|>". Only the first holds "User:".
+PROMPT_FORMATS = 3
+
+
+def user_format(conversation_id: str, turn: int, seed: int) -> bool:
+    """Whether the script wrote this turn's new text in its "User: ...\nAssistant:" format:
+    one draw of three per (conversation, turn), stable for a seed (one per run)."""
+    digest = hashlib.blake2b(f"{seed}/{conversation_id}/{turn}/format".encode(),
+                             digest_size=8).digest()
+    return int.from_bytes(digest, "big") % PROMPT_FORMATS == 0
+
+
+def proxy_conversation(conversation_id: str, turn: int, seed: int) -> tuple[str, int]:
+    """The conversation and turn number the paper's proxy sees for a turn of the script's.
+
+    Its proxy (comprehensive_proxy.py, `get_conversation_hash`) names a completions request
+    by the md5 of the prompt's first "User:" segment (up to the next "Assistant:"), or of the
+    prompt's first 200 characters when it holds no "User:"; the `conv_id` the script adds to
+    turn 2's body is never read. A turn's prompt is the whole history plus its new text, so
+    the first "User:" is that of the first turn written in the User format. While no turn
+    is, the name is the first 200 characters: turn 1's, the same on every turn. So a turn
+    whose new text is the conversation's first in the User format, after a turn 1 in one of
+    the other two, is a new conversation to the proxy (2 in 9 of the script's two-turn
+    conversations): it is placed afresh by hash and routed as a first turn (P->D; on
+    replicas the hashed replica, which holds the history only by chance), and the turns
+    after it continue that new one. Not modelled: a reply whose own text contains "User:"
+    (what the model wrote; it would rename the conversation in the same way)."""
+    first = next((k for k in range(1, turn + 1) if user_format(conversation_id, k, seed)), 1)
+    if first == 1:
+        return conversation_id, turn
+    return f"{conversation_id}@{first}", turn - first + 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,12 @@ from profiler.replay.output import (
 from profiler.simulator import paper_client
 from profiler.simulator.flags import DEFAULT_COST, DEFAULT_LINK
 from profiler.simulator.live_costs import step_costs_for
-from profiler.simulator.paper_client import PAPER_CONNECTIONS, ClientKind, kept_reply_tokens
+from profiler.simulator.paper_client import (
+    PAPER_CONNECTIONS,
+    ClientKind,
+    kept_reply_tokens,
+    proxy_conversation,
+)
 from profiler.simulator.provenance import SimulatedSetup, describe
 from profiler.simulator.virtual_cluster import (
     DEFAULT_TIMEOUT_S,
@@ -179,7 +184,8 @@ def setup_for(spec: RunSpec) -> SimSetup:
         load_window_s=spec.load_window_s, client_connections=connections,
         reply_retokenized=spec.reply_retokenized, forced=force if forced is not None else None,
         kept_reply=kept_reply_tokens if paper else None, readback_ttl_s=spec.kv_readback_ttl_s,
-        placement_seed=arrival_seed(spec) if paper else None)
+        placement_seed=arrival_seed(spec) if paper else None,
+        proxy_names=partial(proxy_conversation, seed=arrival_seed(spec)) if paper else None)
 
 
 def simulate(spec: RunSpec) -> SimResult:

@@ -96,6 +96,10 @@ class SimSetup:
     # role and keeps it there (`sim_proxy.hashed_placement`); this seeds that hash (Python's
     # str hash is drawn per proxy process). None: ppd's pool, the least loaded node.
     placement_seed: int | None = None
+    # The conversation and turn the proxy sees for a client's (conversation, turn): the
+    # paper's proxy names a conversation by its prompt's text, and some turn 2s are a new
+    # conversation to it (`paper_client.proxy_conversation`). None: the client's own.
+    proxy_names: Callable[[str, int], tuple[str, int]] | None = None
 
 
 @dataclass(slots=True)
@@ -159,7 +163,7 @@ class Simulator:
                               placement_seed=setup.placement_seed)
         if setup.policy.spec.needs.live_view:
             self.proxy.observe_with(observer({url: n.engine for url, n in self._nodes.items()},
-                                             self.proxy.pool, lambda cid: self._history.get(cid)))
+                                             self.proxy.pool, self._history_of_session))
         self._turns: dict[str, _Turn] = {}  # request id (D's / R's) -> turn
         self._by_prefill: dict[str, _Turn] = {}  # P's request id -> turn
         self._reading_back: dict[str, _Turn] = {}  # D->P readback transfer id -> turn
@@ -169,6 +173,7 @@ class Simulator:
         self._pinned: dict[str, _Node] = {}
         self._latest_pin: dict[str, str] = {}
         self._history: dict[str, list[int]] = {}  # conversation id -> its context's token ids
+        self._conversation_of: dict[str, str] = {}  # a proxy's own session name -> conversation
         self._records: list[RequestRecord] = []
         # per node, vLLM's request histograms as sums and counts (what its /metrics shows)
         self._metrics: dict[str, dict[str, float]] = {url: {} for url in self._nodes}
@@ -232,7 +237,7 @@ class Simulator:
         history = self._history.setdefault(conversation.id, [])
         n_new = turn_spec.n_user + (conversation.n_system if index == 0 else 0)
         prompt = history + self._fresh_tokens(n_new)
-        plan = self.proxy.begin(conversation.id, index + 1, n_new, turn_spec.max_tokens)
+        plan = self._route(conversation, index, n_new, len(prompt))
         request_id = f"{conversation.id}/{index + 1}"
         start = self.now if due is None else due  # the capped client's clock starts when due
         turn = _Turn(conversation, index, request_id, start, prompt, plan)
@@ -248,6 +253,22 @@ class Simulator:
             self._submit_via_frontend(turn, plan.decode.url,
                          Request(request_id, max_tokens=turn_spec.max_tokens,
                                  prompt_token_ids=prompt, keep_kv=self._keeps(plan.route)))
+
+    def _route(self, conversation: SimConversation, index: int, n_new: int,
+               n_prompt: int) -> Plan:
+        """The proxy's plan for a turn, under the name the proxy gives its conversation."""
+        max_tokens = conversation.turns[index].max_tokens
+        if self.setup.proxy_names is None:
+            return self.proxy.begin(conversation.id, index + 1, n_new, max_tokens)
+        session, turn = self.setup.proxy_names(conversation.id, index + 1)
+        if session != conversation.id:
+            self._conversation_of[session] = conversation.id
+        # a turn the proxy takes for a new conversation's first brings it the whole prompt
+        seen_new = n_prompt if turn == 1 and index > 0 else n_new
+        return self.proxy.begin(session, turn, seen_new, max_tokens)
+
+    def _history_of_session(self, session_id: str) -> list[int] | None:
+        return self._history.get(self._conversation_of.get(session_id, session_id))
 
     def _submit_prefill(self, turn: _Turn) -> None:
         """P->D's P leg (a readback's too, with the tokens P read back)."""

@@ -146,3 +146,67 @@ def test_fresh_arrivals_draw_each_runs_arrivals_afresh() -> None:
                     fresh_arrivals=True)
     assert arrival_seed(other) != fresh[0]
     assert arrival_seed(replace(other, qps=4.0)) != arrival_seed(other)
+
+
+def test_the_papers_proxy_names_a_conversation_by_its_first_user_format_turn() -> None:
+    """comprehensive_proxy.py hashes a prompt's first "User:" segment, else its first 200
+    characters: a turn 2 written as "User: ..." after a turn 1 in another format is a new
+    conversation to it - 1/3 x 2/3 of the script's conversations."""
+    from profiler.simulator.paper_client import proxy_conversation, user_format
+
+    ids = [f"c{i}" for i in range(9000)]
+    assert all(proxy_conversation(cid, 1, 5) == (cid, 1) for cid in ids)
+    renamed = [cid for cid in ids if proxy_conversation(cid, 2, 5) != (cid, 2)]
+    assert len(renamed) / len(ids) == pytest.approx(2 / 9, abs=0.015)
+    for cid in renamed:
+        assert not user_format(cid, 1, 5) and user_format(cid, 2, 5)
+        assert proxy_conversation(cid, 2, 5) == (f"{cid}@2", 1)
+        assert proxy_conversation(cid, 3, 5) == (f"{cid}@2", 2)  # later turns continue it
+    for cid in ids[:300]:  # a turn 1 in the User format names the conversation for good
+        if user_format(cid, 1, 5):
+            assert all(proxy_conversation(cid, turn, 5) == (cid, turn) for turn in (2, 3, 4))
+    assert renamed != [cid for cid in ids if proxy_conversation(cid, 2, 6) != (cid, 2)]
+
+
+def _renamed_turn2(layout: str, policy: Policy, rename: bool, seed: int | None = None) -> list:
+    def names(cid: str, turn: int) -> tuple[str, int]:
+        return (f"{cid}@2", 1) if rename and turn == 2 else (cid, turn)
+
+    setup = SimSetup(Layout.parse(layout), HAND, RoutingPolicy(PolicyConfig(kind=policy)),
+                     load_link("nvlink"), load_model_shape("llama-3.1-8b").kv_bytes_per_token,
+                     placement_seed=seed, proxy_names=names, readback_ttl_s=None)
+    conversation = SimConversation("c0", (SimTurn(200, 160), SimTurn(16, 4)))
+    return Simulator(setup).run([Arrival(0.0, conversation)]).records
+
+
+def test_a_turn_the_papers_proxy_takes_for_a_new_conversation_is_routed_as_a_first_turn() -> None:
+    from profiler.simulator.layout import sim_nodes
+    from profiler.simulator.sim_proxy import hashed_placement
+
+    kept = _renamed_turn2("1P1D", Policy.LOCAL, rename=False)[1]
+    assert (kept.route, kept.proxy_turn) == ("local", 2)
+    renamed = _renamed_turn2("1P1D", Policy.LOCAL, rename=True)[1]
+    assert (renamed.route, renamed.proxy_turn) == ("pd", 1)  # x=1, yet it goes P->D
+    # on replicas it goes to the new name's hashed replica: a seed that puts it on the
+    # other one makes that replica prefill the whole history
+    urls = sorted(node.url for node in sim_nodes(Layout.parse("2R")))
+    seed = next(s for s in range(100)
+                if hashed_placement(urls, "c0", s) != hashed_placement(urls, "c0@2", s))
+    same = _renamed_turn2("2R", Policy.REPLICA, rename=False, seed=seed)
+    moved = _renamed_turn2("2R", Policy.REPLICA, rename=True, seed=seed)
+    assert same[1].decode == same[0].decode and moved[1].decode != moved[0].decode
+    # 200 + 160 history tokens computed again at 0.1 ms each (block rounding aside)
+    assert moved[1].ttft_s - same[1].ttft_s == pytest.approx(0.036, abs=0.003)
+
+
+def test_paper_setup_names_conversations_as_the_papers_proxy(hand_preset: str) -> None:
+    from profiler.simulator.paper_client import proxy_conversation
+    from profiler.simulator.run import setup_for
+
+    spec = RunSpec(layout="1P1D", dataset="synthetic:small-tiny", qps=1.0, cost=hand_preset,
+                   model="llama-3.1-8b", client="paper")
+    names = setup_for(spec).proxy_names
+    assert names is not None
+    assert [names(f"c{i}", 2) for i in range(50)] == \
+        [proxy_conversation(f"c{i}", 2, arrival_seed(spec)) for i in range(50)]
+    assert setup_for(replace(spec, client="ideal")).proxy_names is None
