@@ -287,5 +287,14 @@ def _proxy_args_checked(args: argparse.Namespace, config: ClusterConfig,
                                    args.state, args.max_model_len)
         print(f"policy {args.policy}: step costs from {costs}", file=sys.stderr, flush=True)
         proxy_args = ["--live-costs", str(costs), *proxy_args]
-    check_proxy(config, args.policy, args.proxy_port, proxy_args)
+    proxy = check_proxy(config, args.policy, args.proxy_port, proxy_args)
+    keeps = config.kv_readback_ttl_s is not None and (args.emulate is not None
+                                                      or config.connector is Connector.NIXL)
+    if keeps and not registry.get(proxy.policy.kind).needs.readback:
+        # vLLM offers no per-request opt-out: D pins every P->D turn's blocks for the TTL
+        # (docs/readback.md, "Costs"), which only a readback-reading policy puts to use.
+        print(f"note: policy {proxy.policy.kind} never reads KV back, yet each D will keep "
+              f"every finished turn's blocks for {config.kv_readback_ttl_s} s (bidirectional "
+              "NIXL, on so that a readback can be forced); on a busy D they fill its KV cache: "
+              "add --no-kv-readback, or lower --kv-readback-ttl", file=sys.stderr, flush=True)
     return proxy_args

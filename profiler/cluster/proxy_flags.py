@@ -10,6 +10,7 @@ import json
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from profiler.cluster import procs
 from profiler.cluster.plan import (
@@ -20,6 +21,9 @@ from profiler.cluster.plan import (
     node_url,
     plan_nodes,
 )
+
+if TYPE_CHECKING:
+    from proxy.config import ProxyConfig
 
 
 def proxy_arguments(cluster_file: Path, policy: str | None, port: int, host: str,
@@ -34,9 +38,10 @@ def proxy_arguments(cluster_file: Path, policy: str | None, port: int, host: str
 
 
 def check_proxy(config: ClusterConfig, policy: str | None, port: int,
-                extra_args: Sequence[str] = ()) -> None:
-    """ClusterError if the proxy `start_proxy` would start in front of `config`'s nodes would
-    refuse its flags or files, or its port is taken; nothing is started."""
+                extra_args: Sequence[str] = ()) -> ProxyConfig:
+    """The configuration of the proxy `start_proxy` would start in front of `config`'s nodes;
+    ClusterError if it would refuse its flags or files, or its port is taken. Nothing is
+    started."""
     from proxy.preflight import check_proxy_args  # the proxy's config code: only with a proxy
 
     if not procs.port_free(config.host, port):
@@ -49,8 +54,8 @@ def check_proxy(config: ClusterConfig, policy: str | None, port: int,
         cluster_file.write_text(json.dumps(
             cluster_document(config.model, config.layout, planned, config.connector)))
         try:
-            check_proxy_args(proxy_arguments(cluster_file, policy, port, config.host,
-                                             extra_args=extra_args))
+            return check_proxy_args(proxy_arguments(cluster_file, policy, port, config.host,
+                                                    extra_args=extra_args))
         except ValueError as exc:  # ConfigError, TableError, a bad cost file
             raise ClusterError(f"the proxy would refuse this configuration: {exc} (no node "
                                "was started; --policy and --proxy-args are the proxy's flags, "

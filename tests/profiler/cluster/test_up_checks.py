@@ -106,3 +106,26 @@ def test_down_without_a_cluster_is_not_an_error(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     assert ppd(["cluster", "down", "--state", str(tmp_path)]) == 0
     assert "nothing was running" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("flags", "noted"), [
+    ([], True),  # the proxy's default policy, pd
+    (["--policy", "local"], True),
+    (["--policy", "live", "--proxy-args",
+      f"--live-costs {REPO / 'tables' / 'tiny-cpu-1p1d.costs.json'}"], False),  # reads back
+    (["--policy", "pd", "--no-kv-readback"], False),
+    (["--policy", "pd", "--connector", "shared-storage"], False),  # no NIXL: nothing kept
+])
+def test_a_policy_that_never_reads_back_is_told_what_each_d_keeps(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], no_spawn: list[list[str]],
+        flags: list[str], noted: bool) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    code = ppd(["cluster", "up", "--model", str(model), "--layout", "1P1D", "--with-proxy",
+                "--base-port", str(BASE_PORT), "--state", str(tmp_path / "state"), *flags])
+    err = capsys.readouterr().err
+    assert code != 0 and len(no_spawn) == 1  # checked, then the first node was refused
+    assert ("never reads KV back" in err) is noted, err
+    if noted:
+        assert "480 s" in err and "--no-kv-readback" in err
