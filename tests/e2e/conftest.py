@@ -17,9 +17,14 @@ import pytest
 
 from profiler.cluster.launcher import Cluster
 from profiler.models.prepare import prepare_model
-from tests.e2e.support import start_e2e_cluster
+from tests.e2e.support import STARTUP_TIMEOUT_S, start_e2e_cluster
 
 E2E_DIR = Path(__file__).parent
+# pytest-timeout counts a test's fixture setup: the first test of a module waits for its
+# cluster, and a start that hangs is tried once more (`start_e2e_cluster`). Both attempts
+# and the test itself (the ini's 600 s) must fit, or the retry is cut short (seen once: a
+# node hung in NIXL's init for the whole first attempt, the timeout killed the second).
+E2E_TEST_TIMEOUT_S = 2 * STARTUP_TIMEOUT_S + 600
 SHARED_1P1D = "cluster_1p1d"
 _running_1p1d: list[Cluster] = []
 _last_1p1d_user: list[str] = []  # nodeid of the last collected test that uses it
@@ -29,6 +34,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if E2E_DIR in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.vllm)
+            item.add_marker(pytest.mark.timeout(E2E_TEST_TIMEOUT_S))
     users = [i.nodeid for i in items if SHARED_1P1D in getattr(i, "fixturenames", ())]
     _last_1p1d_user[:] = users[-1:]
 

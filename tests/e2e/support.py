@@ -40,6 +40,8 @@ KV_LEASE_S = 6
 # D keeps a finished turn's blocks for a readback this long (vLLM's decoder_kv_blocks_ttl;
 # default 480 s): short, so a test can wait for the proxy to stop offering them.
 KV_READBACK_TTL_S = 20
+# One attempt to start a cluster: a normal start takes 1-6 minutes on this 2-core machine.
+STARTUP_TIMEOUT_S = 420.0
 COUNTERS = (PREFIX_HITS, EXTERNAL_HITS, REQUESTS, PROMPT_TOKENS)
 KV_USAGE = "vllm:kv_cache_usage_perc"  # gauge: share of KV blocks held by requests (0..1)
 # P's count of prompts whose KV it freed because no D pulled it before the lease ran out.
@@ -94,7 +96,8 @@ def start_e2e_cluster(layout: str, tiny_model: Path, tmp_path_factory: pytest.Te
             kv_readback_ttl_s=KV_READBACK_TTL_S,
             state_dir=tmp_path_factory.mktemp(f"cluster-{layout}-{connector.value}"),
             base_port=free_base_port(parsed.size), cores=default_cores(),
-            startup_timeout_s=420.0, max_model_len=max_model_len, vllm_args=vllm_args)
+            startup_timeout_s=STARTUP_TIMEOUT_S, max_model_len=max_model_len,
+            vllm_args=vllm_args)
 
     try:
         return start_cluster(config())
