@@ -35,6 +35,15 @@ def no_spawn(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     return spawned
 
 
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    """A model directory for vLLM nodes that are never started (only its path is used)."""
+    path = tmp_path / "model"
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    return path
+
+
 def test_a_misspelt_policy_fails_at_once_naming_local_and_starts_nothing(
         tmp_path: Path) -> None:
     state = tmp_path / "state"
@@ -60,10 +69,7 @@ def test_a_misspelt_policy_fails_at_once_naming_local_and_starts_nothing(
 ])
 def test_the_proxys_configuration_is_built_before_any_node_starts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], no_spawn: list[list[str]],
-        flags: list[str], message: str) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+        model: Path, flags: list[str], message: str) -> None:
     for engine in (["--model", str(model)], ["--emulate", "linear", "--model", "tiny"]):
         code = ppd(["cluster", "up", *engine, "--layout", "1P1D", "--with-proxy",
                     "--base-port", str(BASE_PORT), "--state", str(tmp_path / "state"), *flags])
@@ -118,10 +124,7 @@ def test_down_without_a_cluster_is_not_an_error(tmp_path: Path,
 ])
 def test_a_policy_that_never_reads_back_is_told_what_each_d_keeps(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], no_spawn: list[list[str]],
-        flags: list[str], noted: bool) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+        model: Path, flags: list[str], noted: bool) -> None:
     code = ppd(["cluster", "up", "--model", str(model), "--layout", "1P1D", "--with-proxy",
                 "--base-port", str(BASE_PORT), "--state", str(tmp_path / "state"), *flags])
     err = capsys.readouterr().err
