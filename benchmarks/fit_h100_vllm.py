@@ -45,7 +45,7 @@ def micro_benchmark(cost: HostedCost, batch: int) -> tuple[float, float]:
     # All B reach the API server at `start` and its one event loop takes them in turn
     # (frontend.ApiServer); each reaches the engine when its front end is done. The engine
     # runs nothing else meanwhile (the histories are done), so `running` is 0 throughout.
-    api = ApiServer(cost.host)
+    api = ApiServer.for_host(cost.host)
     at_engine = [api.admit(start, measured.BURST_PROMPT_TOKENS) for _ in histories]
     arrivals += [(at, Request(
         f"r{i}", max_tokens=64, prompt_token_ids=h + list(range(1 << 40 | i << 8,
