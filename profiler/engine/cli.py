@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -147,7 +148,10 @@ def main(argv: list[str], twin_gap: TwinGap | None = None) -> int:
 
         shape = IdleShape(prompt=args.prompt, cached=args.cached, decoding=args.decoding,
                           context=args.context, max_tokens=args.max_tokens)
-        print(predict(load_cost(args.preset), shape).line())
+        prediction = predict(load_cost(args.preset), shape)
+        print(prediction.line())
+        if (why := prediction.warning(shape)) is not None:
+            print(f"ppd sim idle: note: {why}", file=sys.stderr)
     elif args.action == "calibrate":
         if twin_gap is None:
             raise ValueError("`ppd sim calibrate` needs the simulator: run it through `ppd sim`")

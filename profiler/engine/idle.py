@@ -64,9 +64,25 @@ class IdleShape:
 class IdlePrediction:
     ttft_ms: float
     tpot_ms: float
+    # of the --decoding requests, how many were not decoding in the K steps after the arrival
+    # (finished, or preempted for want of KV blocks, before it): the TPOT is the others'
+    not_decoding: float = 0.0
+    kv_blocks: int = 0  # the engine's KV cache, for saying why
 
     def line(self) -> str:
         return f"ttft_ms={self.ttft_ms:.2f} tpot_ms={self.tpot_ms:.2f}"
+
+    def warning(self, shape: IdleShape) -> str | None:
+        """Why the TPOT is not all B requests' (None when it is)."""
+        if not self.not_decoding:
+            return None
+        return (f"{self.not_decoding:g} of the {shape.decoding} decoding requests (mean over the "
+                f"{len(ARRIVAL_PHASES)} arrival points) were not decoding in the "
+                f"{shape.max_tokens} steps after the request arrived: the engine's KV cache "
+                f"({self.kv_blocks:,} blocks of 16 tokens) cannot hold {shape.decoding} requests "
+                f"of {shape.context} tokens and their outputs at once, so vLLM's scheduler "
+                "preempted some (recompute) and others finished while they waited; tpot_ms is "
+                "over the rest. Lower --decoding or --context for a batch that fits.")
 
 
 def engine_config(cost: CostModel) -> EngineConfig:
@@ -82,7 +98,8 @@ def predict(cost: CostModel, shape: IdleShape) -> IdlePrediction:
     runs = [_run(cost, config, shape, phase)
             for phase in (ARRIVAL_PHASES if shape.decoding else (0.0,))]
     return IdlePrediction(statistics.fmean(r.ttft_ms for r in runs),
-                          statistics.fmean(r.tpot_ms for r in runs))
+                          statistics.fmean(r.tpot_ms for r in runs),
+                          statistics.fmean(r.not_decoding for r in runs), config.num_kv_blocks)
 
 
 class _Driver:
@@ -159,8 +176,14 @@ def _run(cost: CostModel, config: EngineConfig, shape: IdleShape, phase: float) 
     gaps = []
     for name in batch:
         after = [t for t in driver.token_times[name] if t > arrival][:shape.max_tokens]
-        gaps.append((after[-1] - before[name]) * 1000 / len(after))
-    return IdlePrediction(ttft_ms, statistics.fmean(gaps))
+        if after:  # none: it finished, or waited preempted, through the whole window
+            gaps.append((after[-1] - before[name]) * 1000 / len(after))
+    if not gaps:
+        raise ValueError(f"none of the {shape.decoding} requests decoded after the request "
+                         f"arrived: the KV cache ({config.num_kv_blocks:,} blocks of 16 tokens) "
+                         f"cannot hold {shape.decoding} requests of {shape.context} tokens; "
+                         "lower --decoding or --context")
+    return IdlePrediction(ttft_ms, statistics.fmean(gaps), len(batch) - len(gaps))
 
 
 def _after(times: list[float], moment: float) -> int:

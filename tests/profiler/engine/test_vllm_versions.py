@@ -150,6 +150,26 @@ def test_sim_idle_prints_one_line_and_explains_bad_input(capsys) -> None:
     assert "unknown vLLM version" in capsys.readouterr().err
 
 
+
+def test_sim_idle_says_so_when_the_batch_does_not_fit_the_kv_cache(capsys) -> None:
+    """200 requests of 2,144 tokens plus the outputs that carry them through the measurement
+    need more blocks than the preset's H100 cache (27,062 at vLLM's 0.9): some are preempted
+    or finish before the request arrives. That used to end in an IndexError; now the TPOT is
+    the decoding ones' and a note on stderr says how many were not decoding, and why."""
+    assert ppd(["sim", "idle", "--preset", "h100:llama-3.1-8b", "--prompt", "1024",
+                "--decoding", "200", "--context", "2144"]) == 0
+    captured = capsys.readouterr()
+    line = captured.out.strip().splitlines()
+    assert len(line) == 1 and line[0].startswith("ttft_ms=")
+    assert float(line[0].split("tpot_ms=")[1]) > 0
+    assert "of the 200 decoding requests" in captured.err
+    assert "KV cache (27,062 blocks of 16 tokens)" in captured.err
+    assert "Lower --decoding or --context" in captured.err
+    # a batch that fits says nothing
+    fits = predict(load_cost("h100:llama-3.1-8b"),
+                   IdleShape(prompt=1024, decoding=200, context=2080))
+    assert fits.not_decoding == 0 and fits.warning(IdleShape(1024, 0, 200, 2080)) is None
+
 def test_presets_list_each_version_and_its_sources(capsys) -> None:
     assert ppd(["sim", "presets"]) == 0
     out = capsys.readouterr().out
