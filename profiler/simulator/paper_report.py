@@ -96,15 +96,21 @@ def _ppd_sections(grid: pd.DataFrame) -> list[str]:
                  f"0.01): {verdict['no_worse']:.1%} ({by_layout})",
                  f"- cells where it beats every fixed x by more than 0.01: "
                  f"{verdict['strictly_better_somewhere']}" + "".join(
-                     f"; {layout} {dataset} @{qps:g}: {margin:+.2f}"
-                     for (layout, dataset, qps), margin in verdict["wins"].head(8).items())]
+                     f"; {_cell(key)}: {margin:+.2f}"
+                     for key, margin in verdict["wins"].head(8).items())]
         losses = verdict["worst_losses"]
         if len(losses):
             lines.append("- largest losses (score margin to the best fixed x): " + "; ".join(
-                f"{layout} {dataset} @{qps:g}: {margin:+.2f}"
-                for (layout, dataset, qps), margin in losses.items()))
+                f"{_cell(key)}: {margin:+.2f}" for key, margin in losses.items()))
         sections.append("\n".join(lines))
     return sections
+
+
+def _cell(key: tuple[Any, ...]) -> str:
+    """A cell's name: layout, workload and load, and its seed when the grid holds several
+    (`paper.cell_key`)."""
+    layout, dataset, qps, *seed = key
+    return f"{layout} {dataset} @{qps:g}" + "".join(f" seed {s:g}" for s in seed)
 
 
 def write_plots(grid: pd.DataFrame, out: Path) -> list[Path]:

@@ -77,6 +77,22 @@ def test_a_grid_of_several_seeds_is_scored_per_seed() -> None:
     assert verdict["no_worse"] == 1.0
 
 
+def test_the_report_of_a_several_seed_grid_names_each_cell_with_its_seed(
+        tmp_path: Path) -> None:
+    """A grid of several seeds keys its cells by seed too; the ppd section's wins and losses
+    used to unpack three parts and stop the command (ValueError: too many values)."""
+    grid = _grid()
+    other = grid.assign(seed=1)
+    other.loc[other["policy"] == "ppd", "tpot_ms_mean"] = 14.0  # a loss in every seed-1 cell
+    path = tmp_path / "grid.parquet"
+    pd.concat([grid.assign(seed=0), other]).to_parquet(path)
+    assert ppd(["sim", "paper", str(path), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "tables.md").read_text()
+    assert "; 1P3D small-tiny @1 seed 0: +" in text  # a win, named with its seed
+    losses = next(line for line in text.splitlines() if line.startswith("- largest losses"))
+    assert " seed 1: -" in losses and " seed 0" not in losses
+
+
 def test_paper_command_writes_tables_and_plots(tmp_path: Path) -> None:
     grid = tmp_path / "grid.parquet"
     _grid().to_parquet(grid)
