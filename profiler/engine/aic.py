@@ -145,6 +145,11 @@ class AicCost:
         return self._perf
 
 
+# aiconfigurator's kernel data is per TP degree of one node; a model's heads split evenly
+# over these (tp0 divided by zero inside its estimator, tp3 tripped an assertion)
+TP_SIZES = (1, 2, 4, 8)
+
+
 def load_preset(name: str) -> AicCost:
     """`gpu:model[:tpN]`, e.g. `h100:llama-3.1-8b` or `h200:llama-3.1-70b:tp4`."""
     parts = name.split(":")
@@ -156,4 +161,7 @@ def load_preset(name: str) -> AicCost:
         if not parts[2].startswith("tp") or not parts[2][2:].isdigit():
             raise ValueError(f"cost preset {name!r}: the third part must be tpN, e.g. tp2")
         tp_size = int(parts[2][2:])
+        if tp_size not in TP_SIZES:
+            raise ValueError(f"cost preset {name!r}: tensor parallelism must be one of "
+                             f"{', '.join(f'tp{n}' for n in TP_SIZES)} (the GPUs of one node)")
     return AicCost(name=name, system=GPUS[parts[0]], model=MODELS[parts[1]], tp_size=tp_size)

@@ -39,6 +39,7 @@ so the compute terms go into the `LinearCost` kernel and the step constant into 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ import numpy as np
 import pandas as pd
 
 from profiler.engine.cost import LinearCost
-from profiler.engine.fit import _mean_overlap, read_runs
+from profiler.engine.fit import _mean_overlap, numeric_column, read_frame, read_runs
 from profiler.engine.host import HostedCost, HostModel
 from proxy.vocabulary import Role, RouteKind
 
@@ -63,6 +64,14 @@ MIN_RUNS = 2
 # admits it (its pull starts at that step's end), half a step until D sees the KV, the step
 # that recomputes the last prompt token. The fitted hand-off is what is left beyond them.
 D_ALIGNMENT_STEPS = 3
+# The metrics the fit reads; a NaN in one would reach the least-squares solver.
+READ_METRICS = frozenset({*(f"{h}_{part}" for h in HISTOGRAMS for part in ("sum", "count")),
+                          *COUNTERS})
+# What `ppd cluster probe` writes to probe.csv (shape_probe.ProbeRow); `running` came later
+# and `node` is not read.
+PROBE_COLUMNS = ("kind", "prompt_tokens", "computed_tokens", "prefill_ms", "queue_ms",
+                 "client_ms")
+PROBE_KINDS = ("cold", "hit", "append", "text", "chat-via-proxy", "busy-text")
 _SAMPLE = re.compile(r"^vllm:([a-z_]+)(?:\{([^}]*)\})?\s+(\S+)")
 
 
@@ -137,8 +146,8 @@ def read_run(path: Path) -> CalibrationRun:
     for after in sorted(directory.glob("metrics-after-*.txt")):
         node = after.name.removeprefix("metrics-after-").removesuffix(".txt")
         before = directory / f"metrics-before-{node}.txt"
-        end = parse_metrics(after.read_text())
-        start = parse_metrics(before.read_text()) if before.is_file() else {}
+        end = read_metrics(after)
+        start = read_metrics(before) if before.is_file() else {}
         role = next((r for r in Role if node.startswith(r.value)), None)
         if role is None:
             raise ValueError(f"{after}: node name {node!r} must start with prefill, decode or "
@@ -148,6 +157,34 @@ def read_run(path: Path) -> CalibrationRun:
         raise ValueError(f"{directory}: no metrics-after-NODE.txt: take each node's /metrics "
                          "before and after the run (see scripts/calibration_runs.sh)")
     return run
+
+
+def read_metrics(path: Path) -> dict[str, float]:
+    """A node's /metrics file, parsed; a metric the fit reads that is NaN or infinite is a
+    ValueError naming the file (a NaN would only surface as a solver failure later)."""
+    values = parse_metrics(path.read_text())
+    bad = sorted(name for name in READ_METRICS & values.keys() if not math.isfinite(values[name]))
+    if bad:
+        raise ValueError(f"{path}: metric(s) {', '.join('vllm:' + name for name in bad)} "
+                         "are not finite numbers")
+    return values
+
+
+def read_probe(path: Path) -> pd.DataFrame:
+    """A shape probe (`ppd cluster probe`'s probe.csv), checked before any fit: its columns,
+    its kinds of row, and its numbers (every cell filled, finite, not negative)."""
+    rows = read_frame(path)
+    missing = [name for name in PROBE_COLUMNS if name not in rows.columns]
+    if missing:
+        raise ValueError(f"{path}: not a shape probe from `ppd cluster probe` (missing "
+                         f"column(s) {missing})")
+    unknown = sorted(set(rows["kind"].astype(str)) - set(PROBE_KINDS))
+    if unknown:
+        raise ValueError(f"{path}: column kind: unknown kind(s) {unknown}; known: "
+                         f"{', '.join(PROBE_KINDS)}")
+    for column in (*PROBE_COLUMNS[1:], *(["running"] if "running" in rows.columns else [])):
+        rows[column] = numeric_column(rows, column, path, allow_empty=False)
+    return rows
 
 
 def huber_line(x: Sequence[float], y: Sequence[float], delta: float = 1.345,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from profiler.engine.batch import BatchShape
+from profiler.engine.config import EngineConfig
 from profiler.engine.cost import LinearCost
 from profiler.engine.host import HostedCost
 from profiler.engine.presets import load_cost
@@ -205,6 +206,16 @@ def render_step(args: argparse.Namespace) -> str:
         raise ValueError("--decode needs --context (each decoding request's context)")
     if not args.decode and not args.prefill:
         raise ValueError("an empty step: give --decode and/or --prefill")
+    # one step of one engine: at most max_num_seqs requests, each within max_model_len (a
+    # 10^8 x 10^8 step overflowed aiconfigurator's 32-bit token counts)
+    limits = EngineConfig()
+    if args.decode > limits.max_num_seqs:
+        raise ValueError(f"--decode {args.decode}: one step runs at most max_num_seqs "
+                         f"{limits.max_num_seqs} requests")
+    for name in ("context", "prefill", "prefill_context"):
+        if getattr(args, name) > limits.max_model_len:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} exceeds "
+                             f"max_model_len {limits.max_model_len}")
     shape = BatchShape(num_prefill_requests=1 if args.prefill else 0,
                        sum_prefill_tokens=args.prefill,
                        sum_prefill_kv_tokens=args.prefill_context if args.prefill else 0,
@@ -246,7 +257,7 @@ VLLM_CPU_SERVER_TOKEN_BUDGET = 2048
 
 
 def run_calibrate(args: argparse.Namespace, twin_gap: TwinGap) -> str:
-    from profiler.engine.calibrate import calibrate
+    from profiler.engine.calibrate import calibrate, read_probe
 
     if args.block_size < 1 or args.max_model_len < 1:
         raise ValueError("--block-size and --max-model-len must be at least 1")
@@ -255,11 +266,8 @@ def run_calibrate(args: argparse.Namespace, twin_gap: TwinGap) -> str:
     # branch of the default max_num_batched_tokens, 0.32), when chunked prefill is on.
     budget = args.max_model_len if whole_prompt else min(VLLM_CPU_SERVER_TOKEN_BUDGET,
                                                          args.max_model_len)
-    probe = None
-    if args.probe is not None:
-        import pandas as pd
-
-        probe = pd.read_csv(args.probe)
+    # read and checked before the runs are, so a bad probe fails before any work
+    probe = read_probe(args.probe) if args.probe is not None else None
     result = calibrate(args.runs, name=args.name or args.out.stem, block_size=args.block_size,
                        engine={"max_model_len": args.max_model_len,
                                "max_num_batched_tokens": budget},

@@ -9,7 +9,8 @@ Presets are named and record their source: `aic.py` (GPUs, measured kernel data)
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+import math
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Protocol
 
 from profiler.engine.batch import BatchShape
@@ -83,5 +84,20 @@ class LinearCost:
         unknown = set(data) - known - {"kind"}
         if unknown:
             raise ValueError(f"unknown LinearCost keys: {sorted(unknown)}")
-        return cls(**{k: v for k, v in data.items() if k in known})  # type: ignore[arg-type]
+        missing = {f.name for f in fields(cls) if f.default is MISSING} - set(data)
+        if missing:
+            raise ValueError(f"linear cost preset: missing {sorted(missing)}")
+        values = {k: v for k, v in data.items() if k in known}
+        for key in known - {"name", "source"}:
+            if key in values:
+                check_term("linear cost preset", key, values[key])
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def check_term(where: str, key: str, value: object) -> None:
+    """A time term of a cost preset file is a finite number >= 0: the fits clamp theirs at
+    0, and a NaN or negative one gave NaN or negative TTFTs without a word."""
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or value < 0):
+        raise ValueError(f"{where}: {key} must be a finite number >= 0 (got {value!r})")
 

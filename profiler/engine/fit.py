@@ -40,24 +40,82 @@ class Fit:
 
 
 def read_runs(paths: Sequence[Path]) -> pd.DataFrame:
-    """Rows of every run (a run directory or its requests.csv / requests.parquet)."""
-    frames = []
-    for path in paths:
-        if path.is_dir():
-            path = path / "requests.parquet" if (path / "requests.parquet").is_file() \
-                else path / "requests.csv"
-        if not path.is_file():
-            raise ValueError(f"no requests.csv or requests.parquet at {path}")
-        frame = _in_seconds(pd.read_parquet(path) if path.suffix == ".parquet"
-                            else pd.read_csv(path))
-        missing = {"turn", "start_s", "ttft_s", "tpot_s", "e2e_s", "n_input_tokens",
-                   "n_output_tokens", "success"} - set(frame.columns)
-        if missing:
-            raise ValueError(f"{path}: not a replay requests file (missing {sorted(missing)})")
-        frames.append(frame)
+    """Rows of every run (a run directory or its requests.csv / requests.parquet), each file
+    checked before any fit: a bad file is one ValueError naming it and the column."""
+    frames = [_read_requests(_requests_file(path)) for path in paths]
     if not frames:
         raise ValueError("give at least one replay run")
     return pd.concat(frames, ignore_index=True)
+
+
+def read_frame(path: Path) -> pd.DataFrame:
+    """A CSV (or .parquet) file as a frame; an empty or unparsable file is a ValueError that
+    names it, not pandas' own words."""
+    if path.suffix == ".parquet":
+        return pd.read_parquet(path)
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{path}: the file is empty") from None
+    except pd.errors.ParserError as error:
+        raise ValueError(f"{path}: not a CSV file ({error})") from None
+
+
+def numeric_column(frame: pd.DataFrame, column: str, path: Path, *,
+                   allow_empty: bool = True, allow_negative: bool = False) -> pd.Series:
+    """frame[column] as floats, or a ValueError naming the file, the column, how many rows
+    are bad and the first bad value: text, infinities, negative values (unless allowed) and
+    empty cells (unless allowed: a failed request has no TTFT)."""
+    raw = frame[column]
+    values = pd.to_numeric(raw, errors="coerce").astype(float)
+    problems = [(raw.notna() & values.isna(), "not a number")]
+    if not allow_empty:
+        problems.append((raw.isna(), "empty (or NaN)"))
+    problems.append((np.isinf(values), "infinite"))
+    if not allow_negative:
+        problems.append((values < 0, "negative"))
+    for bad, what in problems:
+        if bad.any():
+            raise ValueError(f"{path}: column {column}: {int(bad.sum())} row(s) {what}"
+                             + _first_value(raw[bad]))
+    return values
+
+
+def _first_value(bad: pd.Series) -> str:
+    first = bad.iloc[0]
+    if pd.isna(first):
+        return ""  # an empty cell has nothing to show
+    return f" (first: {first!r})" if isinstance(first, str) else f" (first: {first})"
+
+
+_TIMES = ("start", "ttft", "tpot", "e2e")  # `*_ms` in files `ppd replay` writes
+_COUNTS = ("turn", "n_input_tokens", "n_output_tokens")
+
+
+def _requests_file(path: Path) -> Path:
+    if path.is_dir():
+        path = path / "requests.parquet" if (path / "requests.parquet").is_file() \
+            else path / "requests.csv"
+    if not path.is_file():
+        raise ValueError(f"no requests.csv or requests.parquet at {path}")
+    return path
+
+
+def _read_requests(path: Path) -> pd.DataFrame:
+    frame = read_frame(path)
+    # A time is missing only when neither spelling is there; named as `ppd replay` writes it.
+    missing = [f"{name}_ms" for name in _TIMES
+               if f"{name}_ms" not in frame.columns and f"{name}_s" not in frame.columns]
+    missing += [name for name in (*_COUNTS, "success") if name not in frame.columns]
+    if missing:
+        raise ValueError(f"{path}: not a replay requests file (missing column(s) {missing})")
+    for name in _TIMES:
+        column = f"{name}_ms" if f"{name}_ms" in frame.columns else f"{name}_s"
+        # start is an offset in the run, the others latencies: only those cannot be < 0
+        frame[column] = numeric_column(frame, column, path, allow_negative=name == "start")
+    for column in _COUNTS:
+        frame[column] = numeric_column(frame, column, path)
+    return _in_seconds(frame)
 
 
 def _in_seconds(frame: pd.DataFrame) -> pd.DataFrame:

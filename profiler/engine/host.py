@@ -68,7 +68,7 @@ import bisect
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from profiler.engine.cost import BatchShape, CostModel
+from profiler.engine.cost import BatchShape, CostModel, check_term
 
 
 def vllm_capture_sizes(max_num_seqs: int = 256) -> tuple[int, ...]:
@@ -181,7 +181,21 @@ class HostModel:
             raise ValueError(f"unknown host keys: {sorted(unknown)}")
         values = dict(data)
         if "cuda_graph_sizes" in values:
-            values["cuda_graph_sizes"] = tuple(int(s) for s in values["cuda_graph_sizes"])
+            sizes = values["cuda_graph_sizes"]
+            if not isinstance(sizes, list) or not all(
+                    isinstance(size, int) and not isinstance(size, bool) and size > 0
+                    for size in sizes):
+                raise ValueError("host terms: cuda_graph_sizes must be a list of batch sizes "
+                                 f"(whole numbers > 0), got {sizes!r}")
+            values["cuda_graph_sizes"] = tuple(sizes)
+        defaults = cls()
+        for key, value in values.items():
+            default = getattr(defaults, key)
+            if isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise ValueError(f"host terms: {key} must be true or false, got {value!r}")
+            elif isinstance(default, int | float):
+                check_term("host terms", key, value)
         return cls(**values)
 
 

@@ -58,11 +58,17 @@ def load(spec: str) -> CostModel:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
             raise ValueError(f"cost preset {spec} is not JSON: {exc}") from None
-        return from_dict(data)
+        try:
+            return from_dict(data)
+        except ValueError as exc:
+            raise ValueError(f"cost preset {spec}: {exc}") from None
     return _gpu_preset(spec)
 
 
 def from_dict(data: dict[str, Any]) -> CostModel:
+    if not isinstance(data, dict):
+        raise ValueError("a cost preset is a JSON object (`\"kind\": \"linear\"` or "
+                         f"`\"hosted\"`, as `ppd sim fit` writes), not a {type(data).__name__}")
     kind = data.get("kind", "linear")
     if kind == "linear":
         return LinearCost.from_dict(data)
@@ -70,12 +76,29 @@ def from_dict(data: dict[str, Any]) -> CostModel:
         missing = {"name", "kernel", "host"} - set(data)
         if missing:
             raise ValueError(f"hosted cost preset: missing {sorted(missing)}")
+        for key in ("kernel", "host"):
+            if not isinstance(data[key], dict):
+                raise ValueError(f"hosted cost preset: {key} must be a JSON object, got "
+                                 f"{data[key]!r}")
         return HostedCost(name=str(data["name"]), kernel=from_dict(data["kernel"]),
                           host=HostModel.from_dict(data["host"]),
                           source=str(data.get("source", "")),
-                          engine={k: int(v) for k, v in dict(data.get("engine", {})).items()},
+                          engine=_engine_overrides(data.get("engine", {})),
                           vllm=str(data.get("vllm", "")))
     raise ValueError(f"unknown cost preset kind {kind!r} (linear or hosted)")
+
+
+def _engine_overrides(engine: object) -> dict[str, int]:
+    """A hosted preset's EngineConfig overrides (block_size, num_kv_blocks, ...): whole
+    numbers > 0, each named when it is not one."""
+    if not isinstance(engine, dict):
+        raise ValueError(f"hosted cost preset: engine must be a JSON object, got {engine!r}")
+    bad = [key for key, value in engine.items()
+           if isinstance(value, bool) or not isinstance(value, int) or value < 1]
+    if bad:
+        raise ValueError(f"hosted cost preset: engine {', '.join(bad)} must be whole numbers > 0 "
+                         f"(got {', '.join(repr(engine[key]) for key in bad)})")
+    return dict(engine)
 
 
 def to_dict(cost: HostedCost) -> dict[str, Any]:

@@ -8,6 +8,7 @@ reaches a large fraction of them for multi-MB block transfers, which is not mode
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -75,7 +76,10 @@ def load_link(spec: str) -> Link:
         latency_s, bandwidth_bytes = float(latency) / 1000, float(bandwidth) * 1e9
     except ValueError:
         latency_s = bandwidth_bytes = -1.0
-    if not sep or latency_s < 0 or bandwidth_bytes <= 0:
+    # `not (x >= 0)` rather than `x < 0`: NaN passes every comparison (a NaN link hung the
+    # simulator: transfers that never end)
+    if not sep or not (math.isfinite(latency_s) and latency_s >= 0) or not (
+            math.isfinite(bandwidth_bytes) and bandwidth_bytes > 0):
         raise ValueError(f"unknown link {spec!r}; known: {', '.join(LINKS)}, or LATENCY_MS:GBPS")
     return Link(spec, bandwidth_bytes, latency_s, f"given: {latency_s * 1000:g} ms, "
                 f"{bandwidth_bytes / 1e9:g} GB/s")

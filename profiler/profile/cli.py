@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from profiler.cli import HelpFormatter, base_url
-from profiler.profile.grid import ProfileGrid, grid_from_mapping
+from profiler.cli_types import output_file, positive_int, weight
+from profiler.profile.grid import ProfileGrid, grid_from_mapping, read_grid_file
 from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES
 from proxy.redact import redacted_command, redacted_url, rerun_note
 from proxy.table import MEASURED, STATUS_COLUMN
@@ -72,11 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--layout", help="with --backend sim: the layout, e.g. 1P3D")
     parser.add_argument("--cost", default="h100:llama-3.1-8b",
                         help="with --backend sim: cost preset (default h100:llama-3.1-8b)")
-    parser.add_argument("--processes", type=int, default=1,
+    parser.add_argument("--processes", type=positive_int, default=1,
                         help="with --backend sim: worker processes (default 1)")
     parser.add_argument("--model", help="model to serve with --cluster (tiny|smollm2|DIR); "
                         "with --target, the served model name (default: the first one listed)")
-    parser.add_argument("--out", type=Path, required=True,
+    parser.add_argument("--out", type=output_file, required=True,
                         help="table path (NAME.csv); NAME.parquet and NAME.meta.json go beside")
     parser.add_argument("--force", action="store_true",
                         help="replace a finished table at --out (a partial one is resumed)")
@@ -101,15 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default: {defaults.warmup_conversations})")
     parser.add_argument("--timeout", type=float, help="per-request timeout in seconds "
                         f"(default: {defaults.timeout_s:g})")
-    parser.add_argument("--max-conversations", type=int,
+    parser.add_argument("--max-conversations", type=positive_int,
                         help="cap on conversations per (cell, route)")
     parser.add_argument("--tokenizer", type=Path,
                         help="local HF tokenizer dir for exact synthetic token counts")
     parser.add_argument("--seed", type=int, default=0, help="order and text seed")
     parser.add_argument("--admin-key", help="the proxy's admin key (forcing a route needs it)")
-    parser.add_argument("--w-ttft", type=float, default=1.0,
+    parser.add_argument("--w-ttft", type=weight, default=1.0,
                         help="TTFT weight of the verdicts printed at the end")
-    parser.add_argument("--w-tpot", type=float, default=1.0,
+    parser.add_argument("--w-tpot", type=weight, default=1.0,
                         help="TPOT weight of the verdicts printed at the end")
     parser.add_argument("--layout-label", default=None,
                         help="layout recorded in meta.json with --target (default: counted "
@@ -131,10 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 def grid_from_args(args: argparse.Namespace) -> ProfileGrid:
     values: dict[str, Any] = {}
     if args.grid is not None:
-        loaded = yaml.safe_load(args.grid.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{args.grid}: a grid file is a YAML mapping")
-        values.update(loaded)
+        values.update(read_grid_file(args.grid))
     if args.contexts:
         values["contexts"] = _split(args.contexts)
     if args.workloads:

@@ -6,8 +6,10 @@ command's parser and its usage errors do not import them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from proxy.discretize import PAPER_CONTEXTS, TURN1_PROFILES, WORKLOAD_SHAPES, Cell, ContextClass
@@ -71,20 +73,88 @@ class ProfileGrid:
         return record
 
 
+def read_grid_file(path: Path) -> dict[str, Any]:
+    """The keys of a YAML grid file, each checked for its type; every error names the file."""
+    import yaml  # only a grid file needs it
+
+    try:
+        with path.open() as stream:  # (a stream: PyYAML's own marks then name the file too)
+            loaded = yaml.safe_load(stream) or {}
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path}: not valid YAML ({_yaml_problem(error)})") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: a grid file is a YAML mapping (`qps: [0.5, 1]`, ...)")
+    return checked_grid_values(loaded, source=str(path))
+
+
 def grid_from_mapping(values: Mapping[str, Any]) -> ProfileGrid:
-    """A grid from a YAML mapping; unknown keys are errors, not silently ignored."""
-    unknown = sorted(set(values) - GRID_KEYS)
-    if unknown:
-        raise ValueError(f"unknown grid key(s) {unknown}; known: {sorted(GRID_KEYS)}")
-    kwargs: dict[str, Any] = dict(values)
+    """A grid from a YAML mapping (or flags); unknown keys are errors, not silently ignored."""
+    kwargs = checked_grid_values(values)
     if "contexts" in kwargs:
         kwargs["contexts"] = tuple(_context(name) for name in kwargs["contexts"])
-    for key in ("workloads", "qps"):
-        if key in kwargs:
-            kwargs[key] = tuple(kwargs[key])
     if "qps" in kwargs:
         kwargs["qps"] = tuple(float(q) for q in kwargs["qps"])
     return ProfileGrid(**kwargs)
+
+
+def checked_grid_values(values: Mapping[str, Any], source: str | None = None) -> dict[str, Any]:
+    """values with unknown keys refused and each key's type checked, list keys as tuples;
+    errors start with source (the grid file) when given."""
+    where = f"{source}: " if source else ""
+    unknown = sorted(set(values) - GRID_KEYS)
+    if unknown:
+        raise ValueError(f"{where}unknown grid key(s) {unknown}; known: {sorted(GRID_KEYS)}")
+    checked: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in _LIST_KEYS:
+            checked[key] = _checked_list(key, value, where)
+        else:
+            what, fits = _SCALAR_KEYS[key]
+            if not fits(value):
+                raise ValueError(f"{where}`{key}` must be {what} (got {value!r})")
+            checked[key] = value
+    return checked
+
+
+def _checked_list(key: str, value: Any, where: str) -> tuple[Any, ...]:
+    what, fits = _LIST_KEYS[key]
+    # A bare item (`qps: 1`, `contexts: small`) is what a user means by a one-point axis, so
+    # it is taken as a one-item list; a string is one item, never iterated char by char.
+    items = list(value) if isinstance(value, list | tuple) else [value]
+    if not all(fits(item) for item in items):
+        raise ValueError(f"{where}`{key}` must be a list of {what} (got {value!r})")
+    return tuple(items)
+
+
+def _is_number(value: Any) -> bool:
+    # YAML reads yes/true as booleans, which Python counts as ints; .inf and .nan are floats
+    return isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_LIST_KEYS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "contexts": ("context class names", lambda item: isinstance(item, str)),
+    "workloads": ("workload names", lambda item: isinstance(item, str)),
+    "qps": ("numbers", _is_number),
+}
+_SCALAR_KEYS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "duration_s": ("a number of seconds", _is_number),
+    "timeout_s": ("a number of seconds", _is_number),
+    "warmup_conversations": ("a whole number", _is_whole),
+    "max_conversations": ("a whole number >= 1, or null for no cap",
+                          lambda value: value is None or (_is_whole(value) and value >= 1)),
+}
+
+
+def _yaml_problem(error: Exception) -> str:
+    """PyYAML's problem and where it is (the caller names the file)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
 
 
 def _context(name: str) -> ContextClass:
@@ -96,4 +166,5 @@ def _context(name: str) -> ContextClass:
         ) from None
 
 
-__all__ = ["GRID_KEYS", "ProfileGrid", "grid_from_mapping"]
+__all__ = ["GRID_KEYS", "ProfileGrid", "checked_grid_values", "grid_from_mapping",
+           "read_grid_file"]

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from profiler.cli import HelpFormatter, base_url
+from profiler.cli_types import positive_int
 from profiler.replay.client import ReplayConfig, ReplayResult, RequestRecord, replay
 from profiler.replay.dataset import DatasetSpec, load_dataset
 from profiler.replay.metrics import summarize
@@ -69,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="deprecated alias of --conversation-rate")
     parser.add_argument("--duration", type=float, required=True,
                         help="seconds during which new conversations start")
-    parser.add_argument("--max-turns", type=int, help="replay at most N turns per conversation")
+    parser.add_argument("--max-turns", type=positive_int,
+                        help="replay at most N turns per conversation")
     parser.add_argument("--min-turns", type=int, default=1,
                         help="skip conversations with fewer turns")
     parser.add_argument("--language", action="append",
@@ -89,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="gamma shape of inter-arrivals; 1 = Poisson, < 1 burstier")
     parser.add_argument("--think-time", type=float, default=0.0,
                         help="seconds between a reply and the next turn")
-    parser.add_argument("--max-conversations", type=int, help="start at most N conversations")
+    parser.add_argument("--max-conversations", type=positive_int,
+                        help="start at most N conversations")
     # Not readback: it needs the turn before it sent whole (`ppd profile --readback` does).
     parser.add_argument("--force-route", choices=[RouteKind.PD.value, RouteKind.LOCAL.value],
                         help="send x-ppd-route on turn 2+ (the proxy must allow it)")

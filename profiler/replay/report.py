@@ -46,6 +46,9 @@ COMPARE_ROWS: tuple[tuple[str, str], ...] = (
     ("local share (turn 2+)", "local_share"),
     ("SLO attainment", "slo_attainment"),
 )
+# The summary values the table and plots read as numbers (null: not measured in that run).
+NUMBER_KEYS = (*(key for _, key in COMPARE_ROWS if not key.startswith("_")), "ttft_ms_p99",
+               "n_success", "n_requests")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,7 @@ def load_run(path: Path) -> Run:
         qps = float(load.get("conversation_rate", document["config"]["qps"]))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{file} is not a ppd replay summary ({exc})") from None
+    check_summary(summary, file)
     label = str(document.get("label") or file.parent.name)
     backend = document.get("backend")
     seed = document["config"].get("seed") if isinstance(document.get("config"), dict) else None
@@ -91,6 +95,29 @@ def load_run(path: Path) -> Run:
                interrupted=bool(document.get("interrupted")),
                backend=str(backend) if backend else None,
                seed=seed if isinstance(seed, int) else None)
+
+
+def check_summary(summary: Any, file: Path) -> None:
+    """Raise a ValueError that names file and what is wrong unless summary is what the table
+    and plots read: an object whose NUMBER_KEYS hold numbers or null (checked here, since
+    pandas and matplotlib would say it later and without the file)."""
+    if not isinstance(summary, dict):
+        raise ValueError(f'{file}: its "summary" is {_shown(summary)}, not the run\'s metrics '
+                         "(an object of name: value, as `ppd replay` writes it)")
+    bad = [key for key in NUMBER_KEYS if key in summary and not _number_or_null(summary[key])]
+    if bad:
+        listed = "; ".join(f'"{key}" is {_shown(summary[key])}' for key in bad)
+        raise ValueError(f"{file}: in its summary, {listed}: a number (or null) was expected")
+
+
+def _number_or_null(value: Any) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def _shown(value: Any) -> str:
+    """A JSON value as it reads in the file, cut short."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def what_table(path: Path) -> str:

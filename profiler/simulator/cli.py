@@ -19,6 +19,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from profiler.cli_types import positive_int
 from profiler.simulator.flags import add_cluster_flags, readback_ttl
 from proxy.config import ConfigError, PolicyConfig
 from proxy.options import add_flags, option_fields
@@ -41,7 +42,8 @@ def build_run_parser() -> argparse.ArgumentParser:
                       "paper's name for the same number)")
     parser.add_argument("--duration", type=float, default=10.0,
                         help="seconds during which conversations start (default 10)")
-    parser.add_argument("--max-turns", type=int, help="simulate at most N turns per conversation")
+    parser.add_argument("--max-turns", type=positive_int,
+                        help="simulate at most N turns per conversation")
     parser.add_argument("--max-context-tokens", type=int,
                         help="cut trace conversations to the turns whose context fits")
     add_cluster_flags(parser)
@@ -155,14 +157,13 @@ def build_paper_parser() -> argparse.ArgumentParser:
 
 def paper_main(argv: list[str]) -> int:
     args = build_paper_parser().parse_args(argv)
-    import pandas as pd
-
-    from profiler.simulator.paper import coverage_notes, load_grid
+    from profiler.simulator.grid_table import load_grids
+    from profiler.simulator.paper import coverage_notes
     from profiler.simulator.paper_report import write_report
     from profiler.simulator.provenance import paper_differences, report_preface, setup_of_grid
     from profiler.simulator.verdict import verdict_lines
 
-    frame = pd.concat([load_grid(path) for path in args.grid], ignore_index=True)
+    frame = load_grids(args.grid)
     setups = setup_of_grid(args.grid, frame)
     for note in coverage_notes(frame):
         print(f"ppd sim paper: warning: {note}", file=sys.stderr)
@@ -178,7 +179,7 @@ def paper_main(argv: list[str]) -> int:
     if args.ideal:
         from profiler.simulator.paper_compare import side_by_side_markdown
 
-        ideal = pd.concat([load_grid(path) for path in args.ideal], ignore_index=True)
+        ideal = load_grids(args.ideal)
         ideal_setups = setup_of_grid(args.ideal, ideal)
         ideal_verdict = verdict_lines(ideal)
         written += write_report(ideal, args.out / "ideal",

@@ -30,6 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from profiler.cli_types import output_file, positive_int
 from profiler.simulator.flags import add_cluster_flags, readback_ttl
 from profiler.simulator.provenance import METADATA_KEY, SimulatedSetup, describe, sidecar_path
 from proxy.config import Policy, PolicyConfig
@@ -202,13 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with ppd: use DIR/h100-llama-3.1-8b-LAYOUT.csv per layout "
                         "(the shipped tables; default tables/)")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per run")
-    parser.add_argument("--max-turns", type=int, help="at most N turns per conversation")
+    parser.add_argument("--max-turns", type=positive_int, help="at most N turns per conversation")
     parser.add_argument("--max-context-tokens", type=int,
                         help="cut trace conversations to the turns whose context fits")
     add_cluster_flags(parser)
-    parser.add_argument("--processes", type=int, default=os.cpu_count() or 1,
+    parser.add_argument("--processes", type=positive_int, default=os.cpu_count() or 1,
                         help="worker processes (default: one per core)")
-    parser.add_argument("--out", type=Path, required=True, help="table to write (.parquet/.csv)")
+    parser.add_argument("--out", type=output_file, required=True,
+                        help="table to write (.parquet/.csv)")
     parser.add_argument("--no-progress", action="store_true")
     return parser
 

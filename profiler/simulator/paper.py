@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from profiler.simulator.grid import PAPER_FIXED, PAPER_LAYOUTS, paper_datasets
 from profiler.simulator.paper_figures import PAPER_TABLE1, PAPER_TABLE2, PAPER_TABLE4
-from profiler.tables.io import read_csv_file
 from proxy.policies import ppd as ppd_policy
 from proxy.policies import registry
 from proxy.policies import replica as replica_policy
@@ -41,7 +39,6 @@ FIXED = PAPER_FIXED
 X0, X1 = registry.fixed_label(0.0), registry.fixed_label(1.0)  # pd and local
 REPLICA = replica_policy.NAME
 _MODE_X = "x="  # the paper names a fixed mode by its x
-
 
 def mode_of(policy: str) -> str:
     """The paper's mode of a fixed policy: replica, x=0, 0<x<1 or x=1 (ppd: itself)."""
@@ -110,7 +107,9 @@ def table1(grid: pd.DataFrame) -> pd.DataFrame:
     """Mean over workloads and band qps of (T2TTFT_local - T2TTFT_pd) / T2TTFT_pd, in %, for
     the P/D layouts the grid simulated (the paper's first)."""
     key = ["layout", "dataset", "qps"]
-    ttft = grid.pivot_table(index=key, columns="policy", values="turn2plus_ttft_ms_mean")
+    # reindex: pivot_table drops a policy none of whose runs has a TTFT (all failed)
+    ttft = grid.pivot_table(index=key, columns="policy", values="turn2plus_ttft_ms_mean"
+                            ).reindex(columns=[X0, X1])
     change = ((ttft[X1] - ttft[X0]) / ttft[X0] * 100).rename("change").reset_index()
     simulated = set(change.dropna()["layout"])
     layouts = [layout for layout in PAPER_TABLE1 if layout in simulated] + sorted(
@@ -256,14 +255,3 @@ def _paper_key(label: Any) -> Any:
         layout, mode = label.split(" ", 1)
         return (layout, policy_of(mode))
     return label
-
-
-def load_grid(path: Path) -> pd.DataFrame:
-    if not path.is_file():
-        raise ValueError(f"grid table not found: {path} (write one with `ppd sim grid`)")
-    frame = (pd.read_parquet(path) if path.suffix == ".parquet"
-             else read_csv_file(path, "a grid table (`ppd sim grid --out` writes one)"))
-    missing = {"layout", "dataset", "qps", "policy"} - set(frame.columns)
-    if missing:
-        raise ValueError(f"{path} is not a ppd sim grid table (missing {sorted(missing)})")
-    return frame

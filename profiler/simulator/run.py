@@ -8,6 +8,7 @@ says `"simulated": true` with the cost preset, link and layout in its config.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from functools import lru_cache, partial
@@ -85,10 +86,18 @@ class RunSpec:
     fresh_arrivals: bool = False
 
     def __post_init__(self) -> None:
-        if min(self.qps, self.duration_s, self.timeout_s, self.load_window_s) <= 0:
-            raise ValueError("qps, duration, timeout and load window must be > 0")
-        if self.kv_readback_ttl_s is not None and not self.kv_readback_ttl_s > 0:
-            raise ValueError("the KV readback TTL must be > 0 (or unset: no readback)")
+        given = {"conversation rate": self.qps, "duration": self.duration_s,
+                 "timeout": self.timeout_s, "load window": self.load_window_s}
+        bad = [f"{name} ({value:g})" for name, value in given.items()
+               if not (math.isfinite(value) and value > 0)]  # NaN compares false both ways
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: must be a finite number > 0")
+        if self.kv_readback_ttl_s is not None and not (math.isfinite(self.kv_readback_ttl_s)
+                                                       and self.kv_readback_ttl_s > 0):
+            raise ValueError("the KV readback TTL must be a finite number > 0 (or unset: no "
+                             "readback)")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError(f"max turns must be at least 1 (got {self.max_turns})")
         if self.client_connections is not None and self.client_connections < 1:
             raise ValueError("client connections must be at least 1 (or unset: no cap)")
         known = [kind.value for kind in ClientKind]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from profiler.cli import HelpFormatter
+from profiler.cli_types import weight
 from profiler.tables.io import read_table
 from proxy.discretize import WORKLOAD_SHAPES, Cell, ContextClass
 from proxy.table import TABLE_ROUTES, DecisionTable
@@ -163,9 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
         action = sub.add_parser(name, help=help_, description=help_, epilog=EXAMPLES[name],
                                 formatter_class=HelpFormatter)
         action.add_argument("path", type=Path, help="decision table (.csv or .parquet)")
-        action.add_argument("--w-ttft", type=float, default=1.0,
+        action.add_argument("--w-ttft", type=weight, default=1.0,
                             help="weight of the turn's TTFT change (as `ppd proxy --w-ttft`)")
-        action.add_argument("--w-tpot", type=float, default=1.0,
+        action.add_argument("--w-tpot", type=weight, default=1.0,
                             help="weight of the TPOT change (as `ppd proxy --w-tpot`)")
         if name == "plot":
             action.add_argument("--out", type=Path, default=None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -82,6 +83,39 @@ def test_cli_errors_on_a_directory_without_summary(
     (broken / "summary.json").write_text('{"label": "x"}')
     assert ppd(["report", "compare", str(broken), "--out", str(tmp_path / "o")]) == 1
     assert "not a ppd replay summary" in capsys.readouterr().err
+
+
+def _with_summary(run: Path, summary: object) -> Path:
+    """The run directory with its summary.json's "summary" replaced."""
+    path = run / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "summary": summary}))
+    return path
+
+
+def _compare_error(runs: list[Path], tmp_path: Path,
+                   capsys: pytest.CaptureFixture[str]) -> str:
+    assert ppd(["report", "compare", *map(str, runs), "--out", str(tmp_path / "o")]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and not (tmp_path / "o").exists()  # checked before any output
+    return errors[0]
+
+
+def test_a_null_summary_is_named_with_its_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good, bad = _run_dir(tmp_path, "a", 1.0, 0.2, "pd"), _run_dir(tmp_path, "b", 2.0, 0.2, "pd")
+    path = _with_summary(bad, None)
+    error = _compare_error([good, bad], tmp_path, capsys)
+    assert f'{path}: its "summary" is null, not the run\'s metrics' in error
+
+
+def test_text_where_a_summary_has_a_number_is_named_with_its_file_and_key(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good, bad = _run_dir(tmp_path, "a", 1.0, 0.2, "pd"), _run_dir(tmp_path, "b", 2.0, 0.2, "pd")
+    summary = json.loads((bad / "summary.json").read_text())["summary"]
+    path = _with_summary(bad, {**summary, "tpot_ms_mean": "abc", "output_tok_s": True})
+    error = _compare_error([good, bad], tmp_path, capsys)
+    assert (f'{path}: in its summary, "tpot_ms_mean" is "abc"; "output_tok_s" is true: '
+            "a number (or null) was expected") in error
 
 
 def test_cli_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

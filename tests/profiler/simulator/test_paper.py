@@ -183,3 +183,104 @@ def test_paper_command_puts_the_ideal_grid_beside_the_paper_like_one(tmp_path: P
     assert "| 1P3D | -60.0 / -60.0 / -57.8" in text
     assert text.count("Distance from the paper") == 3
     assert (out / "ideal" / "tables.md").is_file() and (out / "tables.md").is_file()
+
+
+def _paper_error(tmp_path: Path, capsys: pytest.CaptureFixture[str], grid: pd.DataFrame,
+                 name: str = "grid.parquet", times: int = 1) -> str:
+    """`ppd sim paper` on a bad grid (given `times` times): it fails with rc 1 and one error
+    line that names the grid file; that line."""
+    path = tmp_path / name
+    grid.to_csv(path, index=False) if path.suffix == ".csv" else grid.to_parquet(path)
+    assert ppd(["sim", "paper", *[str(path)] * times, "--out", str(tmp_path / "out")]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and str(path) in errors[0]
+    assert not (tmp_path / "out").exists()  # checked before any work
+    return errors[0]
+
+
+def test_a_grid_with_a_header_row_only_is_said_to_hold_no_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    error = _paper_error(tmp_path, capsys, _grid().iloc[:0], "grid.csv")
+    assert "holds no runs (a header row only)" in error
+
+
+def test_a_grid_without_the_columns_the_tables_read_lists_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = _grid().drop(columns=["turn2plus_ttft_ms_mean", "kv_bytes_moved"])
+    error = _paper_error(tmp_path, capsys, grid)
+    assert "lacks the column(s) turn2plus_ttft_ms_mean, kv_bytes_moved" in error
+
+
+def test_text_in_a_numeric_column_is_named_with_its_rows(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = _grid().astype({"qps": object})
+    grid.loc[[0, 5], "qps"] = "abc"
+    error = _paper_error(tmp_path, capsys, grid, "grid.csv")
+    assert "qps: 2 rows not a number (e.g. 'abc')" in error
+
+
+def test_an_infinite_metric_is_named_with_its_rows(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = _grid()
+    grid.loc[0, "turn2plus_ttft_ms_mean"] = math.inf
+    error = _paper_error(tmp_path, capsys, grid)
+    assert "turn2plus_ttft_ms_mean: 1 row infinite" in error
+
+
+def test_a_missing_load_or_metric_of_a_run_that_lost_no_request_is_an_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = _grid()
+    grid.loc[grid["policy"] == "local", "turn2plus_ttft_ms_mean"] = math.nan
+    grid.loc[0, "qps"] = math.nan
+    error = _paper_error(tmp_path, capsys, grid)
+    assert "qps: 1 row missing" in error
+    assert "turn2plus_ttft_ms_mean: 18 rows missing in runs that lost no request" in error
+
+
+def test_a_run_without_a_layout_name_is_an_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = _grid()
+    grid.loc[0, "layout"] = None
+    assert "layout: 1 row without a name" in _paper_error(tmp_path, capsys, grid)
+
+
+def test_a_run_twice_in_a_grid_is_named(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    grid = _grid().assign(seed=0)
+    error = _paper_error(tmp_path, capsys, pd.concat([grid, grid.iloc[[3]]]))
+    assert "holds a run more than once (e.g. layout 1P3D, dataset small-tiny, qps 1, " \
+           "policy ppd, seed 0, in 2 rows)" in error
+
+
+def test_the_same_grid_given_twice_is_said_so(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    error = _paper_error(tmp_path, capsys, _grid(), times=2)
+    assert "holds a run more than once" in error
+    assert "the same grid may have been given twice" in error
+
+
+def test_runs_that_lost_their_requests_keep_their_missing_metrics(tmp_path: Path) -> None:
+    """grid.py writes a failed run's metrics as missing: such a grid is reported, even when
+    every run of local failed (Table 1 used to stop on a KeyError 'local')."""
+    grid = _grid()
+    failed = grid["policy"] == "local"
+    grid.loc[failed, ["turn2plus_ttft_ms_mean", "tpot_ms_mean", "local_share"]] = math.nan
+    grid.loc[failed, "success_rate"] = 0.0
+    no_requests = grid["policy"] == "ppd"
+    grid.loc[no_requests, ["turn2plus_ttft_ms_mean", "tpot_ms_mean", "output_tok_s",
+                           "success_rate"]] = math.nan
+    path = tmp_path / "grid.parquet"
+    grid.to_parquet(path)
+    assert ppd(["sim", "paper", str(path), "--out", str(tmp_path / "out")]) == 0
+    assert "## Table 1" in (tmp_path / "out" / "tables.md").read_text()
+
+
+def test_every_committed_grid_passes_the_check() -> None:
+    from profiler.simulator.grid_table import load_grid
+
+    root = Path(__file__).resolve().parents[3] / "docs"
+    paths = [path for folder in ("paper-reproduction", "live-routing", "readback")
+             for path in sorted((root / folder).glob("*.parquet"))]
+    assert len(paths) >= 15
+    for path in paths:
+        assert len(load_grid(path)) > 0
