@@ -238,6 +238,11 @@ def simulate_grid(argv: list[str]) -> list[dict[str, Any]]:
         qps = [float(q) for q in _split(args.qps)]
     except ValueError:
         raise ValueError(f"--qps takes numbers, got {args.qps!r}") from None
+    axes = {"--layouts": _split(args.layouts), "--datasets": datasets, "--qps": qps,
+            "--policies": _split(args.policies)}
+    empty = [flag for flag, values in axes.items() if not values]
+    if empty:  # else the empty grid is blamed on the layouts, or datasets[0] fails
+        raise ValueError(f"{', '.join(empty)} names nothing: give a comma list")
     from profiler.simulator.run import RunSpec
 
     base = RunSpec(layout="1P1D", dataset=datasets[0], qps=1.0, cost=args.cost,

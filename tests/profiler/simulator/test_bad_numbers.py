@@ -83,3 +83,14 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_work(
     a_file.write_text("x\n")
     assert _exit_code([*command, "--out", str(a_file / "under-a-file.parquet")]) == 2
     assert "is not a writable folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--qps", ""), ("--layouts", ","),
+                                             ("--datasets", " , "), ("--policies", "")])
+def test_an_empty_grid_axis_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                     flag: str, value: str) -> None:
+    axes = {"--layouts": "1P1D", "--datasets": "synthetic:small-tiny", "--qps": "1",
+            "--policies": "pd", flag: value}
+    args = [part for name, given in axes.items() for part in (name, given)]
+    assert _exit_code(["sim", "grid", *args, "--out", str(tmp_path / "g.parquet")]) == 1
+    assert f"{flag} names nothing" in capsys.readouterr().err
