@@ -29,23 +29,14 @@ def test_a_bare_value_is_a_one_point_axis(tmp_path: Path) -> None:
     ("qps: fast\n", "`qps` must be a list of numbers (got 'fast')"),
     ("contexts: 5\n", "`contexts` must be a list of context class names (got 5)"),
     ("qps: [1, yes]\n", "`qps` must be a list of numbers (got [1, True])"),
-])
-def test_a_list_key_of_the_wrong_type_is_refused_whole(tmp_path: Path, text: str,
-                                                      message: str) -> None:
-    # never iterated char by char: no "could not convert 'f'", no "unknown context 's'"
-    path = grid_file(tmp_path, text)
-    with pytest.raises(ValueError) as error:
-        read_grid_file(path)
-    assert str(error.value) == f"{path}: {message}"
-
-
-@pytest.mark.parametrize(("text", "message"), [
     ("duration_s: abc\n", "`duration_s` must be a number of seconds (got 'abc')"),
     ("warmup_conversations: 1.5\n", "`warmup_conversations` must be a whole number (got 1.5)"),
     ("max_conversations: 0\n", "`max_conversations` must be a whole number >= 1"),
 ])
-def test_a_scalar_key_of_the_wrong_type_is_refused(tmp_path: Path, text: str,
-                                                  message: str) -> None:
+def test_a_key_of_the_wrong_type_is_refused_whole(tmp_path: Path, text: str,
+                                                 message: str) -> None:
+    # a list key is never iterated char by char: no "could not convert 'f'", no "unknown
+    # context 's'"
     path = grid_file(tmp_path, text)
     with pytest.raises(ValueError) as error:
         read_grid_file(path)
