@@ -32,10 +32,25 @@ HALF_LENGTHS, HALF_BATCHES = (128, 1024, 4096), (1, 30, 100)
 
 def micro_benchmark(cost: HostedCost, batch: int) -> tuple[float, float]:
     """Mean client TTFT and TPOT (ms) of phase C replayed on one engine."""
+    ttft, tpot, _ = replay(cost, batch)
+    return ttft, tpot
+
+
+def server_blocks(cost: HostedCost) -> int | None:
+    """The measured server's KV cache in the model: aiconfigurator's memory model at its
+    0.85 memory share."""
     kernel = cost.kernel
-    blocks = (kernel.kv_blocks(16, measured.H100_SERVER_TOKEN_BUDGET, 256,
-                               gpu_memory_utilization=SERVER_MEMORY_SHARE)
-              if isinstance(kernel, AicCost) else None)
+    return (kernel.kv_blocks(16, measured.H100_SERVER_TOKEN_BUDGET, 256,
+                             gpu_memory_utilization=SERVER_MEMORY_SHARE)
+            if isinstance(kernel, AicCost) else None)
+
+
+def replay(cost: HostedCost, batch: int,
+           blocks: int | None = None) -> tuple[float, float, float]:
+    """Phase C on one engine of `blocks` KV blocks (default: `server_blocks`): mean client
+    TTFT and TPOT (ms), and the prompt tokens each request computed (vLLM's
+    `request_prefill_kv_computed_tokens`: 32 when its whole history hit the cache)."""
+    blocks = blocks or server_blocks(cost)
     config = EngineConfig(max_num_batched_tokens=measured.H100_SERVER_TOKEN_BUDGET,
                           num_kv_blocks=blocks or 32768, max_model_len=8192)
     histories = [list(range((i + 1) << 20, ((i + 1) << 20) + 2048)) for i in range(batch)]
@@ -57,7 +72,24 @@ def micro_benchmark(cost: HostedCost, batch: int) -> tuple[float, float]:
     ttft = statistics.fmean(o.ttft + at_engine[int(rid[1:])] - start
                             for rid, o in done.items()) * 1000
     tpot = statistics.fmean(o.tpot * 1000 for o in done.values())
-    return ttft, tpot
+    computed = statistics.fmean(len(histories[0]) + 32 - o.num_cached_prompt
+                                for o in done.values())
+    return ttft, tpot, computed
+
+
+def cache_sweep(data: measured.Measurements, blocks: list[int], batch: int = 200) -> list[str]:
+    """The real cache's size, bounded by vLLM's own counter: phase C at `batch` replayed at
+    each block count, its computed prompt tokens per request beside the measured ones."""
+    cost = load_cost("h100:llama-3.1-8b")
+    assert isinstance(cost, HostedCost)
+    real = data.decode_means()[batch].computed_tokens
+    lines = [f"phase C at {batch}: vLLM computed {real:.0f} prompt tokens per request "
+             f"(the model's cache at {SERVER_MEMORY_SHARE}: {server_blocks(cost)} blocks)",
+             "| KV blocks | computed per request | client TTFT ms | TPOT ms |", "|---|---|---|---|"]
+    for count in blocks:
+        ttft, tpot, computed = replay(cost, batch, count)
+        lines.append(f"| {count} | {computed:.0f} | {ttft:.0f} | {tpot:.1f} |")
+    return lines
 
 
 def _err(model: float, real: float) -> str:
@@ -110,8 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=measured.DATA)
     parser.add_argument("--no-replay", action="store_true",
                         help="skip replaying the micro-benchmark (the slowest part, ~20 s)")
+    parser.add_argument("--sweep-blocks", metavar="N[,N...]",
+                        help="only replay phase C at 200 requests with each KV cache size and "
+                             "print the prompt tokens each computed beside vLLM's own count")
     args = parser.parse_args(argv)
     data = measured.read(args.data)
+    if args.sweep_blocks:
+        print("\n".join(cache_sweep(data, [int(n) for n in args.sweep_blocks.split(",")])))
+        return 0
     kernel = load_cost("h100:llama-3.1-8b:kernels")
     host = measured.fit_host(kernel, data)
     terms = ("frontend_request_ms", "frontend_per_token_us", "frontend_service_ms",

@@ -81,6 +81,9 @@ class DecodeBatch:
     prefill_ms: float  # the server's mean prefill time (32 new tokens after 2,048 cached)
     client_ttft_ms: float
     queue_ms: float
+    # the server's prompt tokens computed per request (vLLM's
+    # request_prefill_kv_computed_tokens): 32 when the whole history hit the prefix cache
+    computed_tokens: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +103,8 @@ class Measurements:
             rows = [r for r in self.decode if r.batch == b]
             out[b] = DecodeBatch(b, *(statistics.fmean(getattr(r, f) for r in rows)
                                       for f in ("tpot_ms", "itl_ms", "prefill_ms",
-                                                "client_ttft_ms", "queue_ms")))
+                                                "client_ttft_ms", "queue_ms",
+                                                "computed_tokens")))
         return out
 
 
@@ -122,7 +126,8 @@ def read(path: Path = DATA) -> Measurements:
         decode = tuple(DecodeBatch(
             int(r["batch"]), float(r["tpot_mean"]), float(r["server"]["inter_token_latency_ms"]),
             float(r["server"]["request_prefill_time_ms"]), float(r["ttft_mean"]),
-            float(r["server"]["request_queue_time_ms"]))
+            float(r["server"]["request_queue_time_ms"]),
+            float(r["server"]["request_prefill_kv_computed_tokens"]))
             for r in phases["C_decode_only"] if r.get("variant", "decode") == "decode")
     except (OSError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: not a measure.py result with phases A and C ({exc})") from None

@@ -39,3 +39,15 @@ def test_the_micro_benchmark_replay_tracks_the_measured_tpot(data, batch: int) -
     # a burst of B reaches the engine one API-server service apart: TTFT grows with B
     assert ttft > (fit_h100_vllm.micro_benchmark(load_cost("h100:llama-3.1-8b"), 1)[0]
                    if batch > 1 else 0.0)
+
+
+def test_the_cache_sweep_brackets_vllms_own_computed_tokens(capsys) -> None:
+    """vLLM computed 841 prompt tokens per request at 200 (histories partly evicted): the
+    model's own cache computes them all, a cache 5% larger almost none; the sweep prints
+    both beside the measured count (docs/engine-model.md, "Validation")."""
+    assert fit_h100_vllm.main(["--sweep-blocks", "25014,26200"]) == 0
+    out = capsys.readouterr().out
+    assert "vLLM computed 841 prompt tokens per request" in out
+    rows = {int(line.split("|")[1]): float(line.split("|")[2])
+            for line in out.splitlines() if line.startswith("| 2")}
+    assert rows[25014] > 841 > rows[26200]
