@@ -243,6 +243,8 @@ def simulate_grid(argv: list[str]) -> list[dict[str, Any]]:
     empty = [flag for flag, values in axes.items() if not values]
     if empty:  # else the empty grid is blamed on the layouts, or datasets[0] fails
         raise ValueError(f"{', '.join(empty)} names nothing: give a comma list")
+    if args.out.suffix not in (".parquet", ".csv"):  # else a Parquet file named .txt
+        raise ValueError(f"--out {args.out}: the table is written as .parquet or .csv")
     from profiler.simulator.run import RunSpec
 
     base = RunSpec(layout="1P1D", dataset=datasets[0], qps=1.0, cost=args.cost,

@@ -94,3 +94,12 @@ def test_an_empty_grid_axis_is_named(tmp_path: Path, capsys: pytest.CaptureFixtu
     args = [part for name, given in axes.items() for part in (name, given)]
     assert _exit_code(["sim", "grid", *args, "--out", str(tmp_path / "g.parquet")]) == 1
     assert f"{flag} names nothing" in capsys.readouterr().err
+
+
+def test_the_grid_table_is_parquet_or_csv(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["sim", "grid", "--layouts", "1P1D", "--datasets", "synthetic:small-tiny", "--qps",
+            "1", "--policies", "pd", "--out", str(tmp_path / "g.txt")]
+    assert _exit_code(args) == 1
+    assert "the table is written as .parquet or .csv" in capsys.readouterr().err
+    assert not (tmp_path / "g.txt").exists()
