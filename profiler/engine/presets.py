@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from profiler.engine.config import EngineConfig
 from profiler.engine.cost import CostModel, LinearCost
 from profiler.engine.host import HostedCost, HostModel
 from profiler.engine.vllm_versions import (
@@ -93,6 +95,11 @@ def _engine_overrides(engine: object) -> dict[str, int]:
     numbers > 0, each named when it is not one."""
     if not isinstance(engine, dict):
         raise ValueError(f"hosted cost preset: engine must be a JSON object, got {engine!r}")
+    known = {field.name for field in fields(EngineConfig)} - {"seed"}
+    unknown = sorted(set(engine) - known)
+    if unknown:  # else EngineConfig(**engine) fails at the first run, in Python's words
+        raise ValueError(f"hosted cost preset: unknown engine key(s) {unknown}; known: "
+                         f"{sorted(known)}")
     bad = [key for key, value in engine.items()
            if isinstance(value, bool) or not isinstance(value, int) or value < 1]
     if bad:
