@@ -45,3 +45,12 @@ def output_file(text: str) -> Path:
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"cannot write {text}: {folder} is not a writable folder")
     return path
+
+
+def refuse_both(argv: list[str], new: str, old: str) -> None:
+    """A flag and its old alias share one value and argparse keeps the last silently
+    (`--conversation-rate 2 --qps 1` ran at 1): given both, say so."""
+    given = {name for name in (new, old)
+             if any(arg == name or arg.startswith(f"{name}=") for arg in argv)}
+    if len(given) == 2:
+        raise ValueError(f"{new} and {old} are one option ({old} is its old name): give one")

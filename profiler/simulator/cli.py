@@ -19,7 +19,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from profiler.cli_types import positive_int
+from profiler.cli_types import positive_int, refuse_both
 from profiler.simulator.flags import add_cluster_flags, readback_ttl
 from proxy.config import ConfigError, PolicyConfig
 from proxy.options import add_flags, option_fields
@@ -66,6 +66,7 @@ def policy_from_args(args: argparse.Namespace) -> PolicyConfig:
 
 def run_main(argv: list[str]) -> int:
     args = build_run_parser().parse_args(argv)
+    refuse_both(argv, "--conversation-rate", "--qps")
     from profiler.replay.cli import default_label
     from profiler.replay.output import summary_table
     from profiler.simulator.run import (

@@ -30,7 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from profiler.cli_types import output_file, positive_int
+from profiler.cli_types import output_file, positive_int, refuse_both
 from profiler.simulator.flags import add_cluster_flags, readback_ttl
 from profiler.simulator.provenance import METADATA_KEY, SimulatedSetup, describe, sidecar_path
 from proxy.config import Policy, PolicyConfig
@@ -233,6 +233,7 @@ def main(argv: list[str]) -> int:
 def simulate_grid(argv: list[str]) -> list[dict[str, Any]]:
     """Run the grid the flags describe, write its table and setup; its rows."""
     args = build_parser().parse_args(argv)
+    refuse_both(argv, "--conversation-rates", "--qps")
     datasets = paper_datasets() if args.datasets == "paper" else _split(args.datasets)
     try:
         qps = [float(q) for q in _split(args.qps)]

@@ -103,3 +103,16 @@ def test_the_grid_table_is_parquet_or_csv(tmp_path: Path,
     assert _exit_code(args) == 1
     assert "the table is written as .parquet or .csv" in capsys.readouterr().err
     assert not (tmp_path / "g.txt").exists()
+
+
+@pytest.mark.parametrize(("command", "new"), [
+    (RUN, "--conversation-rate"),
+    (["sim", "grid", "--layouts", "1P1D", "--datasets", "synthetic:small-tiny",
+      "--policies", "pd", "--conversation-rates", "2"], "--conversation-rates"),
+])
+def test_a_rate_and_its_old_alias_together_are_refused(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str],
+                                                       command: list[str], new: str) -> None:
+    # argparse keeps the last of the two silently: `--conversation-rate 2 --qps 1` ran at 1
+    assert _exit_code([*command, "--qps=1", "--out", str(tmp_path / "g.parquet")]) == 1
+    assert f"{new} and --qps are one option" in capsys.readouterr().err
