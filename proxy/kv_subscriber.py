@@ -16,9 +16,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -27,6 +26,7 @@ from proxy.kv_events import (
     END_SEQ,
     AllBlocksCleared,
     EventBatch,
+    KvEvent,
     KvEventError,
     RawBatch,
     encode_seq,
@@ -88,14 +88,15 @@ class NodeSubscriber:
         """`apply`, yielding to the event loop every SLICE_EVENTS events (a RawBatch's
         events are decoded a slice at a time too; a malformed one rejects the rest)."""
         raw = isinstance(batch, RawBatch)
-        events: Sequence[Any] = batch.raw_events if raw else batch.events  # type: ignore[union-attr]
+        events: list[Any] | tuple[KvEvent, ...] = (
+            batch.raw_events if isinstance(batch, RawBatch) else batch.events)
         for start in range(0, len(events), SLICE_EVENTS):
             if start:
                 await asyncio.sleep(0)
             chunk = events[start:start + SLICE_EVENTS]
             if raw:
                 try:
-                    chunk = parse_events(chunk)
+                    chunk = parse_events(cast(list[Any], chunk))  # a RawBatch's slice
                 except KvEventError:
                     self.index.reject(Rejection.MALFORMED)
                     break

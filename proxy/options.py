@@ -61,10 +61,10 @@ def option_fields(cls: type) -> Iterator[OptionField]:
         if _HELP not in f.metadata:
             continue
         hint = _converter(hints[f.name])
-        choices = (tuple(m.value for m in hint) if isinstance(hint, type)
-                   and issubclass(hint, enum.Enum) else None)
-        convert = f.metadata.get(_PARSE) or (_enum_parser(hint, f.metadata[_FLAG] or f.name)
-                                             if choices is not None else hint)
+        enum_cls = hint if isinstance(hint, type) and issubclass(hint, enum.Enum) else None
+        choices = tuple(m.value for m in enum_cls) if enum_cls is not None else None
+        convert = f.metadata.get(_PARSE) or (_enum_parser(enum_cls, f.metadata[_FLAG] or f.name)
+                                             if enum_cls is not None else hint)
         yield OptionField(f.name, f.metadata[_FLAG] or f.name, convert, f.metadata[_HELP],
                           f.metadata[_METAVAR], _default(f), choices)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from proxy.validate import Endpoint
 
@@ -115,7 +115,7 @@ def held_kv(answer: Any, decode: str, now: float, ttl: float) -> HeldKV | None:
     return HeldKV(params, decode, array("q", ids), now + ttl - EXPIRY_MARGIN_S)
 
 
-def _ids(value: Any) -> bool:
+def _ids(value: Any) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(type(i) is int for i in value)
 
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 import enum
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
+from typing import Final
 
 from proxy.kv_events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, KvEvent
 
@@ -80,7 +81,9 @@ class Rejection(enum.StrEnum):
 # collection never walks the index (a class instance per block made gen-2 collections over a
 # full index take hundreds of ms, benchmarks/kv_events.py).
 _Block = tuple[BlockHash | None, int, BlockHash | None]
-_PARENT, _DEPTH, _ANCHOR = 0, 1, 2
+_PARENT: Final = 0
+_DEPTH: Final = 1
+_ANCHOR: Final = 2
 
 
 @dataclass(slots=True)
