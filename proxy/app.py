@@ -105,7 +105,7 @@ def build_state(config: ProxyConfig, clock: Callable[[], float]) -> ProxyState:
     metrics.watch(pool.snapshot, lambda: router.admission.open)
     live = (LiveRuntime(pool, config.kv_events, config.metrics_interval, clock,
                         config.kv_blocks)
-            if policy.spec.needs.live_view else None)
+            if policy.spec.needs.live_view or policy.spec.needs.view else None)
     if live is not None:
         metrics.registry.register(KvEventCollector(live.subscribers.subscribers))
     router.view = live.view if live is not None else None

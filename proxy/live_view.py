@@ -1,12 +1,15 @@
-"""The cluster as `--policy live` sees it in the proxy: residency, /metrics and in-flight.
+"""The cluster as policies see it in the proxy: residency, /metrics and in-flight.
 
-`LiveView.state(session)` assembles a `proxy.live.TurnState` from what the background tasks
-keep (`proxy.residency` fed by `proxy.kv_subscriber`, `proxy.node_gauges` scraping /metrics)
-and the pool's own in-flight counts; it does no I/O, so the router calls it on the request
-path. A reading older than `max_age` seconds is not trusted: the node's batch is then the
-proxy's own in-flight count on it (exact for the proxy's traffic, blind to anything else).
-The router also reports the streams it relays (`streaming`/`done`) with their expected
-output, so the policy knows how much a delay to each node's batch costs in TPOT.
+`LiveView.state(session)` assembles a `proxy.live.TurnState` (policy live's reading) from
+what the background tasks keep (`proxy.residency` fed by `proxy.kv_subscriber`,
+`proxy.node_gauges` scraping /metrics) and the pool's own in-flight counts; it does no I/O,
+so the router calls it on the request path. A reading older than `max_age` seconds is not
+trusted: the node's batch is then the proxy's own in-flight count on it (exact for the
+proxy's traffic, blind to anything else). The router also reports the streams it relays
+(`streaming`/`done`) with their expected output, so the policy knows how much a delay to
+each node's batch costs in TPOT.
+`LiveView.cluster(session)` is `Turn.view` (`proxy.cluster_view`) of a policy that asks for
+it (`Needs(view=True)`): every usable node with its gauges while fresh, and residency.
 
 For residency to know a session, vLLM must tag the blocks it stores with the session:
 vLLM >= 0.32 copies a request's `session_id` body field into its `BlockStored` events, so
@@ -21,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.backends import BackendPool
+from proxy.cluster_view import ClusterView, NodeView
 from proxy.kv_subscriber import KvEventSource, KvEventSubscribers, NodeSubscriber
 from proxy.live import NodeState, TurnState
 from proxy.node_gauges import NodeGauges
@@ -74,6 +78,27 @@ class LiveView:
         return TurnState(self._node(decode.url if decode else None, session.id),
                          self._node(prefill.url if prefill else None, session.id),
                          None if replica is None else self._node(replica.url, session.id))
+
+    def cluster(self, session: Session) -> ClusterView:
+        """Every usable node now (`Turn.view` of a policy that needs it): the pool's in-flight
+        counts, the gauges while fresh, and for D and R nodes what residency says they hold of
+        the session."""
+        nodes = []
+        for node in self.pool.nodes():
+            if not self.pool.is_usable(node.url, node.role):
+                continue
+            reading = self.signals.get(node.url)
+            age = self.signals.age(node.url)
+            if reading is None or age is None or age > self.max_age:
+                reading = None
+            held = (None if node.role is Role.PREFILL
+                    else self.residency.held_tokens(node.url, session.id))
+            nodes.append(NodeView(
+                node.url, node.role, node.in_flight, node.picks,
+                reading.running if reading else None, reading.waiting if reading else None,
+                reading.kv_usage if reading else None, reading.kv_blocks if reading else None,
+                reading.kv_block_size if reading else None, held))
+        return ClusterView(tuple(nodes), session.prefill, session.decode)
 
     def _node(self, url: str | None, session_id: str) -> NodeState:
         if url is None:

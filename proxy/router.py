@@ -159,7 +159,8 @@ class Router:
         # The whole request's budget, stream included (`--request-timeout`); None: unbounded.
         self.request_timeout = request_timeout
         self.legs: Legs | None = None  # the upstream legs (`proxy.legs`), set by the app
-        self.view: LiveView | None = None  # policy live: the cluster now (proxy.live_view)
+        # The cluster now (proxy.live_view), for a policy that reads it (live, Needs.view).
+        self.view: LiveView | None = None
         # What each session's D keeps for a readback (None: the nodes do not offer it; shared
         # by every process when the sessions are), and for how long D keeps it
         # (`--kv-readback-ttl`, cluster.json's kv_readback_ttl_s).
@@ -215,10 +216,11 @@ class Router:
 
     async def _route(self, turn: _Turn, lease: Lease) -> Reply:
         incoming, lookup, access, started = turn.incoming, turn.lookup, turn.access, turn.started
+        view = self.view
         plan = turn_plan.plan_turn(self.policy, self.pool, lookup, turn.workload,
-                                   incoming.forced,
-                                   self.view.state if self.view is not None else None,
-                                   readback=await self._readback_status(lookup, incoming.forced))
+                                   incoming.forced, view.state if view is not None else None,
+                                   readback=await self._readback_status(lookup, incoming.forced),
+                                   survey=view.cluster if view is not None else None)
         decision = plan.decision
         access.decided(decision)
         try:

@@ -17,6 +17,10 @@ goes back to that replica alone, falling back to P->D when it cannot take the tu
 local turn does); one placed there anew goes to the least busy replica. Live is told
 whether P->D can run at all (a usable P and D), so with every P or every D down it serves
 from replicas and Ds alone.
+A policy may name the nodes itself (`Decision.decode`, `Decision.prefill`): a named node
+takes the session's place as the first choice, with the same fallbacks; a named node that is
+not usable is dropped (reason NODE_UNUSABLE). A local turn runs on the session's D whatever
+is named (the name applies to its P->D fallback).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from proxy.backends import BackendPool
+from proxy.cluster_view import ClusterView
 from proxy.live import TurnState
 from proxy.policies import RoutingPolicy
 from proxy.routes import ROUTES
@@ -72,11 +77,13 @@ class TurnPlan:
 def plan_turn(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload: Workload,
               forced: RouteKind | None = None,
               observe: Callable[[Session], TurnState] | None = None,
-              readback: Reason | None = Reason.READBACK_MISSING) -> TurnPlan:
+              readback: Reason | None = Reason.READBACK_MISSING,
+              survey: Callable[[Session], ClusterView] | None = None) -> TurnPlan:
     """The decision of one turn and the nodes that serve it, in the order they are tried
     (`observe`: the cluster now, which policy live reads - `proxy.live_view.LiveView.state` in
     the proxy, the engines' state in the simulator; read only for a turn that could run locally;
-    `readback`: None when the session's D keeps blocks P can read back now, else why not)."""
+    `readback`: None when the session's D keeps blocks P can read back now, else why not;
+    `survey`: every usable node now, `Turn.view` - built only for a policy that needs it)."""
     session = lookup.session
     can_local = lookup.continuation and pool.is_usable(session.decode, Role.DECODE)
     replica_home = lookup.continuation and pool.is_usable(session.decode, Role.REPLICA)
@@ -90,27 +97,45 @@ def plan_turn(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload
             state = replace(state, readback=True)  # live prices the readback too
         can_pd = not places or (
             pool.candidate(Role.DECODE) is not None and pool.candidate(Role.PREFILL) is not None)
+        view = survey(session) if survey is not None and policy.spec.needs.view else None
         decision = policy.decide(workload, session.id, can_local, state,
                                  replica_home=replica_home, can_pd=can_pd,
-                                 can_readback=can_local and readback is None)
+                                 can_readback=can_local and readback is None, view=view)
+        if decision.decode is not None or decision.prefill is not None:
+            decision = _usable_names(pool, decision)
     elif ROUTES[forced].needs_home and not can_local:
         # Nothing to append to or read back (turn 1, or the session's D is gone): P->D.
         decision = Decision(ROUTES[forced].fallback or RouteKind.PD, Reason.NO_HOME)
     else:
         decision = Decision(forced, Reason.FORCED)
     if decision.kind is RouteKind.READBACK and readback is not None:
-        decision = Decision(RouteKind.PD, readback)  # no blocks to read: P->D says why
+        # no blocks to read: P->D says why (on the nodes the policy named, if any)
+        decision = replace(decision, kind=RouteKind.PD, reason=readback)
     if decision.reason is Reason.REPLICA_HOME:
-        home = _attempt(RouteKind.REPLICA, session, home_only=True)
-        return TurnPlan(decision, (home, _attempt(RouteKind.PD, session)))
+        home = _attempt(RouteKind.REPLICA, session, decision, home_only=True)
+        return TurnPlan(decision, (home, _attempt(RouteKind.PD, session, decision)))
     attempts: list[Attempt] = []
     kind: RouteKind | None = decision.kind
     while kind is not None:
         route = ROUTES[kind]
         if not (route.home_only and _home(session, route.roles[0]) is None):
-            attempts.append(_attempt(kind, session))
+            attempts.append(_attempt(kind, session, decision))
         kind = route.fallback
     return TurnPlan(decision, tuple(attempts))
+
+
+def _usable_names(pool: BackendPool, decision: Decision) -> Decision:
+    """The decision with the nodes it names that are not usable now taken out (the default
+    pick serves instead, and the reason says so)."""
+    answering = ROUTES[decision.kind].roles[0]
+    decode, prefill = decision.decode, decision.prefill
+    if decode is not None and not pool.is_usable(decode, answering):
+        decode = None
+    if prefill is not None and not pool.is_usable(prefill, Role.PREFILL):
+        prefill = None
+    if (decode, prefill) == (decision.decode, decision.prefill):
+        return decision
+    return replace(decision, reason=Reason.NODE_UNUSABLE, decode=decode, prefill=prefill)
 
 
 def _home(session: Session, role: Role) -> str | None:
@@ -118,8 +143,18 @@ def _home(session: Session, role: Role) -> str | None:
     return session.prefill if role is Role.PREFILL else session.decode
 
 
-def _attempt(kind: RouteKind, session: Session, home_only: bool | None = None) -> Attempt:
-    """One route's picks as `proxy.routes` declares them, the session's nodes preferred."""
+def _named(decision: Decision, role: Role) -> str | None:
+    """The node the policy named for a role (`Decision.decode` is the answering node's)."""
+    return decision.prefill if role is Role.PREFILL else decision.decode
+
+
+def _attempt(kind: RouteKind, session: Session, decision: Decision,
+             home_only: bool | None = None) -> Attempt:
+    """One route's picks as `proxy.routes` declares them: the node the policy named, else
+    the session's; a route that runs on the session's node alone (local) takes no names."""
     route = ROUTES[kind]
     only = route.home_only if home_only is None else home_only
-    return Attempt(kind, tuple(Pick(role, _home(session, role), only) for role in route.roles))
+    return Attempt(kind, tuple(
+        Pick(role, _home(session, role) if only else (_named(decision, role)
+                                                      or _home(session, role)), only)
+        for role in route.roles))

@@ -165,12 +165,22 @@ class Reason(enum.StrEnum):
     READBACK_MISSING = "readback_missing"
     READBACK_EXPIRED = "readback_expired"
     READBACK_MISMATCH = "readback_mismatch"
+    # A node the policy named (`Decision.decode` / `prefill`) was not usable: the turn took
+    # the default pick instead (the session's node, else the least busy).
+    NODE_UNUSABLE = "node_unusable"
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """A policy's verdict for one turn, with the reason and (ppd) the table cell used."""
+    """A policy's verdict for one turn, with the reason and (ppd) the table cell used, and the
+    nodes it names (URLs from `Turn.view`): `decode` answers the client (the D of a P->D or
+    readback turn, or the replica), `prefill` is the P of a P->D or readback turn. None: the
+    default pick - the session's own node if usable, else the least busy. A named node that
+    is not usable when the turn is planned gets the default pick, reason NODE_UNUSABLE; a
+    local turn always runs on the session's D (a `decode` naming another is not applied)."""
 
     kind: RouteKind
     reason: Reason
     cell: Cell | None = None
+    decode: str | None = None
+    prefill: str | None = None

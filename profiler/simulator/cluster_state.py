@@ -1,4 +1,4 @@
-"""What `--policy live` sees of a simulated cluster: the proxy's view, read off the engines.
+"""What policies see of a simulated cluster: the proxy's view, read off the engines.
 
 The proxy learns a node's batch and queue from its `/metrics` (`proxy.node_gauges`) and what it
 still holds of a session from its KV cache events (`proxy.residency`). A simulated node is an
@@ -7,7 +7,8 @@ running and waiting counts and the KV room vLLM's gauges report, the leading tok
 session's history its prefix cache (the LRU the events describe) holds, and the output
 lengths of its running batch (which a proxy knows of the requests it sent). The D, P and
 (hybrid pools) replica a turn would use are the ones the pool would pick: the session's own
-if usable, else the least busy.
+if usable, else the least busy. `EngineView.cluster` is `Turn.view` (`proxy.cluster_view`) of a
+policy that asks for it: every usable node, with the same fields the proxy fills.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Mapping
 from profiler.engine.engine import Engine
 from profiler.engine.prefix_cache import ROOT_HASH, hash_block
 from proxy.backends import BackendPool
+from proxy.cluster_view import ClusterView, NodeView
 from proxy.live import NodeState, TurnState
 from proxy.sessions.session import Session
 from proxy.vocabulary import Role
@@ -56,17 +58,28 @@ def node_state(engine: Engine | None, chain: list[int] | None) -> NodeState:
                      round((1.0 - stats.kv_usage) * blocks * block_size))
 
 
-def observer(engines: Mapping[str, Engine], pool: BackendPool,
-             history: Callable[[str], list[int] | None]) -> Callable[[Session], TurnState]:
-    """The `observe` callback of `SimProxy`: a session's D and candidate P, now."""
-    sizes = {engine.config.block_size for engine in engines.values()}
-    hashes = HistoryHashes(sizes.pop() if len(sizes) == 1 else 16)
+class EngineView:
+    """What the simulated proxy reads of its engines at a decision: `state` (a session's D and
+    candidate P, `TurnState` for live) and `cluster` (every usable node, `Turn.view`)."""
 
-    def observe(session: Session) -> TurnState:
-        tokens = history(session.id)
-        chain = hashes.chain(session.id, tokens) if tokens is not None else None
+    def __init__(self, engines: Mapping[str, Engine], pool: BackendPool,
+                 history: Callable[[str], list[int] | None]) -> None:
+        self._engines = engines
+        self._pool = pool
+        self._history = history
+        sizes = {engine.config.block_size for engine in engines.values()}
+        self._hashes = HistoryHashes(sizes.pop() if len(sizes) == 1 else 16)
+
+    def _chain(self, session: Session) -> list[int] | None:
+        tokens = self._history(session.id)
         if tokens is None:
-            hashes.drop(session.id)
+            self._hashes.drop(session.id)
+            return None
+        return self._hashes.chain(session.id, tokens)
+
+    def state(self, session: Session) -> TurnState:
+        """The session's D and candidate P (and replica), as the pool would pick them now."""
+        chain, pool, engines = self._chain(session), self._pool, self._engines
         decode = pool.candidate(Role.DECODE, session.decode)
         prefill = pool.candidate(Role.PREFILL, session.prefill)
         replica = pool.candidate(Role.REPLICA, session.decode)
@@ -74,4 +87,24 @@ def observer(engines: Mapping[str, Engine], pool: BackendPool,
                          node_state(engines.get(prefill.url) if prefill else None, chain),
                          None if replica is None else node_state(engines[replica.url], chain))
 
-    return observe
+    def cluster(self, session: Session) -> ClusterView:
+        """Every usable node with the gauges vLLM would report and, on D and R nodes, the
+        session's history its prefix cache holds (`proxy.live_view.LiveView.cluster`'s
+        fields, read off the engines)."""
+        chain = self._chain(session)
+        nodes = []
+        for node in self._pool.nodes():
+            if not self._pool.is_usable(node.url, node.role):
+                continue
+            engine = self._engines.get(node.url)
+            if engine is None:
+                nodes.append(NodeView(node.url, node.role, node.in_flight, node.picks))
+                continue
+            stats, config = engine.stats(), engine.config
+            held = (engine.cached_prefix_tokens(chain)
+                    if chain is not None and node.role is not Role.PREFILL else None)
+            nodes.append(NodeView(
+                node.url, node.role, node.in_flight, node.picks, float(stats.num_running),
+                float(stats.num_waiting + stats.num_waiting_kv), stats.kv_usage,
+                config.num_kv_blocks, config.block_size, held))
+        return ClusterView(tuple(nodes), session.prefill, session.decode)

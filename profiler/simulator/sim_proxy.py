@@ -30,6 +30,7 @@ from typing import Any
 
 from proxy import turn_plan
 from proxy.backends import Backend, BackendPool
+from proxy.cluster_view import ClusterView
 from proxy.completion import assistant_message
 from proxy.lease import Admission, Lease
 from proxy.live import TurnState
@@ -113,10 +114,14 @@ class SimProxy:
         self.readback_ttl_s = readback_ttl_s
         self.readback = ReadbackBook(DEFAULT_MAX_SESSIONS, clock)
         self._observe: Callable[[Session], TurnState] | None = None
+        self._survey: Callable[[Session], ClusterView] | None = None
 
-    def observe_with(self, observe: Callable[[Session], TurnState]) -> None:
-        """Give policy live the cluster's state at each decision (the simulator's engines)."""
+    def observe_with(self, observe: Callable[[Session], TurnState] | None,
+                     survey: Callable[[Session], ClusterView] | None = None) -> None:
+        """Give the policy the cluster at each decision (the simulator's engines): `observe`
+        live's `TurnState`, `survey` the `Turn.view` of a policy that needs one."""
         self._observe = observe
+        self._survey = survey
 
     def begin(self, conversation_id: str, turn: int, n_new_tokens: int,
               max_tokens: int) -> Plan:
@@ -128,7 +133,8 @@ class SimProxy:
                             self.load.rate())
         forced = self._forced(turn) if self._forced is not None else None
         plan = turn_plan.plan_turn(self.policy, self.pool, lookup, workload, forced,
-                                   self._observe, readback=readback_status(self._book(), lookup))
+                                   self._observe, readback=readback_status(self._book(), lookup),
+                                   survey=self._survey)
         lease = self.admission.admit()
         session = lookup.session
         decision, held = plan.decision, None

@@ -44,7 +44,7 @@ from profiler.engine.prefix_cache import block_hashes
 from profiler.engine.requests import Request, RequestRejected
 from profiler.engine.transfer import Link, SharedLink
 from profiler.replay.client import RequestRecord
-from profiler.simulator.cluster_state import observer
+from profiler.simulator.cluster_state import EngineView
 from profiler.simulator.layout import SimNode, sim_nodes
 from profiler.simulator.sim_proxy import Plan, SimProxy
 from profiler.simulator.workload import Arrival, SimConversation
@@ -161,9 +161,12 @@ class Simulator:
                               load_window_s=setup.load_window_s, forced=setup.forced,
                               readback_ttl_s=setup.readback_ttl_s,
                               placement_seed=setup.placement_seed)
-        if setup.policy.spec.needs.live_view:
-            self.proxy.observe_with(observer({url: n.engine for url, n in self._nodes.items()},
-                                             self.proxy.pool, self._history_of_session))
+        needs = setup.policy.spec.needs
+        if needs.live_view or needs.view:
+            view = EngineView({url: n.engine for url, n in self._nodes.items()},
+                              self.proxy.pool, self._history_of_session)
+            self.proxy.observe_with(view.state if needs.live_view else None,
+                                    view.cluster if needs.view else None)
         self._turns: dict[str, _Turn] = {}  # request id (D's / R's) -> turn
         self._by_prefill: dict[str, _Turn] = {}  # P's request id -> turn
         self._reading_back: dict[str, _Turn] = {}  # D->P readback transfer id -> turn

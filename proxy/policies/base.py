@@ -10,6 +10,7 @@ and, when it needs them (the registry fills in the defaults):
     @dataclass(frozen=True)                    # its own flags: `proxy.options.option` fields
     class Flags: x: float | None = option(None, "help", metavar="F")
     NEEDS = Needs(table=Need.REQUIRED)         # default: nothing beyond the turn
+                                               # (Needs(view=True): turn.view, the cluster now)
     ROLES = ((Role.PREFILL, Role.DECODE),)     # role sets that serve its turns; [0] to start
     PLACES = True                              # may place a homeless conversation on a replica
     IGNORES_FORCING = True                     # x-ppd-route does not apply (no P/D routes)
@@ -23,6 +24,10 @@ and, when it needs them (the registry fills in the defaults):
     def remember(config) -> M                  # learned state; then decide(turn, inputs, M)
                                                # returns (Decision, M): decide stays pure
 
+`decide` returns a `Decision`: the route, and optionally the nodes that serve it
+(`Decision.decode`, `Decision.prefill`: URLs a policy read from `turn.view`; None leaves the
+pick to the pool - the session's node, else the least busy).
+
 `decide` reads no clock and does no I/O: the proxy (`proxy.router`) and the simulator
 (`profiler.simulator.sim_proxy`) call the same function through `RoutingPolicy`.
 """
@@ -33,6 +38,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.cluster_view import ClusterView
 from proxy.discretize import Cell
 from proxy.live import StepCosts, TurnState
 from proxy.table import DecisionTable
@@ -56,12 +62,15 @@ class Needs:
     state now (`proxy.live_view`: KV events and /metrics; the engines in the simulator), and
     whether the session's D keeps blocks for a readback now (`Turn.can_readback`, or a
     `readback` decision that needs them): the router asks its readback book - a Redis round
-    trip when the sessions are shared - only for such a policy, or a turn forced to readback."""
+    trip when the sessions are shared - only for such a policy, or a turn forced to readback;
+    and `view`: every usable node with its gauges and what it caches of the turn
+    (`Turn.view`, a `proxy.cluster_view.ClusterView`), built for such a policy only."""
 
     table: Need = Need.NO
     costs: Need = Need.NO
     live_view: bool = False
     readback: bool = False
+    view: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +82,8 @@ class Turn:
     replica_home: the conversation lives on a usable replica (a hybrid pool).
     can_pd: a usable P and D exist (told only to policies that place; True otherwise).
     can_readback: the session's D keeps blocks P can read back now (docs/readback.md).
+    view: every usable node now, and the session's home (policies with `Needs(view=True)`;
+      None for the others).
     """
 
     workload: Workload
@@ -82,6 +93,7 @@ class Turn:
     replica_home: bool = False
     can_pd: bool = True
     can_readback: bool = False
+    view: ClusterView | None = None
 
 
 @dataclass(frozen=True, slots=True)

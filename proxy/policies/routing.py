@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.cluster_view import ClusterView
 from proxy.live import StepCosts, TurnState
 from proxy.policies import registry
 from proxy.policies.base import Inputs, Need, Turn
@@ -54,12 +55,15 @@ class RoutingPolicy:
 
     def decide(self, workload: Workload, session_id: str, can_local: bool,
                state: TurnState | None = None, *, replica_home: bool = False,
-               can_pd: bool = True, can_readback: bool = False) -> Decision:
+               can_pd: bool = True, can_readback: bool = False,
+               view: ClusterView | None = None) -> Decision:
         """The route of one turn (`state`: the cluster now, read by a policy that needs the
         live view; `replica_home`: the turn continues a conversation whose replica is usable;
         `can_pd`: the pool has a usable P and D - told to a policy that places;
-        `can_readback`: the session's D keeps blocks P can read back now)."""
-        turn = Turn(workload, session_id, can_local, state, replica_home, can_pd, can_readback)
+        `can_readback`: the session's D keeps blocks P can read back now; `view`: the cluster
+        now, for a policy that needs it)."""
+        turn = Turn(workload, session_id, can_local, state, replica_home, can_pd, can_readback,
+                    view)
         if self.spec.remember is None:
             decision: Decision = self.spec.decide(turn, self.inputs)
             return decision

@@ -11,6 +11,7 @@ import pytest
 from profiler.simulator.sim_proxy import SimProxy
 from proxy import turn_plan
 from proxy.backends import BackendPool
+from proxy.cluster_view import ClusterView
 from proxy.config import Policy, PolicyConfig
 from proxy.live import TurnState
 from proxy.policies import RoutingPolicy
@@ -85,7 +86,8 @@ def always_pd(monkeypatch: pytest.MonkeyPatch) -> None:
     def plan(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload: Workload,
              forced: RouteKind | None = None,
              observe: Callable[[Session], TurnState] | None = None,
-             readback: Reason | None = None) -> TurnPlan:
+             readback: Reason | None = None,
+             survey: Callable[[Session], ClusterView] | None = None) -> TurnPlan:
         session = lookup.session
         return TurnPlan(Decision(RouteKind.PD, Reason.FORCED), (Attempt(RouteKind.PD, (
             Pick(Role.DECODE, session.decode), Pick(Role.PREFILL, session.prefill))),))
