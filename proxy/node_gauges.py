@@ -11,10 +11,8 @@ scrape fails keeps its last reading, whose age then grows (a policy can distrust
 proxy's own in-flight count per node (`proxy.backends.Backend.in_flight`) is exact and
 current and is read beside these.
 
-Only the sample lines of those gauges are read (`name{labels} value [timestamp]`, the
-Prometheus text format), found with str.find: vLLM's page holds hundreds of histogram lines
-that nothing here needs, and a full parse of them (prometheus-client's parser) or a
-line-by-line scan costs 10-100x more per scrape.
+Only the sample lines of those gauges are read (`proxy.prometheus_text.sample_sums`, which
+finds them with str.find: a full parse of vLLM's page costs ~140x more per scrape).
 """
 
 from __future__ import annotations
@@ -28,6 +26,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from proxy.prometheus_text import label_ints, sample_sums
+
 log = logging.getLogger("ppd.proxy.load")
 
 RUNNING = "vllm:num_requests_running"
@@ -36,7 +36,6 @@ KV_USAGE = "vllm:kv_cache_usage_perc"
 KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
 CACHE_CONFIG = "vllm:cache_config_info"
 _GAUGES = (RUNNING, WAITING, KV_USAGE, KV_USAGE_OLD)
-DEFAULT_SCRAPE_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,52 +62,14 @@ class NodeMetrics:
 
 def parse_metrics(text: str, at: float) -> NodeMetrics:
     """The three gauges of a Prometheus text page (0 when a gauge is missing)."""
-    totals: dict[str, float] = {}
-    page = "\n" + text
-    for name in _GAUGES:
-        key = "\n" + name
-        pos = page.find(key)
-        while pos >= 0:
-            end = page.find("\n", pos + 1)
-            line = page[pos + len(key):end if end >= 0 else len(page)]
-            pos = page.find(key, pos + 1)
-            if line[:1] == "{":
-                line = line.rpartition("}")[2]  # after the labels (a value may hold "}")
-            elif line[:1] not in (" ", "\t"):
-                continue  # another metric whose name starts with this one
-            fields = line.split()
-            if fields:
-                totals[name] = totals.get(name, 0.0) + float(fields[0])  # ValueError: bad
+    totals = sample_sums(text, _GAUGES)
     usage = totals.get(KV_USAGE, totals.get(KV_USAGE_OLD))
-    blocks, block_size = _cache_config(page)
+    # num_gpu_blocks summed over engines; the block size is the first line's.
+    config = label_ints(text, CACHE_CONFIG, "num_gpu_blocks", "block_size")
+    blocks = sum(config["num_gpu_blocks"])
+    block_size = next((size for size in config["block_size"] if size), None)
     return NodeMetrics(totals.get(RUNNING, 0.0), totals.get(WAITING, 0.0), usage, at,
-                       blocks, block_size)
-
-
-def _cache_config(page: str) -> tuple[int | None, int | None]:
-    """From the page's `vllm:cache_config_info{...}` lines: num_gpu_blocks summed over
-    engines, and the block size (the first line's)."""
-    total, block_size = 0, None
-    key = "\n" + CACHE_CONFIG + "{"
-    pos = page.find(key)
-    while pos >= 0:
-        end = page.find("\n", pos + 1)
-        line = page[pos:end if end >= 0 else len(page)]
-        blocks = _label(line, "num_gpu_blocks")
-        total += blocks or 0
-        block_size = block_size or _label(line, "block_size")
-        pos = page.find(key, pos + 1)
-    return total or None, block_size
-
-
-def _label(line: str, name: str) -> int | None:
-    """An integer label's value on a Prometheus line (None: absent or not an integer)."""
-    start = line.find(f'{name}="')
-    if start < 0:
-        return None
-    start += len(name) + 2
-    value = line[start:line.find('"', start)]
-    return int(value) if value.isdigit() else None
+                       blocks or None, block_size)
 
 
 class NodeGauges:

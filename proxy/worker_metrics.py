@@ -16,9 +16,10 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
+
+from proxy.prometheus_text import families as page_families
 
 PUBLISH_INTERVAL_S = 1.0
 _SUFFIX = ".prom"
@@ -69,7 +70,7 @@ class _Merged(Collector):
     def collect(self) -> Iterator[Metric]:
         families: dict[str, Metric] = {}
         for worker, text in sorted(self._texts.items()):
-            for family in text_string_to_metric_families(text.decode()):
+            for family in page_families(text.decode()):
                 merged = families.setdefault(
                     family.name, Metric(family.name, family.documentation, family.type,
                                         family.unit))

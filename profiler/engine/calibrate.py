@@ -40,7 +40,6 @@ so the compute terms go into the `LinearCost` kernel and the step constant into 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +51,7 @@ import pandas as pd
 from profiler.engine.cost import LinearCost
 from profiler.engine.fit import _mean_overlap, numeric_column, read_frame, read_runs
 from profiler.engine.host import HostedCost, HostModel
+from proxy.prometheus_text import sample_sums
 from proxy.vocabulary import Role, RouteKind
 
 HISTOGRAMS = ("time_to_first_token_seconds", "request_queue_time_seconds",
@@ -72,7 +72,6 @@ READ_METRICS = frozenset({*(f"{h}_{part}" for h in HISTOGRAMS for part in ("sum"
 PROBE_COLUMNS = ("kind", "prompt_tokens", "computed_tokens", "prefill_ms", "queue_ms",
                  "client_ms")
 PROBE_KINDS = ("cold", "hit", "append", "text", "chat-via-proxy", "busy-text")
-_SAMPLE = re.compile(r"^vllm:([a-z_]+)(?:\{([^}]*)\})?\s+(\S+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,20 +122,10 @@ class Calibration:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """vLLM's /metrics text -> {name: value}, summed over label sets (one engine per node)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        name, _, value = match.groups()
-        if name.endswith("_bucket") or name.endswith("_created"):
-            continue
-        try:
-            out[name] = out.get(name, 0.0) + float(value)
-        except ValueError:
-            continue
-    return out
+    """vLLM's /metrics text -> {name without `vllm:`: value}, summed over label sets (one
+    engine per node); histogram buckets and `_created` samples left out."""
+    return {name.removeprefix("vllm:"): value for name, value in sample_sums(text).items()
+            if name.startswith("vllm:") and not name.endswith(("_bucket", "_created"))}
 
 
 def read_run(path: Path) -> CalibrationRun:
@@ -162,7 +151,10 @@ def read_run(path: Path) -> CalibrationRun:
 def read_metrics(path: Path) -> dict[str, float]:
     """A node's /metrics file, parsed; a metric the fit reads that is NaN or infinite is a
     ValueError naming the file (a NaN would only surface as a solver failure later)."""
-    values = parse_metrics(path.read_text())
+    try:
+        values = parse_metrics(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
     bad = sorted(name for name in READ_METRICS & values.keys() if not math.isfinite(values[name]))
     if bad:
         raise ValueError(f"{path}: metric(s) {', '.join('vllm:' + name for name in bad)} "
