@@ -28,7 +28,6 @@ from proxy.kv_subscriber import KvEventSource
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.logs import LogFormat, LogLevel
 from proxy.options import add_flags, option, option_fields
-from proxy.policies import pd as pd_policy
 from proxy.policies import registry
 from proxy.policies.base import Need
 from proxy.redact import redacted_url
@@ -97,7 +96,7 @@ class NodeSpec(Node):
 
 @dataclass(frozen=True)
 class _PolicyKind:
-    kind: Policy = option(Policy(pd_policy.NAME), "routing policy", flag="policy",
+    kind: Policy = option(Policy(registry.default_name()), "routing policy", flag="policy",
                           parse=parse_policy_name)
 
 

@@ -23,6 +23,9 @@ and, when it needs them (the registry fills in the defaults):
     def describe(config) -> str                # startup-line detail (default "")
     def remember(config) -> M                  # learned state; then decide(turn, inputs, M)
                                                # returns (Decision, M): decide stays pure
+    def inputs(config, table, costs) -> Inputs # what decide is given, loaded once (default:
+                                               # Inputs(config, table, costs=costs))
+    DEFAULT = True                             # `--policy`'s default (one policy: pd)
 
 `decide` returns a `Decision`: the route, and optionally the nodes that serve it
 (`Decision.decode`, `Decision.prefill`: URLs a policy read from `turn.view`; None leaves the

@@ -42,6 +42,7 @@ NEEDS = Needs(table=Need.OPTIONAL, costs=Need.REQUIRED, live_view=True, readback
 ROLES = (PD_PAIR, (Role.REPLICA,))
 PLACES = True
 _TABLE_LABEL = "-table"  # live with the layout's table as its prior
+inputs = ppd.inputs  # the table, live's prior, read at ppd's weights
 _LABEL = re.compile(rf"^{NAME}(?P<table>{_TABLE_LABEL})?{WEIGHTS_LABEL}")
 _UNKNOWN = TurnState(NodeState(), NodeState())
 LABEL_HELP = f"{NAME}, {NAME}{_TABLE_LABEL}, {NAME}-wtpotW"

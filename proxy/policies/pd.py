@@ -7,6 +7,7 @@ from proxy.vocabulary import Decision, Reason, RouteKind
 
 NAME = "pd"
 LOCAL_SHARE = 0.0  # no turn local: the paper's x=0
+DEFAULT = True  # `--policy`'s default: P->D, the route that needs no cached state
 
 
 def decide(turn: Turn, inputs: Inputs) -> Decision:

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from proxy.discretize import classify
+from proxy.live import StepCosts
 from proxy.options import option
 from proxy.policies.base import Inputs, Need, Needs, Turn, disaggregated_default
-from proxy.table import DEFAULT_SUCCESS_MARGIN
+from proxy.table import DEFAULT_SUCCESS_MARGIN, TABLE_ROUTES, DecisionTable
 from proxy.vocabulary import Decision, Reason, RouteKind, Workload
 
 NAME = "ppd"
@@ -94,6 +95,17 @@ def parse_label(text: str, table: Callable[[], Path | None]) -> dict[str, Any] |
 def describe(config: Any) -> str:
     return (f"table {config.table}, w_ttft={config.w_ttft:g}, w_tpot={config.w_tpot:g}, "
             f"success margin {config.success_margin:g}")
+
+
+def inputs(config: Any, table: DecisionTable | None, costs: StepCosts | None) -> Inputs:
+    """The table's verdicts per cell at the configured weights, computed once: between pd
+    and local, and among all three routes when the table measured readback."""
+    if table is None:
+        return Inputs(config, costs=costs)
+    weights = (config.w_ttft, config.w_tpot, config.success_margin)
+    readback = (table.decisions(*weights, routes=TABLE_ROUTES) if table.has_readback
+                else None)
+    return Inputs(config, table, table.decisions(*weights), costs, readback)
 
 
 def table_decision(workload: Workload, inputs: Inputs, can_readback: bool = False) -> Decision:

@@ -46,6 +46,9 @@ class PolicySpec:
     label_help: str
     describe: Callable[[Any], str]
     remember: Callable[[Any], Any] | None  # the learned state decide is given and returns
+    # Its `Inputs` from its config, table and step costs, loaded once (None: as given).
+    inputs: Callable[[Any, Any, Any], Any] | None
+    default: bool  # the policy `--policy` defaults to (exactly one sets DEFAULT = True)
     # The share of turn 2+ it runs locally whatever the turn (pd 0, local 1, fixed its x),
     # from its config; None for a policy that decides turn by turn.
     local_share: Callable[[Any], float] | None
@@ -82,15 +85,18 @@ class PolicySpec:
             parse_label=getattr(module, "parse_label", by_name),
             label_help=getattr(module, "LABEL_HELP", name),
             describe=getattr(module, "describe", lambda config: ""),
-            remember=getattr(module, "remember", None), local_share=share)
+            remember=getattr(module, "remember", None), local_share=share,
+            inputs=getattr(module, "inputs", None), default=getattr(module, "DEFAULT", False))
 
 
 @functools.cache
 def policies() -> dict[str, PolicySpec]:
     """Every policy module of the package, by name (sorted)."""
-    package = importlib.import_module(_PACKAGE)
+    # The package's directory, not the package: importing `proxy.policies` from here would
+    # run its `__init__`, which imports `routing`, which imports this module (a loop).
     found: dict[str, PolicySpec] = {}
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+    for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]),
+                       key=lambda i: i.name):
         module = importlib.import_module(f"{_PACKAGE}.{info.name}")
         if not hasattr(module, "NAME"):
             continue  # the package's own machinery (base, registry, routing)
@@ -99,6 +105,14 @@ def policies() -> dict[str, PolicySpec]:
             raise ValueError(f"two policy modules are named {spec.name!r}")
         found[spec.name] = spec
     return found
+
+
+def default_name() -> str:
+    """The policy `--policy` defaults to: the one module that sets `DEFAULT = True`."""
+    chosen = [spec.name for spec in policies().values() if spec.default]
+    if len(chosen) != 1:
+        raise ValueError(f"exactly one policy module sets DEFAULT = True, not {chosen}")
+    return chosen[0]
 
 
 def names() -> tuple[str, ...]:

@@ -13,13 +13,13 @@ from proxy.cluster_view import ClusterView
 from proxy.live import StepCosts, TurnState
 from proxy.policies import registry
 from proxy.policies.base import Inputs, Need, Turn
-from proxy.table import TABLE_ROUTES, DecisionTable
+from proxy.table import DecisionTable
 from proxy.vocabulary import Decision, Role, Workload
 
 
 class RoutingPolicy:
-    """The configured policy (`config`: a `proxy.config.PolicyConfig`), with the decision
-    table's verdicts precomputed for a policy that reads the table."""
+    """The configured policy (`config`: a `proxy.config.PolicyConfig`), with its inputs
+    loaded once (its module's `inputs` hook: ppd precomputes its table's verdicts)."""
 
     def __init__(self, config: Any, table: DecisionTable | None = None,
                  costs: StepCosts | None = None) -> None:
@@ -29,14 +29,11 @@ class RoutingPolicy:
             raise ValueError(f"policy {self.spec.name} needs a decision table")
         if needs.costs is Need.REQUIRED and costs is None:
             raise ValueError(f"policy {self.spec.name} needs a step-cost model")
-        verdicts = readback_verdicts = None
-        if table is not None and needs.table is not Need.NO:
-            weights = (config.w_ttft, config.w_tpot, config.success_margin)
-            verdicts = table.decisions(*weights)
-            if table.has_readback:
-                readback_verdicts = table.decisions(*weights, routes=TABLE_ROUTES)
         self.config = config
-        self.inputs = Inputs(config, table, verdicts, costs, readback_verdicts)
+        # The policy's own hook reads its flags (ppd's weights: its table's verdicts).
+        self.inputs: Inputs = (self.spec.inputs(config, table, costs)
+                               if self.spec.inputs is not None
+                               else Inputs(config, table, costs=costs))
         self.memory = self.spec.remember(config) if self.spec.remember is not None else None
 
     @property
