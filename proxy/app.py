@@ -110,7 +110,9 @@ def build_state(config: ProxyConfig, clock: Callable[[], float]) -> ProxyState:
         metrics.registry.register(KvEventCollector(live.subscribers.subscribers))
     router.view = live.view if live is not None else None
     discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock,
-                           config.discovery_token, insecure=config.discovery_insecure)
+                           config.discovery_token, insecure=config.discovery_insecure,
+                           max_nodes=config.limits.discovery_max_nodes,
+                           registrations_per_s=config.limits.discovery_registrations_per_s)
                  if config.discovery else None)
     return ProxyState(config, pool, sessions, router, metrics, load, discovery, live=live)
 

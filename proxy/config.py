@@ -14,6 +14,7 @@ import contextlib
 import enum
 import ipaddress
 import json
+import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, make_dataclass
@@ -24,7 +25,9 @@ import yaml
 
 from proxy import kv_sources
 from proxy.breaker import DEFAULT_COOLDOWN_S, DEFAULT_FAILURES
+from proxy.config_files import ConfigError, load_yaml, read_bounded
 from proxy.kv_subscriber import KvEventSource
+from proxy.limits import LimitError, Limits
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.logs import LogFormat, LogLevel
 from proxy.options import add_flags, option, option_fields
@@ -35,10 +38,6 @@ from proxy.residency import DEFAULT_KV_BLOCKS
 from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S
 from proxy.suggest import unknown_name
 from proxy.vocabulary import Node, Role
-
-
-class ConfigError(ValueError):
-    """The configuration is invalid; the message says what to fix."""
 
 
 def _policy_enum() -> type[enum.StrEnum]:
@@ -79,6 +78,12 @@ def _is_loopback_endpoint(endpoint: str) -> bool:
         return False
 
 
+# A node URL goes into every request line and log line: whitespace or a control character
+# there would split them (a CR/LF from a hand-edited cluster.json was a traceback).
+_URL_UNSAFE = re.compile(r"[\x00-\x20\x7f]")
+MAX_URL_CHARS = 2048
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSpec(Node):
     """One backend as configured: its URL exactly as written and its role, checked."""
@@ -86,6 +91,10 @@ class NodeSpec(Node):
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ConfigError(f"node URL must start with http:// or https://: {self.url!r}")
+        if _URL_UNSAFE.search(self.url) or len(self.url) > MAX_URL_CHARS:
+            raise ConfigError(f"node URL {self.url[:MAX_URL_CHARS]!r} holds a space or control "
+                              f"character (CR, LF, NUL...) or is over {MAX_URL_CHARS} "
+                              "characters")
         if self.url.rstrip("/").endswith("/v1"):
             # Given .../v1 the proxy would ask .../v1/health and .../v1/v1/chat/completions:
             # every node unhealthy, every request a 503.
@@ -145,6 +154,7 @@ class ProxyConfig:
     nodes: tuple[NodeSpec, ...] = ()
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     kv_events: tuple[KvEventSource, ...] = ()  # --kv-events / cluster.json (policy live)
+    limits: Limits = field(default_factory=Limits)  # bytes and counts read from outside
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(8000, "port to listen on")
     tokenizer: Path | None = option(
@@ -283,7 +293,7 @@ _PATH_KEYS = {"table", "tokenizer", "cluster", "live_costs"}
 
 def _scalar_options() -> dict[str, Callable[[Any], Any]]:
     """Config-file key -> converter: every option of both dataclasses, plus `cluster`."""
-    opts = [*option_fields(PolicyConfig), *option_fields(ProxyConfig)]
+    opts = [*option_fields(PolicyConfig), *option_fields(ProxyConfig), *option_fields(Limits)]
     return {**{o.key: o.convert for o in opts}, "cluster": Path}
 
 
@@ -318,17 +328,15 @@ def build_parser(*, exit_on_error: bool = True) -> argparse.ArgumentParser:
                    help="YAML or TOML file whose keys are these flags' names; flags win")
     add_flags(p, PolicyConfig)
     add_flags(p, ProxyConfig)
+    add_flags(p, Limits)
     return p
 
 
 def load_config_file(path: Path) -> dict[str, Any]:
     """Read a YAML or TOML config file into flag-named keys; unknown keys are errors."""
+    text = read_bounded(path, "config")
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
-    try:
-        raw = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+        raw = tomllib.loads(text) if path.suffix == ".toml" else load_yaml(text, path)
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"config file {path} is not valid {path.suffix[1:] or 'YAML'}: "
                           f"{exc}") from exc
@@ -362,9 +370,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
 
 def _read_cluster_file(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read cluster file {path}: {exc.strerror or exc}") from exc
+        return json.loads(read_bounded(path, "cluster"))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"cluster file {path} is not valid JSON: {exc}") from exc
 
@@ -391,6 +397,8 @@ def load_cluster_file(path: Path) -> list[NodeSpec]:
     for node in nodes:
         try:
             specs.append(NodeSpec(url=str(node["url"]), role=Role(node["role"])))
+        except ConfigError as exc:  # says what is wrong with the URL
+            raise ConfigError(f"cluster file {path}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"cluster file {path}: bad node {node!r} (needs role "
                               f"prefill|decode|replica and url)") from exc
@@ -460,9 +468,14 @@ def config_from_namespace(args: argparse.Namespace) -> ProxyConfig:
     unique = tuple(dict.fromkeys(nodes))  # keep order, drop repeats
     policy = PolicyConfig(**{o.name: settings.pop(o.key) for o in option_fields(PolicyConfig)
                              if o.key in settings})
+    try:
+        limits = Limits(**{o.name: settings.pop(o.key) for o in option_fields(Limits)
+                           if o.key in settings})
+    except LimitError as exc:
+        raise ConfigError(str(exc)) from None
     spec = registry.get(policy.kind)
     if spec.needs.costs is Need.REQUIRED and policy.live_costs is None:
         raise ConfigError(f"policy {spec.name} needs --live-costs PATH (a step-cost file): "
                           f"{live_costs_hint(cluster)}")
     return ProxyConfig(nodes=unique, policy=policy, kv_events=kv_sources.merge(kv_events),
-                       **settings)
+                       limits=limits, **settings)

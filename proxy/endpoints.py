@@ -155,7 +155,7 @@ class CompletionsApp:
         if session_id is not None:
             check_session_id(session_id, "x-session-id")
         body = parse_json_object(raw)
-        validate_body(endpoint, body)
+        validate_body(endpoint, body, config.limits.max_messages)
         if any(name in body for name in (*INTERNAL_FIELDS, *ADMIN_FIELDS)):
             admin = bool(config.admin_key) and bearer_matches(auth, config.admin_key)
             dropped = INTERNAL_FIELDS if admin else (*INTERNAL_FIELDS, *ADMIN_FIELDS)

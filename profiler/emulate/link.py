@@ -1,85 +1,69 @@
-"""KV transfers in real time: the P->D transfers from one P share its link fairly.
+"""KV transfers in real time: `profiler.engine.transfer.SharedLink` on the event loop's clock.
 
-A transfer takes latency + bytes / (bandwidth / n), where n is the number of transfers in
-flight on the link at each moment (processor sharing), recomputed whenever one starts or ends.
-The runtime awaits `transfer(nbytes)`; nothing here knows about engines or HTTP.
+The link model is the simulator's (processor sharing after a per-transfer latency, the
+simulator's maths); this wrapper only drives it with `loop.time()` and wakes each waiting
+transfer when the model says it is done. The runtime awaits `transfer(nbytes)`; nothing here
+knows about engines or HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+import itertools
+
+from profiler.engine.transfer import Link, SharedLink
 
 
-@dataclass(slots=True)
-class _Flow:
-    remaining: float  # bytes
-    done: asyncio.Future[None]
+class WallClockLink:
+    """One link (a P's egress) whose transfers are awaited in real time."""
 
-
-@dataclass(slots=True)
-class SharedLink:
-    """One link (P's egress) with its bandwidth shared by the transfers in flight."""
-
-    bandwidth_bytes_s: float
-    latency_s: float = 0.0
-    _flows: list[_Flow] = field(default_factory=list)
-    _last: float = 0.0
-    _timer: asyncio.TimerHandle | None = None
-    bytes_sent: float = 0.0
-    transfers: int = 0
-
-    async def transfer(self, nbytes: float) -> None:
-        """Return once nbytes have crossed the link (after its latency)."""
-        if self.latency_s > 0:
-            await asyncio.sleep(self.latency_s)
-        if nbytes <= 0:
-            return
-        loop = asyncio.get_running_loop()
-        self._advance(loop.time())
-        flow = _Flow(float(nbytes), loop.create_future())
-        self._flows.append(flow)
-        self.transfers += 1
-        self._reschedule(loop)
-        try:
-            await asyncio.shield(flow.done)
-        except asyncio.CancelledError:
-            if flow in self._flows:  # the request went away: its bytes stop competing
-                self._advance(loop.time())
-                self._flows.remove(flow)
-                self._reschedule(loop)
-            raise
-
-    def _advance(self, now: float) -> None:
-        if self._flows:
-            share = self.bandwidth_bytes_s * (now - self._last) / len(self._flows)
-            for flow in self._flows:
-                sent = min(share, flow.remaining)
-                flow.remaining -= sent
-                self.bytes_sent += sent
-        self._last = now
-
-    def _reschedule(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        for flow in [f for f in self._flows if f.remaining <= 1e-6]:
-            self._flows.remove(flow)
-            if not flow.done.done():
-                flow.done.set_result(None)
-        if self._flows:
-            first = min(f.remaining for f in self._flows)
-            delay = first * len(self._flows) / self.bandwidth_bytes_s
-            self._timer = loop.call_later(delay, self._tick, loop)
-
-    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._timer = None
-        self._advance(loop.time())
-        for flow in self._flows:  # float residue: the flow the timer was set for is done
-            if flow.remaining * len(self._flows) / self.bandwidth_bytes_s < 1e-6:
-                flow.remaining = 0.0
-        self._reschedule(loop)
+    def __init__(self, link: Link) -> None:
+        self._shared = SharedLink(link)
+        self._waiting: dict[str, asyncio.Future[None]] = {}
+        self._ids = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self.transfers = 0
 
     @property
     def in_flight(self) -> int:
-        return len(self._flows)
+        """Transfers started and not yet done (in their latency or moving bytes)."""
+        return len(self._waiting)
+
+    @property
+    def bytes_moved(self) -> float:
+        """Bytes of the transfers done or in flight (a cancelled one's unsent bytes aside)."""
+        return self._shared.bytes_moved
+
+    async def transfer(self, nbytes: float) -> None:
+        """Return once nbytes have crossed the link (after its latency)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self._settle(loop, now)  # transfers due by now finish before this one takes a share
+        transfer_id = str(next(self._ids))
+        done = self._waiting[transfer_id] = loop.create_future()
+        self._shared.start(transfer_id, max(0.0, float(nbytes)), now)
+        self.transfers += 1
+        self._settle(loop, now)
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            if self._waiting.pop(transfer_id, None) is not None:  # its bytes stop competing
+                now = loop.time()
+                self._settle(loop, now)
+                self._shared.cancel(transfer_id, now)
+                self._settle(loop, now)
+            raise
+
+    def _settle(self, loop: asyncio.AbstractEventLoop, now: float | None = None) -> None:
+        """Wake the transfers done by `now` (the loop's time when None); set the timer for
+        the next one to finish."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for transfer_id in self._shared.advance(loop.time() if now is None else now):
+            done = self._waiting.pop(transfer_id, None)
+            if done is not None and not done.done():
+                done.set_result(None)
+        due = self._shared.next_completion()
+        if due is not None:
+            self._timer = loop.call_at(due, self._settle, loop)

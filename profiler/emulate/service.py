@@ -32,11 +32,12 @@ from typing import Any
 
 from profiler.emulate.engine_interface import Job, JobRejected, NodeEngine
 from profiler.emulate.kv_publisher import KvEventPublisher
-from profiler.emulate.link import SharedLink
+from profiler.emulate.link import WallClockLink
 from profiler.emulate.metrics import NodeMetrics
 from profiler.emulate.openai_format import DONE, Envelope, Parsed, RequestError, sse, usage
 from profiler.emulate.runtime import EmulatedNode, EngineFailed, Stream
 from profiler.emulate.tokenizer import Vocabulary
+from profiler.engine.transfer import Link
 from proxy.vocabulary import Role
 
 
@@ -94,8 +95,10 @@ class NodeService:
                                  on_kv_events=publisher.publish if publisher else None)
         # This node's egress as a P; transfers from a P this process does not host run on a
         # link of the same preset.
-        self.link = SharedLink(spec.link_bandwidth_bytes_s, spec.link_latency_s)
-        self._foreign = SharedLink(spec.link_bandwidth_bytes_s, spec.link_latency_s)
+        link = Link(f"{spec.name} egress", spec.link_bandwidth_bytes_s, spec.link_latency_s,
+                    "the node's spec")
+        self.link = WallClockLink(link)
+        self._foreign = WallClockLink(link)
         self._pulling: dict[str, Prepared] = {}
         self._pulls: set[asyncio.Task[None]] = set()
         self.peers = peers if peers is not None else Peers()

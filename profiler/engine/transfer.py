@@ -98,8 +98,10 @@ _TIME_EPSILON = 1e-9
 
 
 class SharedLink:
-    """Transfers in flight on one link, processor-shared. Driven by its caller's clock:
-    `start(id, bytes, now)`, `next_completion()`, `advance(now) -> finished ids`."""
+    """Transfers in flight on one link, processor-shared: the one link model, for the
+    simulator and (behind `profiler.emulate.link.WallClockLink`) the emulated nodes. Driven
+    by its caller's clock: `start(id, bytes, now)`, `next_completion()`, `advance(now) ->
+    finished ids`, `cancel(id, now)`."""
 
     def __init__(self, link: Link) -> None:
         self.link = link
@@ -120,6 +122,16 @@ class SharedLink:
         self.advance(now)
         self._pending[transfer_id] = (now + self.link.latency_s + setup_s, float(num_bytes))
         self.bytes_moved += num_bytes
+
+    def cancel(self, transfer_id: str, now: float) -> None:
+        """Take a transfer off the link at `now` (its client went away): its bytes stop
+        competing, and those not yet sent no longer count as moved. Like `start`, it moves
+        time to `now`: `advance(now)` first collects the transfers finished by then."""
+        self.advance(now)
+        if transfer_id in self._pending:
+            self.bytes_moved -= self._pending.pop(transfer_id)[1]
+        elif transfer_id in self._active:
+            self.bytes_moved -= max(0.0, self._active.pop(transfer_id))
 
     def next_completion(self) -> float | None:
         """When the next transfer would finish if nothing else starts."""

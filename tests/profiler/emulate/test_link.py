@@ -1,15 +1,20 @@
-"""KV transfers sharing one link: concurrent transfers split its bandwidth."""
+"""KV transfers in real time on the one link model: concurrent transfers split its bandwidth."""
 
 from __future__ import annotations
 
 import asyncio
 
-from profiler.emulate.link import SharedLink
+from profiler.emulate.link import WallClockLink
+from profiler.engine.transfer import Link
 
 BANDWIDTH = 2e6  # bytes/s: 20 KB take 10 ms alone
 
 
-async def timed(link: SharedLink, nbytes: float) -> float:
+def wall_link(latency_s: float = 0.0) -> WallClockLink:
+    return WallClockLink(Link("test", BANDWIDTH, latency_s, "hand"))
+
+
+async def timed(link: WallClockLink, nbytes: float) -> float:
     loop = asyncio.get_running_loop()
     start = loop.time()
     await link.transfer(nbytes)
@@ -17,17 +22,17 @@ async def timed(link: SharedLink, nbytes: float) -> float:
 
 
 async def test_two_transfers_share_the_link_and_every_byte_arrives() -> None:
-    link = SharedLink(BANDWIDTH)
+    link = wall_link()
     alone = await timed(link, 20_000)
     both = await asyncio.gather(timed(link, 20_000), timed(link, 20_000))
     assert alone >= 20_000 / BANDWIDTH
     # Each got half the bandwidth while both ran: neither can finish before 2x alone's bytes.
     assert min(both) >= 40_000 / BANDWIDTH - 1e-3
-    assert link.bytes_sent == 60_000 and link.transfers == 3 and link.in_flight == 0
+    assert link.bytes_moved == 60_000 and link.transfers == 3 and link.in_flight == 0
 
 
 async def test_a_short_transfer_leaves_early_and_the_long_one_speeds_up() -> None:
-    link = SharedLink(BANDWIDTH)
+    link = wall_link()
     finished: list[int] = []
 
     async def send(nbytes: int) -> float:
@@ -43,15 +48,20 @@ async def test_a_short_transfer_leaves_early_and_the_long_one_speeds_up() -> Non
 
 
 async def test_a_cancelled_transfer_stops_competing() -> None:
-    link = SharedLink(BANDWIDTH)
+    link = wall_link()
     doomed = asyncio.create_task(link.transfer(1_000_000))
     await asyncio.sleep(0.005)
     doomed.cancel()
     elapsed = await timed(link, 20_000)
     assert link.in_flight == 0
     assert elapsed >= 20_000 / BANDWIDTH
+    # Alone it took its bytes' time, not a shared one (the doomed 1 MB would take 0.5 s).
+    assert elapsed < 0.25
+    # The doomed transfer counts only what crossed before it went (~5 ms at 2 MB/s).
+    assert 20_000 < link.bytes_moved < 20_000 + 100_000
 
 
 async def test_latency_comes_before_the_bytes() -> None:
-    link = SharedLink(BANDWIDTH, latency_s=0.02)
+    link = wall_link(latency_s=0.02)
     assert await timed(link, 0) >= 0.02
+    assert await timed(link, 20_000) >= 0.02 + 20_000 / BANDWIDTH

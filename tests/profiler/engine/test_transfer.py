@@ -69,3 +69,16 @@ def test_a_decode_waits_for_its_transfer(cost):
     assert outcome.token_times == pytest.approx([0.111, 0.122])
     assert link.bytes_moved == 100
     assert engine.stats().external_prefix_cache_hits == 10
+
+
+def test_a_cancelled_transfer_stops_sharing_and_its_unsent_bytes_do_not_count():
+    link = SharedLink(Link("test", 1000.0, 0.1, "hand"))
+    link.start("a", 1000, now=0.0)
+    link.start("b", 1000, now=0.0)
+    link.start("c", 500, now=0.0)
+    link.cancel("c", now=0.05)  # still in its latency: none of its bytes moved
+    link.cancel("b", now=0.6)  # 250 of its bytes moved at half the bandwidth
+    assert link.bytes_moved == pytest.approx(1250)
+    # a: 250 B by 0.6 s, then 750 B alone at 1000 B/s
+    assert link.next_completion() == pytest.approx(1.35)
+    assert link.advance(1.35) == ["a"] and len(link) == 0
