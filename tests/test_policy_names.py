@@ -22,6 +22,10 @@ OWN = ROOT / "proxy" / "policies"
 ALLOWED = {
     # The product's name, declared once (`PRODUCT`); the policy `ppd` is another word.
     ("proxy/vocabulary.py", "ppd"),
+    # The vLLM project's router binary, a peer the proxy benchmark runs; the policy of that
+    # name follows its rule.
+    *((f"benchmarks/proxy_overhead/{name}", "vllm-router")
+      for name in ("__init__.py", "peers.py", "report.py")),
 }
 # The PPD paper's published figures, keyed by the paper's own names of its modes
 # (`replica`, `x=0`, `x=1`) and of its routes, transcribed as printed.
