@@ -42,6 +42,17 @@ from proxy.vocabulary import Role
 log = logging.getLogger("ppd.proxy.discovery")
 
 REJECTION_LOG_INTERVAL_S = 60.0
+# A heartbeat is a few hundred bytes; ZMQ drops a longer message before it is read (three
+# 25 MB heartbeats with a wrong token once took 600 MB to unpack and reject). The token is
+# checked after unpacking such a small map, not found in the raw bytes first: a substring
+# search would leak through its timing what the constant-time comparison hides.
+MAX_HEARTBEAT_BYTES = 64 * 1024
+MAX_URL_CHARS = 2048
+MAX_MODELS = 64
+MAX_MODEL_CHARS = 512
+DEFAULT_MAX_NODES = 512
+DEFAULT_REGISTRATIONS_PER_S = 20.0
+BURST_SECONDS = 4.0  # the registration bucket holds this many seconds' worth
 _LEGACY_ROLES = {"P": Role.PREFILL, "D": Role.DECODE}
 _LEGACY_TYPES = {role: kind for kind, role in _LEGACY_ROLES.items()}
 
@@ -62,7 +73,10 @@ class Heartbeat:
 
 
 def parse_heartbeat(payload: bytes) -> Heartbeat:
-    """Decode a msgpack heartbeat in either format."""
+    """Decode a msgpack heartbeat in either format (at most MAX_HEARTBEAT_BYTES)."""
+    if len(payload) > MAX_HEARTBEAT_BYTES:
+        raise HeartbeatError(f"heartbeat of {len(payload)} bytes (at most "
+                             f"{MAX_HEARTBEAT_BYTES})")
     try:
         data: Any = msgpack.unpackb(payload, raw=False)
     except Exception as exc:  # msgpack raises several unrelated exception types
@@ -76,7 +90,7 @@ def parse_heartbeat(payload: bytes) -> Heartbeat:
         http_address, zmq_address = data.get("http_address"), data.get("zmq_address")
         if not isinstance(http_address, str) or not http_address:
             raise HeartbeatError("legacy heartbeat without http_address")
-        url = http_address if "://" in http_address else f"http://{http_address}"
+        url = _checked_url(http_address if "://" in http_address else f"http://{http_address}")
         return Heartbeat(url, _LEGACY_ROLES[kind],
                          zmq_address if isinstance(zmq_address, str) else None, token=token)
     try:
@@ -87,8 +101,20 @@ def parse_heartbeat(payload: bytes) -> Heartbeat:
     if not isinstance(node_url, str) or not node_url.startswith(("http://", "https://")):
         raise HeartbeatError("heartbeat without an http(s) url")
     models = data.get("models")
-    return Heartbeat(node_url, role, None,
-                     tuple(str(m) for m in models) if isinstance(models, list) else None, token)
+    if isinstance(models, list) and (len(models) > MAX_MODELS or not all(
+            isinstance(m, str) and len(m) <= MAX_MODEL_CHARS for m in models)):
+        raise HeartbeatError(f"heartbeat models: at most {MAX_MODELS} names of at most "
+                             f"{MAX_MODEL_CHARS} characters")
+    return Heartbeat(_checked_url(node_url), role, None,
+                     tuple(models) if isinstance(models, list) else None, token)
+
+
+def _checked_url(url: str) -> str:
+    """A node URL fit for request lines and logs: short, no whitespace or control bytes."""
+    if len(url) > MAX_URL_CHARS or any(ord(c) <= 32 or ord(c) == 127 for c in url):
+        raise HeartbeatError(f"heartbeat url {url[:80]!r} is over {MAX_URL_CHARS} characters "
+                             "or holds a space or control character")
+    return url
 
 
 def heartbeat(role: Role, url: str, models: list[str], legacy: bool = False,
@@ -136,8 +162,15 @@ class Discovery:
 
     def __init__(self, pool: BackendPool, address: str, heartbeat_timeout: float,
                  clock: Callable[[], float], token: str | None = None, *,
-                 insecure: bool = False) -> None:
+                 insecure: bool = False, max_nodes: int = DEFAULT_MAX_NODES,
+                 registrations_per_s: float = DEFAULT_REGISTRATIONS_PER_S) -> None:
         self._pool = pool
+        # New registrations are bounded (--discovery-max-nodes, a token bucket of
+        # --discovery-registrations-per-s): 2,000 fake nodes once slowed /stats to 3 s.
+        self._max_nodes = max_nodes
+        self._rate = registrations_per_s
+        self._bucket = registrations_per_s * BURST_SECONDS
+        self._filled_at = clock()
         self._token = token.encode() if token else None
         self._insecure = insecure  # no token needed (--discovery-insecure)
         self.rejected = 0  # heartbeats dropped: malformed, unauthenticated, or for a static node
@@ -158,6 +191,7 @@ class Discovery:
         self._context = zmq.asyncio.Context()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_HEARTBEAT_BYTES)
         try:
             self._socket.bind(address)
         except zmq.ZMQError as exc:
@@ -196,10 +230,32 @@ class Discovery:
                          static.url)
             return
         known = self._pool.get(beat.url) is not None
+        if not known and not self._admit():
+            self.rejected += 1
+            if self._clock() - self._warned_at >= REJECTION_LOG_INTERVAL_S:
+                self._warned_at = self._clock()
+                log.warning("ignoring heartbeat of new node %s: over --discovery-max-nodes %d or "
+                            "--discovery-registrations-per-s %g (%d rejected so far)", beat.url,
+                            self._max_nodes, self._rate, self.rejected)
+            return
         self._pool.add(beat.url, beat.role, source=Source.DISCOVERED,
                        zmq_address=beat.zmq_address, models=beat.models, now=self._clock())
         if not known:
             log.info("node registered: %s (%s)", beat.url, beat.role)
+
+    def _admit(self) -> bool:
+        """Whether a new node may register now: under the cap, and a token in the bucket."""
+        discovered = sum(1 for n in self._pool.nodes() if n.source is Source.DISCOVERED)
+        if discovered >= self._max_nodes:
+            return False
+        now = self._clock()
+        self._bucket = min(self._rate * BURST_SECONDS,
+                           self._bucket + (now - self._filled_at) * self._rate)
+        self._filled_at = now
+        if self._bucket < 1:
+            return False
+        self._bucket -= 1
+        return True
 
     def _authentic(self, beat: Heartbeat) -> bool:
         if self._token is None:

@@ -172,12 +172,23 @@ def _check_int_at_least_1(body: dict[str, Any], name: str) -> None:
         raise BadRequest(f"'{name}' must be an integer >= 1, got {_shown(value)}", param=name)
 
 
-def validate_body(endpoint: Endpoint, body: dict[str, Any]) -> None:
-    """Raise BadRequest unless body carries what the proxy needs for this endpoint."""
+# What a request may hold when no limit is given (ProxyConfig.limits.max_messages).
+DEFAULT_MAX_MESSAGES = 10_000
+
+
+def validate_body(endpoint: Endpoint, body: dict[str, Any],
+                  max_messages: int = DEFAULT_MAX_MESSAGES) -> None:
+    """Raise BadRequest unless body carries what the proxy needs for this endpoint.
+
+    max_messages bounds the work one request causes (a digest per message prefix, a token
+    count per message): 950k tiny messages blocked the event loop for seconds."""
     if endpoint is Endpoint.CHAT:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("'messages' must be a non-empty list", param="messages")
+        if len(messages) > max_messages:
+            raise BadRequest(f"'messages' holds {len(messages)} messages, over the limit of "
+                             f"{max_messages} (--max-messages)", param="messages")
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise BadRequest(f"messages[{i}] must be an object with a string 'role'",
@@ -186,6 +197,11 @@ def validate_body(endpoint: Endpoint, body: dict[str, Any]) -> None:
         prompt = body.get("prompt")
         if not isinstance(prompt, str | list):
             raise BadRequest("'prompt' must be a string or a list", param="prompt")
+        if isinstance(prompt, list) and len(prompt) > max_messages and not all(
+                isinstance(item, int) for item in prompt):
+            # A batch of prompts costs like messages; a list of token ids is one prompt.
+            raise BadRequest(f"'prompt' is a batch of {len(prompt)} prompts, over the limit of "
+                             f"{max_messages} (--max-messages)", param="prompt")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise BadRequest(f"'stream' must be a boolean, got {_shown(body['stream'])}",
                          param="stream")

@@ -45,6 +45,7 @@ from redis.exceptions import RedisError
 
 from proxy.redact import redacted_url as redacted
 from proxy.sessions.ledger import SessionLedger, branch_id, fork, new_session
+from proxy.sessions.redis_records import RecordError, decode_record
 from proxy.sessions.session import (
     ChatTranscript,
     Held,
@@ -66,6 +67,12 @@ COMMAND_TIMEOUT_S = 2.0
 # The local cache holds at most this many sessions (the store holds them all).
 CACHE_MAX = 100_000
 SNAPSHOT_MAX = 10_000
+# A chat of up to this many messages sends the digest of each of its prefixes in the fetch
+# script (no extra round trip); a longer one asks first which lengths its namespace holds.
+INLINE_DIGESTS = 256
+# The most digests one fetch script looks up (the longest; a transcript held at a shorter
+# prefix than all of them runs as a new conversation).
+MAX_DIGESTS = 1024
 _ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 
 # ARGV: prefix, namespace, candidate id ('' = none), digests longest first ->
@@ -161,14 +168,13 @@ def _encode(session: Session) -> list[str]:
     return [item for pair in fields.items() for item in pair]
 
 
-def _decode(session_id: str, flat: Sequence[str]) -> Session:
-    rec = dict(zip(flat[::2], flat[1::2], strict=True))
-    rec.pop("id", None)  # an index entry names its session
-    held = (Held(int(rec["hl"]), rec["hd"], int(rec["ht"])) if rec.get("hd") else None)
-    return Session(session_id, rec.get("opening", ""), rec.get("hashed") == "1",
-                   rec.get("decode") or None, rec.get("prefill") or None,
-                   int(rec.get("turns", 0)), float(rec.get("last_access", 0.0)), held,
-                   float(rec.get("created", 0.0)))
+def _field(flat: Any, key: str) -> Any:
+    """One field of a flat HGETALL reply (RecordError when it has none)."""
+    if isinstance(flat, list):
+        for name, value in zip(flat[::2], flat[1::2], strict=False):
+            if name == key:
+                return value
+    raise RecordError(f"record without {key!r}")
 
 
 class RedisStore(SessionStore):
@@ -194,6 +200,7 @@ class RedisStore(SessionStore):
         self._up = False
         self._live = 0
         self.cache_hits = 0
+        self.records_rejected = 0  # bad records read back and dropped
 
     @property
     def up(self) -> bool:
@@ -286,8 +293,13 @@ class RedisStore(SessionStore):
         except _ERRORS as exc:
             self._lost(exc)
             return []
-        return [_decode(i, [x for kv in r.items() for x in kv]).as_dict()
-                for i, r in zip(ids, records, strict=True) if r]
+        out = []
+        for session_id, record in zip(ids, records, strict=True):
+            if record:
+                with contextlib.suppress(RecordError):  # counted by _decode: left out
+                    out.append(self._decode(session_id,
+                                            [x for kv in record.items() for x in kv]).as_dict())
+        return out
 
     def live(self) -> int:
         return self._live
@@ -296,29 +308,55 @@ class RedisStore(SessionStore):
         space = namespace(transcript, explicit_id)
         if not transcript.extendable:
             lengths: Sequence[int] = ()
-        elif isinstance(transcript, ChatTranscript):
+        elif isinstance(transcript, ChatTranscript) and transcript.length <= INLINE_DIGESTS:
             lengths = range(1, transcript.length)
-        else:  # a prompt: hash only at the lengths its namespace's entries hold
+        else:  # a prompt or a long chat: hash only at the lengths its namespace's entries hold
             assert self._client is not None
             members = await self._client.smembers(f"{self._prefix}l:{space}")
-            lengths = [int(n) for n in members]
+            lengths = [int(n) for n in members
+                       if isinstance(n, str) and n.isdigit() and len(n) < 16]
         matches = transcript.prefix_digests(lengths)
-        digests = sorted(matches, key=matches.__getitem__, reverse=True)
+        # Longest first, at most MAX_DIGESTS: the script's work per request stays bounded
+        # whatever the transcript's length (600k messages once blocked Redis for 2 s).
+        digests = sorted(matches, key=matches.__getitem__, reverse=True)[:MAX_DIGESTS]
         found, *rest = await self._run("fetch", [self._prefix, space, explicit_id or "",
                                                  *digests])
         now = self._clock()
-        if found:
-            point_flat, current_flat = rest
-            session_id = dict(zip(point_flat[::2], point_flat[1::2], strict=True))["id"]
-            point = _decode(session_id, point_flat)
-            current = _decode(session_id, current_flat) if current_flat else None
-            if current is not None and current.held == point.held:
-                return Lookup(current, True, Version.of(current))
-            return Lookup(fork(point, branch_id(explicit_id, transcript), now), True)
-        home_id, home_flat, taken = rest
-        home = _decode(home_id, home_flat) if home_flat else None
+        try:
+            if found:
+                point_flat, current_flat = rest
+                try:
+                    session_id = _field(point_flat, "id")
+                except RecordError as exc:
+                    self._rejected(exc)
+                    raise
+                point = self._decode(session_id, point_flat)
+                current = self._decode(session_id, current_flat) if current_flat else None
+                if current is not None and current.held == point.held:
+                    return Lookup(current, True, Version.of(current))
+                return Lookup(fork(point, branch_id(explicit_id, transcript), now), True)
+            home_id, home_flat, taken = rest
+            home = self._decode(home_id, home_flat) if home_flat else None
+        except RecordError:  # dropped and counted: the turn runs as a new conversation
+            return Lookup(new_session(transcript, explicit_id, now), False)
         session_id = branch_id(explicit_id, transcript) if taken else None
         return Lookup(new_session(transcript, explicit_id, now, home, session_id), False)
+
+    def _decode(self, session_id: Any, flat: Any) -> Session:
+        """A stored record as a session; a bad one is counted and raised (RecordError)."""
+        try:
+            if not isinstance(flat, list):
+                raise RecordError("record is not a list of fields")
+            return decode_record(session_id, flat)
+        except RecordError as exc:
+            self._rejected(exc)
+            raise
+
+    def _rejected(self, exc: RecordError) -> None:
+        self.records_rejected += 1
+        if self.records_rejected & (self.records_rejected - 1) == 0:  # 1st, 2nd, 4th...
+            log.warning("session store %s: dropped a bad record: %s (%d so far)",
+                        redacted(self.url), exc, self.records_rejected)
 
     async def _run(self, script: str, args: list[Any]) -> Any:
         return await self._scripts[script](keys=[], args=args)

@@ -14,10 +14,12 @@ the configuration.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from proxy.sessions.ledger import SessionLedger
 from proxy.sessions.session import Held, Lookup, Transcript
@@ -29,6 +31,7 @@ class SessionStore(ABC):
     """Sessions for the router; `start`/`close` run on the serving event loop."""
 
     shared = False  # whether several processes can use it at once
+    records_rejected = 0  # records read back that held no session (dropped, counted)
 
     @property
     def up(self) -> bool:
@@ -86,3 +89,18 @@ def watch_store(registry: CollectorRegistry, store: SessionStore) -> None:
                   "1 while the session store answers; 0 means every turn runs P->D",
                   registry=registry)
     gauge.set_function(lambda: 1.0 if store.up else 0.0)
+    registry.register(_RejectedRecords(store))
+
+
+class _RejectedRecords(Collector):
+    """`ppd_store_records_rejected_total`: bad records the store gave back, dropped."""
+
+    def __init__(self, store: SessionStore) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        counter = CounterMetricFamily(
+            "ppd_store_records_rejected", "Session records read from the store that hold no "
+            "session (wrong types, missing fields): dropped, the turn ran as a new one")
+        counter.add_metric([], self._store.records_rejected)
+        yield counter
