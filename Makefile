@@ -26,12 +26,18 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# OS packages the tests run for real: haproxy (two replicas behind a load balancer, deploy/).
+# OS packages the tests run for real: haproxy (two replicas behind a load balancer, deploy/)
+# and promtool (Debian's prometheus package: `promtool check rules` on deploy/prometheus/).
 system-deps:
 	@command -v haproxy >/dev/null 2>&1 || test -x /usr/sbin/haproxy || { \
 		SUDO=$$(test "$$(id -u)" -eq 0 || echo sudo); \
 		$$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq haproxy >/dev/null; }
+	@command -v promtool >/dev/null 2>&1 || { \
+		SUDO=$$(test "$$(id -u)" -eq 0 || echo sudo); \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+			prometheus >/dev/null; }
 
 test: system-deps $(STAMP)
 	$(PY) -m pytest -q -rs

@@ -56,6 +56,7 @@ from proxy.sessions.readback_book import ReadbackBook
 from proxy.sessions.readbacks import MemoryReadbacks, Readbacks
 from proxy.sessions.store import SessionStore, watch_store
 from proxy.tokens import token_counter
+from proxy.tracing import open_tracing
 from proxy.transport import DefaultLegs
 from proxy.vocabulary import PRODUCT
 
@@ -108,6 +109,7 @@ def build_state(config: ProxyConfig, clock: Callable[[], float]) -> ProxyState:
             if policy.spec.needs.live_view or policy.spec.needs.view else None)
     if live is not None:
         metrics.registry.register(KvEventCollector(live.subscribers.subscribers))
+        metrics.watch_node_load(lambda: live.signals.latest, clock)
     router.view = live.view if live is not None else None
     discovery = (Discovery(pool, config.discovery, config.heartbeat_timeout, clock,
                            config.discovery_token, insecure=config.discovery_insecure,
@@ -156,6 +158,8 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
         else:
             state.legs = DefaultLegs(timeouts, upstream_headers)
         state.router.legs = state.legs
+        if config.otlp_traces_endpoint is not None:  # opentelemetry is imported only then
+            completions.tracing = open_tracing(config.otlp_traces_endpoint)
         state.client = httpx.AsyncClient(
             transport=transport or httpx_pool(),  # idle connections: see proxy.legs
             headers=upstream_headers,
@@ -192,10 +196,12 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
             await state.legs.aclose()
         if state.client is not None:
             await state.client.aclose()
+        if completions.tracing is not None:
+            completions.tracing.shutdown()  # flushes the spans not yet exported
 
     # The completion endpoints are served by proxy.endpoints, ahead of Quart (the hot path).
-    app.asgi_app = CompletionsApp(config, state.router, app.asgi_app,  # type: ignore[method-assign, assignment]
-                                  state.response_headers)
+    completions = CompletionsApp(config, state.router, app.asgi_app, state.response_headers)
+    app.asgi_app = completions  # type: ignore[method-assign, assignment]
 
     @app.after_request
     async def label(response: Response) -> Response:

@@ -218,8 +218,17 @@ class ProxyConfig:
         "up` sets it); unset: no readback route (docs/readback.md)", metavar="S")
     log_level: LogLevel = option(LogLevel.INFO, "log level (info: one access line per request)")
     log_format: LogFormat = option(LogFormat.TEXT, "log format: text, or one JSON object a line")
+    otlp_traces_endpoint: str | None = option(
+        None, "export OpenTelemetry traces of every turn (decision, legs) to this OTLP "
+        "collector, as vLLM's flag of the name (gRPC; OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="
+        "http/protobuf for HTTP); legs carry W3C traceparent", metavar="URL")
 
     def __post_init__(self) -> None:
+        if self.otlp_traces_endpoint is not None and (
+                not self.otlp_traces_endpoint.strip() or any(
+                    c.isspace() for c in self.otlp_traces_endpoint)):
+            raise ConfigError("--otlp-traces-endpoint must be a collector address such as "
+                              f"http://127.0.0.1:4317, got {self.otlp_traces_endpoint!r}")
         if not (0 <= self.port <= 65535):
             raise ConfigError(f"--port must be in [0, 65535], got {self.port}")
         positive = ("heartbeat_timeout", "session_ttl", "request_timeout", "connect_timeout",

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from proxy import tracing
 from proxy.config import ProxyConfig
 from proxy.errors import (
     BadRequest,
@@ -26,6 +27,7 @@ from proxy.errors import (
     ProxyError,
     Unauthorized,
 )
+from proxy.explain import COSTS_HEADER
 from proxy.logs import AccessEntry
 from proxy.relay import Relay
 from proxy.router import Incoming, Reply, Router
@@ -76,6 +78,8 @@ class CompletionsApp:
         self._fallback = fallback
         # Added to every completion response; read per response, so it may change later.
         self._extra = response_headers if response_headers is not None else {}
+        # `--otlp-traces-endpoint`'s tracer, set while serving (None: requests not traced).
+        self.tracing: tracing.Tracing | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and _header_bytes(scope) > MAX_HEADER_BYTES:
@@ -93,6 +97,20 @@ class CompletionsApp:
         head_with_body = scope.get("extensions", {}).get(HEAD_WITH_BODY_EXTENSION)
         if head_with_body is not None:
             head_with_body()
+        if self.tracing is None:
+            await self._serve(endpoint, scope, receive, send)
+            return
+        trace = self.tracing.turn(endpoint.value)
+        token = tracing.activate(trace)
+        head = _HeadSeen(send)
+        try:
+            await self._serve(endpoint, scope, receive, head)
+        finally:
+            tracing.deactivate(token)
+            trace.finish(head.status, head.headers)
+
+    async def _serve(self, endpoint: Endpoint, scope: Scope, receive: Receive,
+                     send: Send) -> None:
         if scope["method"] != "POST":
             refused = MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; "
                                        "use POST")
@@ -115,6 +133,8 @@ class CompletionsApp:
         watch = _DisconnectWatch(scope, receive)
         try:
             reply = await self._router.handle(incoming)
+            if COSTS_HEADER in reply.headers and not self._admin(scope):
+                del reply.headers[COSTS_HEADER]
             if isinstance(reply.body, Relay):
                 await _stream(reply, reply.body, send)
             else:
@@ -130,7 +150,16 @@ class CompletionsApp:
             error = _as_proxy_error(exc)
         finally:
             watch.stop()
+        if COSTS_HEADER in error.headers and not self._admin(scope):
+            del error.headers[COSTS_HEADER]
         await _send_error(send, error)
+
+    def _admin(self, scope: Scope) -> bool:
+        """Whether the request carries the admin key (x-ppd-costs is for the operator)."""
+        key = self._config.admin_key
+        auth = next((value.decode("latin-1") for name, value in scope["headers"]
+                     if name == b"authorization"), None)
+        return bool(key) and bearer_matches(auth, key)
 
     async def _incoming(self, endpoint: Endpoint, scope: Scope, receive: Receive) -> Incoming:
         headers = {name.decode(): value.decode("latin-1") for name, value in scope["headers"]
@@ -249,6 +278,24 @@ async def _stream(reply: Reply, relay: Relay, send: Send) -> None:
         log.exception("unexpected error mid-stream: %s", exc)
     finally:
         await relay.aclose()
+
+
+class _HeadSeen:
+    """A `send` that notes the status and x-ppd-* headers the response started with (the
+    turn's trace records them)."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.status = 499  # nothing sent: the client left first (nginx's code for it)
+        self.headers: dict[str, str] = {}
+
+    async def __call__(self, message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            self.headers = {name.decode("latin-1"): value.decode("latin-1")
+                            for name, value in message["headers"]
+                            if name.startswith(b"x-ppd-")}
+        await self._send(message)
 
 
 class _DisconnectWatch:

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from proxy import tracing
 from proxy.errors import UpstreamProtocol, UpstreamRunaway, UpstreamStatus
 from proxy.json_codec import dumps, exact_loads, loads
 from proxy.legs import LegResponse, Legs
@@ -63,17 +64,43 @@ class Prefilled:
 
 
 async def _post(legs: Legs, url: str, body: dict[str, Any], request_id: str, *,
-                stream: bool) -> tuple[LegResponse, bytes]:
+                stream: bool, leg: str) -> tuple[LegResponse, bytes, tracing.LegSpan | None]:
     """POST one leg, once: the response and, unless streamed, its whole body. The legs
-    raise the proxy's own errors (`proxy.legs`) and add the headers every leg carries."""
-    response = await legs.post(url, dumps(body), {"content-type": "application/json",
-                                                  "x-request-id": request_id})
-    if stream:
-        return response, b""
+    raise the proxy's own errors (`proxy.legs`) and add the headers every leg carries.
+    When the turn is traced (`proxy.tracing`), the leg gets a span named `leg` and carries
+    its traceparent; a stream's span ends when the stream is closed (`UpstreamStream`)."""
+    headers = {"content-type": "application/json", "x-request-id": request_id}
+    trace = tracing.current()
+    span = trace.leg(leg, url, request_id, headers) if trace is not None else None
     try:
-        return response, await response.aread()
+        response = await legs.post(url, dumps(body), headers)
+    except BaseException as exc:
+        if span is not None:
+            span.end(error=exc)
+        raise
+    if stream:
+        return response, b"", span
+    try:
+        content = await response.aread()
+    except BaseException as exc:
+        if span is not None:
+            span.end(response.status, exc)
+            span = None
+        raise
     finally:
         await response.aclose()
+        if span is not None:
+            span.end(response.status)
+    return response, content, None
+
+
+def _answering_leg(body: dict[str, Any]) -> str:
+    """The span name of a leg that answers the client: D after P (it gets P's
+    kv_transfer_params), else the one node's route the turn decided (local or replica)."""
+    if "kv_transfer_params" in body:
+        return "decode"
+    trace = tracing.current()
+    return trace.route if trace is not None and trace.route in ("local", "replica") else "local"
 
 
 def _answer(response: LegResponse, body: bytes, url: str) -> Answer:
@@ -85,10 +112,12 @@ def _answer(response: LegResponse, body: bytes, url: str) -> Answer:
 
 
 async def fetch(legs: Legs, base_url: str, endpoint: Endpoint,
-                body: dict[str, Any], request_id: str) -> Answer:
-    """POST body and read the whole answer (2xx or 4xx); a 5xx or a broken body raises."""
+                body: dict[str, Any], request_id: str, leg_name: str | None = None) -> Answer:
+    """POST body and read the whole answer (2xx or 4xx); a 5xx or a broken body raises
+    (`leg_name`: its span's, when traced)."""
     url = base_url + endpoint.value
-    response, content = await _post(legs, url, body, request_id, stream=False)
+    leg = "prefill" if leg_name is None else leg_name
+    response, content, _ = await _post(legs, url, body, request_id, stream=False, leg=leg)
     return _answer(response, content, url)
 
 
@@ -97,7 +126,8 @@ async def tokenize(legs: Legs, base_url: str, body: dict[str, Any],
     """vLLM's POST /tokenize (a readback's check of the new prompt's ids): the decoded JSON of
     a 2xx, None for any other answer (a node without the endpoint, a prompt it refuses)."""
     url = base_url + "/tokenize"
-    response, content = await _post(legs, url, body, request_id, stream=False)
+    response, content, _ = await _post(legs, url, body, request_id, stream=False,
+                                       leg="tokenize")
     if not 200 <= response.status < 300:
         return None
     try:
@@ -110,7 +140,7 @@ async def complete(legs: Legs, base_url: str, endpoint: Endpoint,
                    body: dict[str, Any], request_id: str) -> Answer:
     """A non-streamed leg that answers the client: a 2xx must be a JSON object, as from P; a
     body that is not (an HTML error page, a cut document) is the node's failure, a 502."""
-    answer = await fetch(legs, base_url, endpoint, body, request_id)
+    answer = await fetch(legs, base_url, endpoint, body, request_id, _answering_leg(body))
     if not answer.rejected:
         try:
             data = loads(answer.body)
@@ -140,7 +170,10 @@ def _check_length(data: dict[str, Any], body: dict[str, Any], url: str) -> None:
 async def prefill(legs: Legs, base_url: str, endpoint: Endpoint,
                   body: dict[str, Any], request_id: str) -> Prefilled | Answer:
     """Run the P leg: P's kv_transfer_params, or P's 4xx answer for the client."""
-    answer = await fetch(legs, base_url, endpoint, body, request_id)
+    params = body.get("kv_transfer_params")
+    # A P leg that reads the history's KV back from D names how many tokens to read.
+    leg = "readback" if isinstance(params, dict) and "remote_num_tokens" in params else "prefill"
+    answer = await fetch(legs, base_url, endpoint, body, request_id, leg)
     if answer.rejected:
         return answer
     try:
@@ -157,6 +190,7 @@ class UpstreamStream:
 
     response: LegResponse
     first: bytes
+    span: tracing.LegSpan | None = None  # the leg's span when traced, ended by aclose
 
     @property
     def status(self) -> int:
@@ -188,21 +222,34 @@ class UpstreamStream:
 
     async def aclose(self) -> None:
         """Close the upstream response (vLLM aborts a request whose connection closes)."""
-        await self.response.aclose()
+        try:
+            await self.response.aclose()
+        finally:
+            if self.span is not None:
+                self.span.end(self.response.status)
+                self.span = None
 
 
 async def open_stream(legs: Legs, base_url: str, endpoint: Endpoint,
                       body: dict[str, Any], request_id: str) -> UpstreamStream | Answer:
     """POST body and wait for the first chunk (a 4xx: its whole answer); errors raise."""
     url = base_url + endpoint.value
-    response, _ = await _post(legs, url, body, request_id, stream=True)
+    response, _, span = await _post(legs, url, body, request_id, stream=True,
+                                    leg=_answering_leg(body))
     try:
         if response.status >= 400:
-            answer = _answer(response, await response.aread(), url)
-            await response.aclose()
+            try:
+                answer = _answer(response, await response.aread(), url)
+            finally:
+                await response.aclose()
+                if span is not None:
+                    span.end(response.status)
+                    span = None
             return answer
         first = await response.read_chunk()
-    except BaseException:
+    except BaseException as exc:
         await response.aclose()
+        if span is not None:
+            span.end(response.status, exc)
         raise
-    return UpstreamStream(response, first)
+    return UpstreamStream(response, first, span)

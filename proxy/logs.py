@@ -5,9 +5,11 @@
 health check and every upstream POST, which buried everything else (631 lines in 3 minutes).
 
 `AccessEntry` collects what one request did as it happens (session, turn, route, reason,
-cell, nodes, status, TTFT, duration); `emit()` writes it exactly once, when the reply is done
-(for a stream: when the relay closes), on the `ppd.access` logger. In JSON format the fields
-are top-level keys, so a log pipeline can filter on route or reason without parsing text.
+fallback, costs weighed, cell, nodes, status, TTFT, duration: the reason, fallback and costs
+are the reply's x-ppd-* headers, `proxy.explain`); `emit()` writes it exactly once, when
+the reply is done (for a stream: when the relay closes), on the `ppd.access` logger. In
+JSON format the fields are top-level keys, so a log pipeline can filter on route or reason
+without parsing text.
 
 While the logging tree is still the one `configure` set up - the access record would reach
 its handler alone, unfiltered, formatted by one of its two formatters - the access line is
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
+from proxy.explain import Fallback, costs_text
 from proxy.vocabulary import Decision
 
 ACCESS_LOGGER = "ppd.access"
@@ -121,6 +124,8 @@ class AccessEntry:
     turn: int | None = None
     route: str | None = None
     reason: str | None = None
+    fallback: str | None = None  # why the decided or forced route did not serve it
+    costs: str | None = None  # what the policy weighed (`proxy.explain.costs_text`)
     cell: str | None = None  # context_class/workload/qps of a table decision
     prefill: str | None = None
     decode: str | None = None
@@ -131,9 +136,14 @@ class AccessEntry:
     error: str | None = None
     _emitted: bool = False
 
-    def decided(self, decision: Decision) -> None:
-        """The policy's reason, and the table cell of a `ppd` decision."""
+    def decided(self, decision: Decision, fell_back: Fallback | None = None) -> None:
+        """The policy's reason, the costs it weighed, the table cell of a `ppd` decision,
+        and why the route decided did not serve the turn (when it did not)."""
         self.reason = decision.reason.value
+        if decision.costs:
+            self.costs = costs_text(decision.costs)
+        if fell_back is not None:
+            self.fallback = fell_back.reason.value
         if decision.cell is not None:
             cell = decision.cell
             self.cell = f"{cell.context_class.value}/{cell.workload}/{cell.qps:g}"
@@ -155,7 +165,8 @@ class AccessEntry:
     def line(self) -> str:
         """The text form: `POST /v1/chat/completions 200 session=... route=local ...`."""
         parts = [f"POST {self.endpoint} {self.status if self.status is not None else '-'}"]
-        for key in ("session", "turn", "route", "reason", "cell", "prefill", "decode"):
+        for key in ("session", "turn", "route", "reason", "fallback", "costs", "cell",
+                    "prefill", "decode"):
             value = getattr(self, key)
             if value is not None:
                 parts.append(f"{key}={value}")

@@ -6,8 +6,17 @@ dashboard built for vLLM's `vllm:time_to_first_token_seconds` works on the proxy
                                              whole answer when not streamed)
   ppd_request_time_per_output_token_seconds  (E2E - TTFT) / (completion tokens - 1), streams
   ppd_e2e_request_latency_seconds            request arrival -> last byte, complete replies
-Gauges read at scrape time: ppd_requests_in_flight, and per node ppd_node_in_flight,
-ppd_node_healthy, ppd_node_circuit_open. No `*_created` series (they only add noise).
+  ppd_followup_time_to_first_token_seconds   the TTFT of turns 2+ alone (the turns a P/D
+                                             policy decides), by route
+`ppd_fallbacks_total{route, reason}` counts the turns whose decided or forced route (`route`)
+was not the one that served them, and why (`proxy.explain.Fallback`).
+Gauges read at scrape time: ppd_requests_in_flight, per role ppd_nodes and ppd_nodes_usable
+(healthy, circuit not open: a role at 0 serves nothing), per node ppd_node_in_flight,
+ppd_node_healthy, ppd_node_circuit_open, and - where the proxy scrapes the nodes' /metrics
+(`proxy.node_gauges`, policies that read the cluster) - what vLLM says of its load:
+ppd_node_requests_running, ppd_node_requests_waiting, ppd_node_kv_cache_usage and the
+reading's age, ppd_node_metrics_age_seconds. No `*_created` series (they only add noise).
+The dashboard and alert rules in deploy/ read these names (docs/observability.md).
 
 Route and reason labels are the enums' values; which routes exist, and which reasons count as
 a route's fallbacks in /stats, come from `proxy.routes.ROUTES` (read when an app's metrics
@@ -17,7 +26,7 @@ are made), so a route declared there is counted here with no change to this modu
 from __future__ import annotations
 
 from collections import Counter as TallyCounter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -32,7 +41,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from proxy import routes
-from proxy.vocabulary import Decision, RouteKind
+from proxy.node_gauges import NodeMetrics
+from proxy.vocabulary import Decision, Reason, Role, RouteKind
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
@@ -62,6 +72,13 @@ class ProxyMetrics:
         self.tpot = Histogram("ppd_request_time_per_output_token_seconds",
                               "Per streamed request: (E2E - TTFT) / (completion tokens - 1)",
                               ["route"], buckets=_TPOT_BUCKETS, registry=self.registry)
+        self.followup_ttft = Histogram(
+            "ppd_followup_time_to_first_token_seconds",
+            "Proxy-side TTFT of turns 2+ (the turns a P/D policy decides), by route",
+            ["route"], buckets=_TTFT_BUCKETS, registry=self.registry)
+        self.fallbacks = Counter(
+            "ppd_fallbacks", "Turns not served by the route decided or forced for them "
+            "(route), by why (reason)", ["route", "reason"], registry=self.registry)
         self.e2e = Histogram("ppd_e2e_request_latency_seconds",
                              "Request arrival to the last byte of a complete reply, by route",
                              ["route"], buckets=_E2E_BUCKETS, registry=self.registry)
@@ -84,7 +101,7 @@ class ProxyMetrics:
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._declared = tuple(routes.ROUTES.values())
         for spec in self._declared:  # every route's latency series exists from the start
-            for histogram in (self.ttft, self.tpot, self.e2e):
+            for histogram in (self.ttft, self.followup_ttft, self.tpot, self.e2e):
                 self._child(histogram, spec.kind.value)
 
     def _child(self, metric: Any, *labels: str) -> Any:
@@ -96,13 +113,18 @@ class ProxyMetrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    def routed(self, endpoint: str, route: RouteKind, decision: Decision, turn: int) -> None:
-        """One request took `route` (the decision may have been overridden by failover)."""
+    def routed(self, endpoint: str, route: RouteKind, decision: Decision, turn: int,
+               fallback: tuple[RouteKind, Reason] | None = None) -> None:
+        """One request took `route` (the decision may have been overridden by failover);
+        `fallback`: the route it was decided or forced for, and why that one did not serve."""
         cell = decision.cell
         self._child(self.requests, endpoint, route.value, decision.reason.value,
                     cell.context_class.value if cell else "", cell.workload if cell else "",
                     f"{cell.qps:g}" if cell else "").inc()
         self.turns.observe(turn)
+        if fallback is not None:
+            wanted, why = fallback
+            self._child(self.fallbacks, wanted.value, why.value).inc()
         self._routes[route.value] += 1
         self._reasons[decision.reason.value] += 1
 
@@ -116,9 +138,11 @@ class ProxyMetrics:
         self._child(self.responses, str(status)).inc()
         self._statuses[status] += 1
 
-    def first_byte(self, route: RouteKind, seconds: float) -> None:
-        """Proxy-side TTFT of one request."""
+    def first_byte(self, route: RouteKind, seconds: float, turn: int = 1) -> None:
+        """Proxy-side TTFT of one request (turn: its index in the conversation)."""
         self._child(self.ttft, route.value).observe(seconds)
+        if turn > 1:
+            self._child(self.followup_ttft, route.value).observe(seconds)
 
     def finished(self, route: RouteKind, e2e: float, ttft: float | None,
                  completion_tokens: int | None) -> None:
@@ -144,6 +168,12 @@ class ProxyMetrics:
         """Gauges read at scrape time: open requests, and per node its requests in flight,
         health and circuit (`nodes` gives the pool's snapshot)."""
         self.registry.register(_LiveGauges(nodes, requests_in_flight))
+
+    def watch_node_load(self, latest: Callable[[], Mapping[str, NodeMetrics]],
+                        clock: Callable[[], float]) -> None:
+        """Gauges of each node's own /metrics as the proxy last scraped them
+        (`proxy.node_gauges.NodeGauges.latest`), with the reading's age."""
+        self.registry.register(_NodeLoadGauges(latest, clock))
 
     def exposition(self) -> bytes:
         """The Prometheus text format."""
@@ -195,7 +225,8 @@ class _LiveGauges(Collector):
             "ppd_node_circuit_open",
             "1 while a node's circuit is not closed (open, or half-open awaiting its probe)",
             labels=["node", "role"])
-        for node in self._nodes():
+        nodes = self._nodes()
+        for node in nodes:
             labels = [node["url"], node["role"]]
             in_flight.add_metric(labels, node["in_flight"])
             healthy.add_metric(labels, 1.0 if node["healthy"] else 0.0)
@@ -203,3 +234,48 @@ class _LiveGauges(Collector):
         yield in_flight
         yield healthy
         yield circuit
+        # Every role, 0 included: "no usable decode node" is a value an alert can read, not a
+        # missing series.
+        pool = GaugeMetricFamily("ppd_nodes", "Nodes in the pool, by role", labels=["role"])
+        usable = GaugeMetricFamily(
+            "ppd_nodes_usable", "Nodes that can take a leg now (healthy, circuit not open), "
+            "by role", labels=["role"])
+        for role in Role:
+            members = [node for node in nodes if node["role"] == role.value]
+            pool.add_metric([role.value], len(members))
+            usable.add_metric([role.value], sum(
+                1 for node in members if node["healthy"] and node["circuit"] != "open"))
+        yield pool
+        yield usable
+
+
+class _NodeLoadGauges(Collector):
+    """What each node's own /metrics said when last scraped (policies that read the cluster
+    scrape them: `proxy.node_gauges`), and how old that reading is."""
+
+    def __init__(self, latest: Callable[[], Mapping[str, NodeMetrics]],
+                 clock: Callable[[], float]) -> None:
+        self._latest = latest
+        self._clock = clock
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        node = ["node"]
+        running = GaugeMetricFamily("ppd_node_requests_running",
+                                    "Requests in the node's batch (vllm:num_requests_running)",
+                                    labels=node)
+        waiting = GaugeMetricFamily("ppd_node_requests_waiting",
+                                    "Requests queued on the node (vllm:num_requests_waiting)",
+                                    labels=node)
+        usage = GaugeMetricFamily("ppd_node_kv_cache_usage",
+                                  "Share of the node's KV cache in use, 0-1 "
+                                  "(vllm:kv_cache_usage_perc)", labels=node)
+        age = GaugeMetricFamily("ppd_node_metrics_age_seconds",
+                                "Seconds since the node's /metrics were last read", labels=node)
+        now = self._clock()
+        for url, reading in self._latest().items():
+            running.add_metric([url], reading.running)
+            waiting.add_metric([url], reading.waiting)
+            if reading.kv_usage is not None:
+                usage.add_metric([url], reading.kv_usage)
+            age.add_metric([url], max(0.0, now - reading.at))
+        yield from (running, waiting, usage, age)

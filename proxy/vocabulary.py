@@ -171,6 +171,16 @@ class Reason(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class RouteCost:
+    """What a policy weighed for one route: the TTFT (and TPOT) it predicted (live) or its
+    table measured (ppd), in ms; the x-ppd-costs header shows them (`proxy.explain`)."""
+
+    route: RouteKind
+    ttft_ms: float
+    tpot_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """A policy's verdict for one turn, with the reason and (ppd) the table cell used, and the
     nodes it names (URLs from `Turn.view`): `decode` answers the client (the D of a P->D or
@@ -184,3 +194,4 @@ class Decision:
     cell: Cell | None = None
     decode: str | None = None
     prefill: str | None = None
+    costs: tuple[RouteCost, ...] = ()  # the routes weighed, for x-ppd-costs (live, ppd)
