@@ -230,7 +230,6 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
         rate = state.load.rate()
         return {**state.metrics.stats(), "sessions_live": state.sessions.live(),
                 "request_rate": rate, "request_rate_unit": "requests (turns)/s",
-                "qps": rate,  # deprecated name of request_rate
                 "backends": state.pool.snapshot(),
                 **({"kv_events": kv_health(state.live.subscribers.subscribers)}
                    if state.live is not None else {})}

@@ -10,7 +10,6 @@ cluster.json names them, so `ppd proxy --cluster ... --policy live` reads reside
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -104,13 +103,3 @@ def cost_argument(hardware: str, model: str) -> str | None:
         return None
     path = Path(hardware)
     return str(path.resolve()) if path.is_file() else f"{hardware}:{model}"
-
-
-def emulation_record(cluster_file: Path) -> dict[str, str] | None:
-    """The "emulated" record of a cluster.json (None for a vLLM cluster or no file)."""
-    try:
-        doc = json.loads(Path(cluster_file).read_text())
-    except (OSError, ValueError):
-        return None
-    record = doc.get("emulated") if isinstance(doc, dict) else None
-    return record if isinstance(record, dict) else None

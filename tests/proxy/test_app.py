@@ -160,6 +160,7 @@ async def test_metrics_stats_and_health(cluster: dict[str, FakeVLLM]) -> None:
     assert 'ppd_responses_total{status="200"} 2.0' in text
     assert stats["requests"] == 2 and stats["sessions_live"] == 1 and stats["request_rate"] > 0
     assert stats["request_rate_unit"] == "requests (turns)/s"
+    assert "qps" not in stats  # removed: request_rate (README, Upgrade notes)
     assert stats["reasons"] == {"turn1": 1, "policy": 1}
     assert health.status_code == 200 and health.json()["status"] == "ok"
 
