@@ -105,7 +105,7 @@ def build_state(config: ProxyConfig, clock: Callable[[], float]) -> ProxyState:
         router.readback_ttl = config.kv_readback_ttl
     metrics.watch(pool.snapshot, lambda: router.admission.open)
     live = (LiveRuntime(pool, config.kv_events, config.metrics_interval, clock,
-                        config.kv_blocks)
+                        config.kv_blocks, config.limits.kv_clock_skew)
             if policy.spec.needs.live_view or policy.spec.needs.view else None)
     if live is not None:
         metrics.registry.register(KvEventCollector(live.subscribers.subscribers))

@@ -20,12 +20,18 @@ then `[b"", b"", END_SEQ, b""]` (END_SEQ = -1 as 8 signed big-endian bytes).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
 BlockHash = bytes | int
+# vLLM's block hashes are 32-byte digests (sha256, or a 64-bit int); a session id is what the
+# proxy sent (validate.MAX_SESSION_ID_CHARS). A forged event with 1 MB hashes or ids once
+# added 435 MB to an index that counted blocks, not bytes.
+MAX_HASH_BYTES = 64
+MAX_SESSION_ID_CHARS = 256
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _SEQ_BYTES = 8
 
@@ -117,6 +123,8 @@ def read_batch(seq: int, payload: bytes) -> RawBatch:
     if not isinstance(data, (list, tuple)) or len(data) < 2 or not isinstance(data[1], list):
         raise KvEventError("payload is not a [ts, events, ...] batch")
     ts = float(data[0]) if isinstance(data[0], (int, float)) else 0.0
+    if not math.isfinite(ts):
+        raise KvEventError(f"batch timestamp {ts}")
     return RawBatch(seq, ts, data[1])
 
 
@@ -166,17 +174,27 @@ def _stored(hashes: Any, parent: Any, token_ids: Any, block_size: Any,
             session_id: Any) -> BlockStored:
     if not isinstance(block_size, int) or block_size <= 0:
         raise KvEventError(f"BlockStored with block_size {block_size!r}")
-    if parent is not None and not isinstance(parent, (bytes, int)):
+    if parent is not None and not _is_hash(parent):
         raise KvEventError(f"BlockStored with parent hash {parent!r:.40}")
     stored = _hashes(hashes)
+    if isinstance(session_id, str) and len(session_id) > MAX_SESSION_ID_CHARS:
+        raise KvEventError(f"BlockStored with a session id of {len(session_id)} characters "
+                           f"(at most {MAX_SESSION_ID_CHARS})")
     num_tokens = len(token_ids) if isinstance(token_ids, list) else len(stored) * block_size
     return BlockStored(stored, parent, num_tokens, block_size,
                        session_id if isinstance(session_id, str) else None)
 
 
+def _is_hash(value: Any) -> bool:
+    """A block hash: bytes of at most MAX_HASH_BYTES, or an int (msgpack's are 64-bit)."""
+    return (isinstance(value, bytes) and len(value) <= MAX_HASH_BYTES) or (
+        isinstance(value, int) and not isinstance(value, bool))
+
+
 def _hashes(raw: Any) -> tuple[BlockHash, ...]:
-    if not isinstance(raw, list) or not all(isinstance(h, (bytes, int)) for h in raw):
-        raise KvEventError("block_hashes is not a list of bytes or ints")
+    if not isinstance(raw, list) or not all(_is_hash(h) for h in raw):
+        raise KvEventError(f"block_hashes is not a list of ints or bytes of at most "
+                           f"{MAX_HASH_BYTES}")
     return tuple(raw)
 
 

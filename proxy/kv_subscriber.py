@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -46,6 +47,18 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # Events applied between two yields to the event loop: a huge batch never blocks the
 # request path for longer than a slice (benchmarks/kv_events.py measures both).
 SLICE_EVENTS = 256
+# A batch is implausible - dropped whole, counted, the index kept - when its number is more
+# than MAX_SEQ_JUMP past the next one expected (2^32 batches: over a year at 100 a second),
+# or its time more than `max_skew` seconds ahead of the proxy's clock (--kv-clock-skew). One
+# forged batch numbered 2^40 and stamped a week ahead once wiped the index and then shadowed
+# every honest batch as a duplicate, for good.
+MAX_SEQ_JUMP = 2**32
+DEFAULT_CLOCK_SKEW_S = 300.0
+# A replay answers at most what was missed plus this many stale batches, within
+# REPLAY_DEADLINE_S in all: a replay socket answering stale batches forever stalled the node's
+# subscriber.
+REPLAY_SLACK = 64
+REPLAY_DEADLINE_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +92,8 @@ class NodeSubscriber:
     source: KvEventSource
     index: NodeResidency
     stats: SubscriberStats = field(default_factory=SubscriberStats)
+    max_skew: float = DEFAULT_CLOCK_SKEW_S
+    wall_clock: Callable[[], float] = time.time  # what a batch's timestamp is checked against
 
     def expected(self) -> int | None:
         last = self.stats.last_seq
@@ -122,15 +137,32 @@ class NodeSubscriber:
         self.stats.resets += 1
 
     @classmethod
-    def joining(cls, source: KvEventSource, index: NodeResidency) -> NodeSubscriber:
+    def joining(cls, source: KvEventSource, index: NodeResidency,
+                max_skew: float = DEFAULT_CLOCK_SKEW_S) -> NodeSubscriber:
         """A subscriber for a node that may have published before it joined: with a replay
         socket, its first batch is preceded by everything the node still holds from batch 0
         (a proxy started, or restarted, after the node served conversations knows them)."""
         stats = SubscriberStats(last_seq=-1) if source.replay is not None else SubscriberStats()
-        return cls(source, index, stats)
+        return cls(source, index, stats, max_skew)
+
+    def plausible(self, batch: EventBatch | RawBatch) -> bool:
+        """False (and counted) for a batch numbered or stamped where no honest one can be."""
+        expected = self.expected()
+        if (expected is not None and batch.seq - expected > MAX_SEQ_JUMP) \
+                or batch.ts - self.wall_clock() > self.max_skew:
+            self.index.rejected[Rejection.IMPLAUSIBLE] += 1
+            count = self.index.rejected[Rejection.IMPLAUSIBLE]
+            if count & (count - 1) == 0:  # 1st, 2nd, 4th...: a flood cannot flood the log
+                log.warning("KV events of %s: dropped batch %d stamped %.0f s ahead (expected "
+                            "%s; %d so far)", self.source.url, batch.seq,
+                            batch.ts - self.wall_clock(), expected, count)
+            return False
+        return True
 
     async def handle(self, batch: EventBatch | RawBatch, ctx: zmq.asyncio.Context) -> None:
         """One published batch: apply it, after replaying (or forgetting) what was missed."""
+        if not self.plausible(batch):
+            return
         expected = self.expected()
         if expected is not None and batch.seq < expected:
             last_ts = self.stats.last_ts
@@ -168,13 +200,17 @@ class NodeSubscriber:
         socket = ctx.socket(zmq.DEALER)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        deadline = time.monotonic() + REPLAY_DEADLINE_S
+        answers = until - start + REPLAY_SLACK
         try:
             socket.connect(self.source.replay)
             await socket.send_multipart([b"", encode_seq(start)])
             while True:
-                if not await socket.poll(REPLAY_TIMEOUT_S * 1000):
-                    log.warning("KV event replay of %s timed out", self.source.url)
+                left = min(REPLAY_TIMEOUT_S, deadline - time.monotonic())
+                if answers <= 0 or left <= 0 or not await socket.poll(left * 1000):
+                    log.warning("KV event replay of %s timed out or ran long", self.source.url)
                     return False
+                answers -= 1
                 frames = await socket.recv_multipart()
                 if len(frames) != 4 or frames[2] == END_SEQ:
                     break
@@ -182,6 +218,8 @@ class NodeSubscriber:
                 expected = self.expected()
                 if expected is not None and batch.seq < expected:
                     continue
+                if not self.plausible(batch):
+                    return False
                 if batch.seq != expected:
                     return False  # the replay buffer no longer holds what was missed
                 await self.apply_sliced(batch)

@@ -25,7 +25,12 @@ from typing import Any
 
 from proxy.backends import BackendPool
 from proxy.cluster_view import ClusterView, NodeView
-from proxy.kv_subscriber import KvEventSource, KvEventSubscribers, NodeSubscriber
+from proxy.kv_subscriber import (
+    DEFAULT_CLOCK_SKEW_S,
+    KvEventSource,
+    KvEventSubscribers,
+    NodeSubscriber,
+)
 from proxy.live import NodeState, TurnState
 from proxy.node_gauges import NodeGauges
 from proxy.residency import Residency
@@ -125,14 +130,15 @@ class LiveRuntime:
 
     def __init__(self, pool: BackendPool, sources: tuple[KvEventSource, ...],
                  metrics_interval: float, clock: Callable[[], float],
-                 kv_blocks: int | None = None) -> None:
+                 kv_blocks: int | None = None,
+                 kv_clock_skew: float = DEFAULT_CLOCK_SKEW_S) -> None:
         # Each node's index is bounded by its KV capacity: --kv-blocks, else its /metrics.
         self.residency = Residency(kv_blocks)
         self.signals = NodeGauges(clock)
         self.signals.listeners.append(
             lambda url, reading: self.residency.node_capacity(url, reading.kv_blocks))
         self.subscribers = KvEventSubscribers(
-            [NodeSubscriber.joining(source, self.residency.node(source.url))
+            [NodeSubscriber.joining(source, self.residency.node(source.url), kv_clock_skew)
              for source in sources])
         self.metrics_interval = metrics_interval
         # Three missed scrapes and a reading is too old to describe the node now.

@@ -55,6 +55,9 @@ MAX_SESSIONS_PER_NODE = 100_000
 # or --kv-blocks says otherwise. An 80 GB GPU serving an 8B model holds ~30k 16-token blocks
 # (131 KB of KV per token: 2 x 32 layers x 8 KV heads x 128 x 2 bytes); this is 4x that.
 DEFAULT_KV_BLOCKS = 131_072
+# The most blocks a node's /metrics may claim: ~130 MB of index (BLOCK_BYTES each), 4x the
+# default, more than an H200 holds of a 1B model's 16-token blocks.
+MAX_CLAIMED_KV_BLOCKS = 4 * DEFAULT_KV_BLOCKS
 # vLLM's block sizes are 1..256 for attention; hybrid (Mamba) models align the attention block
 # to the state size, a few thousand tokens at most. Larger is not a real node's.
 MAX_BLOCK_SIZE = 65_536
@@ -73,6 +76,10 @@ class Rejection(enum.StrEnum):
     TOO_LONG = "too_long"  # a chain longer than the node's KV capacity in blocks
     BLOCK_SIZE = "block_size"  # a block size no node has, or more tokens than its blocks fit
     MALFORMED = "malformed"  # not a KV event batch at all (counted by the subscriber)
+    # A batch numbered far past the last, or stamped far ahead of the proxy's clock: dropped
+    # whole by the subscriber, the index kept (a forged one would wipe it, then shadow every
+    # honest batch after it as a duplicate).
+    IMPLAUSIBLE = "implausible"
 
 
 # A block's record: (parent hash, depth, anchor). Depth is the 1-based position in its chain,
@@ -334,6 +341,10 @@ class Residency:
     def node_capacity(self, url: str, blocks: int | None) -> None:
         """A node's KV capacity as its /metrics reports it (--kv-blocks, when set, wins)."""
         index = self.nodes.get(url)
+        if blocks:
+            # What a node claims is clamped to what the proxy keeps per node (10^12 blocks
+            # claimed were believed); --kv-blocks, the operator's own word, is not.
+            blocks = min(blocks, MAX_CLAIMED_KV_BLOCKS)
         if index is not None and blocks and self.capacity is None and index.capacity != blocks:
             index.set_capacity(blocks)
 
