@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from proxy.discretize import Cell
 
@@ -194,4 +194,6 @@ class Decision:
     cell: Cell | None = None
     decode: str | None = None
     prefill: str | None = None
-    costs: tuple[RouteCost, ...] = ()  # the routes weighed, for x-ppd-costs (live, ppd)
+    # The routes weighed, for x-ppd-costs (live, ppd): an explanation, not part of the
+    # verdict, so two decisions of the same route, reason, cell and nodes are equal.
+    costs: tuple[RouteCost, ...] = field(default=(), compare=False)

@@ -24,7 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proxy.live import LiveScorer, NodeState, TurnState, predict, predict_placement
+from proxy.live import (
+    LiveScorer,
+    NodeState,
+    Prediction,
+    TurnState,
+    predict,
+    predict_placement,
+)
 from proxy.options import option
 from proxy.policies import ppd
 from proxy.policies.base import PD_PAIR, Inputs, Need, Needs, Turn, disaggregated_default
@@ -35,7 +42,7 @@ from proxy.policies.ppd import (
     table_decision,
     weights_label,
 )
-from proxy.vocabulary import Decision, Reason, Role, RouteKind
+from proxy.vocabulary import Decision, Reason, Role, RouteCost, RouteKind
 
 NAME = "live"
 NEEDS = Needs(table=Need.OPTIONAL, costs=Need.REQUIRED, live_view=True, readback=True)
@@ -111,12 +118,23 @@ def _predicted(turn: Turn, state: TurnState, inputs: Inputs,
     # eviction: its own reason says so (docs/live-routing.md).
     live = Reason.LIVE if held is not None else Reason.LIVE_BLIND
     readback = scorer.readback_score(prediction)
+    costs = _predicted_costs(prediction)
     if readback is not None and readback > max(score, 0.0):
-        return Decision(RouteKind.READBACK, live), scorer
+        return Decision(RouteKind.READBACK, live, costs=costs), scorer
     if score > 0:
-        return Decision(RouteKind.LOCAL, live), scorer
+        return Decision(RouteKind.LOCAL, live, costs=costs), scorer
     return Decision(RouteKind.PD, Reason.EVICTED if prediction.missing_tokens > 0
-                    else live), scorer
+                    else live, costs=costs), scorer
+
+
+def _predicted_costs(prediction: Prediction) -> tuple[RouteCost, ...]:
+    """The TTFTs live weighed (x-ppd-costs, `proxy.explain`); the turn decodes in D's batch
+    either way, so its TPOT is not what tells the routes apart."""
+    costs: tuple[RouteCost, ...] = (RouteCost(RouteKind.PD, prediction.ttft_pd_ms),
+                                    RouteCost(RouteKind.LOCAL, prediction.ttft_local_ms))
+    if prediction.ttft_readback_ms is not None:
+        costs += (RouteCost(RouteKind.READBACK, prediction.ttft_readback_ms),)
+    return costs
 
 
 def _place(turn: Turn, state: TurnState, inputs: Inputs,
@@ -126,6 +144,13 @@ def _place(turn: Turn, state: TurnState, inputs: Inputs,
     first = turn.workload.turn <= 1
     prediction = predict_placement(turn.workload, state, inputs.costs)
     score, scorer = scorer.scored(prediction, first_turn=first)
+    # Each route's TTFT, and the TPOT of the batch the conversation then decodes in.
+    joins_replica, joins_d = prediction.joins_local, prediction.joins_pd
+    costs = (RouteCost(RouteKind.REPLICA, prediction.ttft_local_ms,
+                       joins_replica.own_step_ms if joins_replica is not None else None),
+             RouteCost(RouteKind.PD, prediction.ttft_pd_ms,
+                       joins_d.own_step_ms if joins_d is not None else None))
     if score > 0:
-        return Decision(RouteKind.REPLICA, Reason.REPLICA_LIVE), scorer
-    return Decision(RouteKind.PD, Reason.TURN1 if first else Reason.NO_HOME), scorer
+        return Decision(RouteKind.REPLICA, Reason.REPLICA_LIVE, costs=costs), scorer
+    return Decision(RouteKind.PD, Reason.TURN1 if first else Reason.NO_HOME,
+                    costs=costs), scorer

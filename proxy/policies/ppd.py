@@ -21,8 +21,8 @@ from proxy.discretize import classify
 from proxy.live import StepCosts
 from proxy.options import option
 from proxy.policies.base import Inputs, Need, Needs, Turn, disaggregated_default
-from proxy.table import DEFAULT_SUCCESS_MARGIN, TABLE_ROUTES, DecisionTable
-from proxy.vocabulary import Decision, Reason, RouteKind, Workload
+from proxy.table import DEFAULT_SUCCESS_MARGIN, TABLE_ROUTES, DecisionTable, TableRow
+from proxy.vocabulary import Decision, Reason, RouteCost, RouteKind, Workload
 
 NAME = "ppd"
 LABEL_HELP = f"{NAME}, {NAME}-wtpotW"
@@ -120,7 +120,16 @@ def table_decision(workload: Workload, inputs: Inputs, can_readback: bool = Fals
     verdict = verdicts.get(cell)
     if verdict is None:
         return Decision(RouteKind.PD, Reason.MISSING_CELL, cell)
-    return Decision(verdict, Reason.TABLE, cell)
+    return Decision(verdict, Reason.TABLE, cell, costs=_measured(inputs.table.row(cell)))
+
+
+def _measured(row: TableRow | None) -> tuple[RouteCost, ...]:
+    """What the table measured for each route of the cell (x-ppd-costs, `proxy.explain`)."""
+    if row is None:
+        return ()
+    return tuple(RouteCost(route, getattr(row, f"{route}_ttft_ms"),
+                           getattr(row, f"{route}_tpot_ms"))
+                 for route in TABLE_ROUTES if row.measured(route))
 
 
 def decide(turn: Turn, inputs: Inputs) -> Decision:
