@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
-from proxy import forward, pd_protocol, readback, turn_plan
+from proxy import forward, pd_protocol, readback, turn_machine, turn_plan
 from proxy.backends import Backend, BackendPool
 from proxy.completion import Captured, ReplyCapture
 from proxy.deadline import Deadline, DeadlineExceeded, guarded
@@ -45,9 +45,10 @@ from proxy.tokens import (
     requested_output_tokens,
     turn_usage,
 )
-from proxy.turn_plan import Attempt, Pick, TurnPlan
+from proxy.turn_machine import TurnMachine
+from proxy.turn_plan import Attempt, Pick
 from proxy.validate import Endpoint
-from proxy.vocabulary import Decision, Reason, RouteKind, Workload
+from proxy.vocabulary import Reason, RouteKind, Workload
 
 # Visible ASCII but `%`: what a client-chosen session id may carry unescaped in a header.
 _HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
@@ -115,10 +116,8 @@ class _Turn:
     failover: Failover
     access: AccessEntry
     route: RouteKind | None = None  # the route being tried
-    # Readback: why it was not served (the turn went P->D), the tokens P was told to read,
-    # and whether the D leg asked for token ids the client did not (stripped from its answer).
-    readback_fallback: Reason | None = None
-    read_back_tokens: int = 0
+    machine: TurnMachine | None = None  # the turn's walk through its plan, once planned
+    # Whether the D leg asked for token ids the client did not (stripped from its answer).
     token_ids_added: bool = False
 
     @property
@@ -223,10 +222,11 @@ class Router:
                                    survey=view.cluster if view is not None else None)
         decision = plan.decision
         access.decided(decision)
+        machine = turn.machine = TurnMachine(plan, lookup.session, self.readback is not None)
         try:
             try:
                 with guarded(turn.failover.deadline):
-                    served = await self._serve(turn, plan)
+                    served = await self._serve(turn, machine)
             except DeadlineExceeded:
                 raise BudgetExhausted(self._over_budget()) from None
         except ProxyError as exc:
@@ -235,15 +235,14 @@ class Router:
             access.route = turn.route.value if turn.route is not None else None
             raise
         turn.route = served.route  # a readback that fell back is served (and labelled) P->D
-        if decision.kind is RouteKind.READBACK and served.route is not RouteKind.READBACK:
-            decision = Decision(served.route, turn.readback_fallback or Reason.READBACK_MISSING)
+        decision = machine.decision(served.route)
         access.route = served.route.value
         access.prefill = served.prefill.url if served.prefill is not None else None
         access.decode = served.decode.url if served.decode is not None else None
         if not served.rejected:
             self.metrics.routed(incoming.endpoint.value, served.route, decision, lookup.turn)
             if served.route is RouteKind.READBACK:
-                self.metrics.read_back(turn.read_back_tokens)
+                self.metrics.read_back(machine.read_back)
             # A stream is open once its first chunk arrived (forward.open_stream): its TTFT.
             ttft = self.clock() - started
             access.ttft_ms = ttft * 1000.0
@@ -274,42 +273,38 @@ class Router:
         n_out = requested_output_tokens(incoming.body) or round(self.expected_output.value)
         return Workload(lookup.turn, n_in, lookup.cached_tokens, n_out, self.load.rate())
 
-    async def _serve(self, turn: _Turn, plan: TurnPlan) -> _Served:
-        for attempt in plan.attempts:
-            served = await self._try(turn, attempt)
+    async def _serve(self, turn: _Turn, machine: TurnMachine) -> _Served:
+        while (attempt := machine.next_attempt()) is not None:
+            served = await self._try(turn, machine, attempt)
             if served is not None:
                 return served
         raise AssertionError("a turn plan ends with an attempt that serves or raises")
 
-    async def _try(self, turn: _Turn, attempt: Attempt) -> _Served | None:
+    async def _try(self, turn: _Turn, machine: TurnMachine,
+                   attempt: Attempt) -> _Served | None:
         """One attempt of the plan; None when its only node cannot serve (the next one runs)."""
-        session, body, answering = turn.lookup.session, turn.incoming.body, attempt.answering
+        body, answering = turn.incoming.body, attempt.answering
         if attempt.prefill is not None:
-            held: list[HeldKV] = []  # read at most once: the first P try takes it
-            if attempt.route is RouteKind.READBACK:
-                taken = (await self.readback.take(turn.lookup) if self.readback is not None
-                         else Reason.READBACK_MISSING)
-                if not isinstance(taken, HeldKV):
-                    turn.readback_fallback = taken
-                    return None  # the plan's P->D attempt serves it
-                held.append(taken)
+            if attempt.route is RouteKind.READBACK and not machine.kept(
+                    await self.readback.take(turn.lookup) if self.readback is not None
+                    else Reason.READBACK_MISSING):
+                return None  # the plan's P->D attempt serves it
             turn.route = attempt.route
             prefill = attempt.prefill
             return await turn.failover.run(answering.role, answering.prefer,
-                                           lambda decode: self._pd(turn, decode, prefill, held),
+                                           lambda decode: self._pd(turn, decode, prefill),
                                            _Served.proves)
 
         local_body = pd_protocol.local_body(body)
-        if attempt.route is RouteKind.LOCAL and self._keeps_readbacks(turn):
-            local_body = readback.keeping_blocks(local_body)  # D keeps them for a readback
+        if machine.keeps(body):  # a local leg: D keeps the blocks for a readback
+            local_body = readback.keeping_blocks(local_body)
             turn.token_ids_added = True
 
         def leg(node: Backend) -> Awaitable[_Served]:
             return self._leg(turn, attempt.route, node, local_body, pd_protocol.request_id())
 
         if answering.only_preferred:
-            home = (self.pool.take(answering.prefer, answering.role)
-                    if answering.prefer is not None else None)
+            home = turn_machine.take(self.pool, answering)
             if home is None:
                 return None
             turn.route = attempt.route
@@ -317,15 +312,16 @@ class Router:
         turn.route = attempt.route
         served = await turn.failover.run(answering.role, answering.prefer, leg, _Served.proves)
         if not served.rejected and served.decode is not None:
-            session.decode = served.decode.url
+            machine.served(served.decode.url)
         return served
 
-    async def _pd(self, turn: _Turn, decode: Backend, pick: Pick,
-                  held: list[HeldKV] | None = None) -> _Served:
-        """One P->D try on decode: the P leg (failing over among Ps), then D's leg. With
-        `held` (a readback), the first P try reads those blocks back from the D that keeps
-        them and takes them off the list; any later try (another P, another D) is plain P->D."""
+    async def _pd(self, turn: _Turn, decode: Backend, pick: Pick) -> _Served:
+        """One P->D try on decode: the P leg (failing over among Ps), then D's leg. On a
+        readback the first P try reads the kept blocks back from the D that keeps them
+        (`TurnMachine.take_held`); any later try (another P, another D) is plain P->D."""
         body, lease = turn.incoming.body, turn.failover.lease
+        machine = turn.machine
+        assert machine is not None
         route = RouteKind.PD
 
         async def prefill_on(prefill: Backend) -> tuple[Backend, str, forward.Prefilled | Answer]:
@@ -334,8 +330,9 @@ class Router:
             request_id = pd_protocol.request_id(prefill.zmq_address, decode.zmq_address)
             p_body = pd_protocol.prefill_body(body)
             route = RouteKind.PD
-            if held:
-                params = await self._readback_params(turn, prefill, held.pop(), request_id)
+            held = machine.take_held()
+            if held is not None:
+                params = await self._readback_params(turn, prefill, held, request_id)
                 if params is not None:
                     p_body["kv_transfer_params"], route = params, RouteKind.READBACK
             result = await forward.prefill(self._legs(), prefill.base, turn.incoming.endpoint,
@@ -349,12 +346,12 @@ class Router:
         if isinstance(result, Answer):  # P rejected the request: D is not asked
             return _Served(route, result, None, prefill)
         d_body = pd_protocol.decode_body(body, result.kv_transfer_params)
-        if self._keeps_readbacks(turn):
+        if machine.keeps(body):
             d_body = readback.with_token_ids(d_body)
             turn.token_ids_added = True
         served = await self._leg(turn, route, decode, d_body, request_id, prefill)
         if not served.rejected:
-            turn.lookup.session.prefill, turn.lookup.session.decode = prefill.url, decode.url
+            machine.served(decode.url, prefill.url)
         return served
 
     async def _leg(self, turn: _Turn, route: RouteKind, node: Backend, body: dict[str, Any],
@@ -377,18 +374,14 @@ class Router:
                                request_id: str) -> dict[str, Any] | None:
         """P's kv_transfer_params reading back the tokens of the new prompt that D's blocks
         hold, by P's own tokenization of the request; None when too few match (the turn goes
-        P->D, reason readback_mismatch)."""
+        P->D, reason readback_mismatch: `TurnMachine.tokenized`)."""
+        assert turn.machine is not None
         answer = await forward.tokenize(
             self._legs(), prefill.base,
             readback.tokenize_body(turn.incoming.endpoint, turn.incoming.body),
             f"{request_id}-tokenize")
-        ids = readback.tokenized_ids(answer)
-        matched = readback.matched_tokens(held.token_ids, ids) if ids is not None else 0
-        if matched < readback.MIN_READBACK_TOKENS:
-            turn.readback_fallback = Reason.READBACK_MISMATCH
-            return None
-        turn.read_back_tokens = matched
-        return readback.prefill_params(held, matched)
+        matched = turn.machine.tokenized(held, readback.tokenized_ids(answer))
+        return readback.prefill_params(held, matched) if matched is not None else None
 
     async def _readback_status(self, lookup: Lookup, forced: RouteKind | None) -> Reason | None:
         """None when the session's D keeps blocks P can read back now, else why not; the
@@ -399,14 +392,6 @@ class Router:
         if forced is not RouteKind.READBACK and not self.policy.spec.needs.readback:
             return Reason.READBACK_MISSING  # this policy never reads back by itself
         return await self.readback.status(lookup)
-
-    def _keeps_readbacks(self, turn: _Turn) -> bool:
-        """Whether D's answer to this turn can name blocks for a readback: the nodes offer it,
-        and the answer is whole (vLLM names them in a whole answer only, never in a stream)."""
-        body = turn.incoming.body
-        return (self.readback is not None and not turn.incoming.stream
-                and not readback.wants_token_ids(body)
-                and body.get("n", 1) == 1)  # one sequence: its blocks are the history
 
     def _legs(self) -> Legs:
         if self.legs is None:

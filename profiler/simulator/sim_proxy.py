@@ -40,16 +40,18 @@ from proxy.readback import EXPIRY_MARGIN_S, HeldKV
 from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, SessionLedger
 from proxy.sessions.readback_book import ReadbackBook, readback_status, take_readback
 from proxy.sessions.session import Lookup, Session, Transcript
+from proxy.turn_machine import TurnMachine, take
 from proxy.turn_plan import Pick
-from proxy.vocabulary import Decision, Node, Reason, RouteKind, Workload
+from proxy.vocabulary import Decision, Node, RouteKind, Workload
 
 
 @dataclass(slots=True)
 class Plan:
-    """One turn's route and nodes, and what the ledger needs when the turn ends."""
+    """One turn's nodes, its walk through the proxy's plan (`machine`: the route being run,
+    the decision as served, the readback fallbacks), and what the ledger needs when the turn
+    ends."""
 
-    route: RouteKind
-    decision: Decision
+    machine: TurnMachine
     decode: Backend  # the node that answers (D, the local D, or R)
     prefill: Backend | None  # P on a P->D turn
     workload: Workload
@@ -57,6 +59,17 @@ class Plan:
     transcript: Transcript
     lease: Lease
     held: HeldKV | None = None  # a readback: the ids D's blocks hold (taken from the book)
+
+    @property
+    def route(self) -> RouteKind:
+        """The route the turn runs (P->D once a readback fell back)."""
+        assert self.machine.route is not None
+        return self.machine.route
+
+    @property
+    def decision(self) -> Decision:
+        """The decision as served (a readback served P->D says why)."""
+        return self.machine.decision()
 
     @property
     def session_id(self) -> str:
@@ -136,37 +149,26 @@ class SimProxy:
                                    self._observe, readback=readback_status(self._book(), lookup),
                                    survey=self._survey)
         lease = self.admission.admit()
-        session = lookup.session
-        decision, held = plan.decision, None
-        for attempt in plan.attempts:
-            if attempt.route is RouteKind.READBACK:
-                taken = take_readback(self._book(), lookup)
-                if not isinstance(taken, HeldKV):
-                    decision = Decision(RouteKind.PD, taken)
-                    continue  # the plan's P->D attempt serves it
-                held = taken
-            nodes = [self._choose(self._placed(pick, conversation_id)) for pick in attempt.picks]
-            if None in nodes and attempt is not plan.attempts[-1]:
-                if attempt.route is RouteKind.READBACK:
-                    decision, held = Decision(RouteKind.PD, Reason.NO_HOME), None
+        machine = TurnMachine(plan, lookup.session, self._book() is not None)
+        while (attempt := machine.next_attempt()) is not None:
+            if attempt.route is RouteKind.READBACK and not machine.kept(
+                    take_readback(self._book(), lookup)):
+                continue  # the plan's P->D attempt serves it
+            nodes = [take(self.pool, self._placed(pick, conversation_id))
+                     for pick in attempt.picks]
+            if None in nodes and not machine.last:
+                machine.unserved()
                 continue  # the session's D cannot take it now: the next attempt (P->D)
             decode, *prefill = [self._hold(lease, node) for node in nodes]
-            session.decode = decode.url
-            if prefill:
-                session.prefill = prefill[0].url
-            return Plan(attempt.route, decision, decode, prefill[0] if prefill else None,
-                        workload, lookup, transcript, lease, held)
+            machine.served(decode.url, prefill[0].url if prefill else None)
+            return Plan(machine, decode, prefill[0] if prefill else None,
+                        workload, lookup, transcript, lease, machine.take_held())
         raise AssertionError("a turn plan ends with an attempt that serves or raises")
 
     def prefilled(self, plan: Plan) -> None:
         """P's leg answered: its slot is free (the router settles it then)."""
         if plan.prefill is not None:
             plan.lease.settle(plan.prefill, ok=True)
-
-    def read_back_instead(self, plan: Plan, reason: Reason) -> Plan:
-        """A readback that cannot read (too few tokens match): the turn runs P->D."""
-        return replace(plan, route=RouteKind.PD, decision=Decision(RouteKind.PD, reason),
-                       held=None)
 
     def end(self, plan: Plan, ok: bool, prompt_tokens: int, completion_tokens: int,
             kept_ids: Sequence[int] | None = None) -> None:
@@ -178,8 +180,7 @@ class SimProxy:
                 reply_text(plan.session_id, plan.lookup.turn), prompt_tokens + completion_tokens)
             recorded = self.ledger.record_turn(plan.lookup, held)
             if recorded is not None and self.readback_ttl_s is not None:
-                if kept_ids and plan.route in (RouteKind.PD, RouteKind.READBACK,
-                                               RouteKind.LOCAL):
+                if kept_ids and plan.machine.keeps():
                     self.readback.put(recorded.id, held.digest, HeldKV(
                         {}, plan.decode.url, array("q", kept_ids),
                         self._clock() + self.readback_ttl_s - EXPIRY_MARGIN_S))
@@ -194,11 +195,6 @@ class SimProxy:
             return pick
         urls = sorted(node.url for node in self.pool.nodes(pick.role))
         return replace(pick, prefer=hashed_placement(urls, conversation_id, self._placement_seed))
-
-    def _choose(self, pick: Pick) -> Backend | None:
-        if pick.only_preferred:
-            return self.pool.take(pick.prefer, pick.role) if pick.prefer is not None else None
-        return self.pool.pick(pick.role, pick.prefer)
 
     @staticmethod
     def _hold(lease: Lease, node: Backend | None) -> Backend:

@@ -50,8 +50,8 @@ from profiler.simulator.sim_proxy import Plan, SimProxy
 from profiler.simulator.workload import Arrival, SimConversation
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.policies import RoutingPolicy
-from proxy.readback import MIN_READBACK_TOKENS, VLLM_DECODER_BLOCKS_TTL_S, matched_tokens
-from proxy.vocabulary import Layout, Reason, Role, RouteKind
+from proxy.readback import VLLM_DECODER_BLOCKS_TTL_S
+from proxy.vocabulary import Layout, Role, RouteKind
 
 # User-message token ids start here: far above any vocabulary, so they never equal a sampled
 # output token, and every (conversation, turn) gets its own range (no cross-conversation hits).
@@ -255,7 +255,7 @@ class Simulator:
         else:
             self._submit_via_frontend(turn, plan.decode.url,
                          Request(request_id, max_tokens=turn_spec.max_tokens,
-                                 prompt_token_ids=prompt, keep_kv=self._keeps(plan.route)))
+                                 prompt_token_ids=prompt, keep_kv=plan.machine.keeps()))
 
     def _route(self, conversation: SimConversation, index: int, n_new: int,
                n_prompt: int) -> Plan:
@@ -299,9 +299,9 @@ class Simulator:
         prefix-cache hits - then P's leg computes the rest. Too few: P->D."""
         plan = turn.plan
         assert plan.held is not None and plan.prefill is not None
-        matched = matched_tokens(plan.held.token_ids, turn.prompt)
-        if matched < MIN_READBACK_TOKENS:
-            turn.plan = self.proxy.read_back_instead(plan, Reason.READBACK_MISMATCH)
+        matched = plan.machine.tokenized(plan.held, turn.prompt)
+        if matched is None:  # too few match: the turn runs P->D (reason readback_mismatch)
+            plan.held = None
             self._submit_prefill(turn)
             return
         turn.preloaded = matched
@@ -352,15 +352,7 @@ class Simulator:
             turn, plan.decode.url,
             Request(turn.request_id, max_tokens=turn.conversation.turns[turn.index].max_tokens,
                     prompt_token_ids=turn.prompt, kv_from=plan.prefill.url,
-                    keep_kv=self._keeps(plan.route)))
-
-    def _keeps(self, route: RouteKind) -> bool:
-        """Whether D keeps this leg's blocks when it finishes: on vLLM with bidirectional
-        transfer every D-side request that came with kv_transfer_params does (a P->D or
-        readback leg, and a local leg, which the proxy sends with empty params to that end:
-        proxy.readback.KEEP_BLOCKS)."""
-        return self.setup.readback_ttl_s is not None and route in (
-            RouteKind.PD, RouteKind.READBACK, RouteKind.LOCAL)
+                    keep_kv=plan.machine.keeps()))
 
     def _pin(self, node: _Node, turn: _Turn) -> None:
         """D holds the finished turn's blocks (no eviction) until read back or the TTL."""
@@ -398,9 +390,8 @@ class Simulator:
                      n_output=len(outputs), error=None, status=200)
         # D keeps the KV of the prompt and all but the last output (never computed); the
         # proxy keeps a local turn's too (its leg asks D to: proxy.readback.KEEP_BLOCKS).
-        kept = (turn.prompt + outputs[:-1]
-                if turn.plan.route in (RouteKind.PD, RouteKind.READBACK, RouteKind.LOCAL)
-                else None)
+        # (the keep-blocks rule: `proxy.turn_machine.keeps_blocks`)
+        kept = turn.prompt + outputs[:-1] if turn.plan.machine.keeps() else None
         self.proxy.end(turn.plan, True, len(turn.prompt), len(outputs), kept)
         history = self._history[turn.conversation.id]
         history[len(history):] = turn.prompt[len(history):]
