@@ -32,7 +32,7 @@ from proxy.config import NodeSpec, Policy, PolicyConfig
 from proxy.discretize import WORKLOAD_SHAPES, ContextClass
 from proxy.kv_events import BlockStored, encode_batch, parse_batch
 from proxy.live import NodeState, StepCosts, TurnState
-from proxy.policies import RoutingPolicy
+from proxy.policies.routing import RoutingPolicy
 from proxy.residency import NodeResidency
 from proxy.server import running
 from proxy.table import TABLE_COLUMNS, DecisionTable

@@ -311,7 +311,7 @@ class LiveScorer(NamedTuple):
     means are exponentially weighted over the turns decided so far (the policy's own inputs
     and predictions: no clock, no I/O), starting from this turn's own values. The scorer is
     immutable (a NamedTuple: cheap to copy on every decision): `counted` and `scored` hand
-    back the moved means, which the policy's caller keeps (`proxy.policies.RoutingPolicy`).
+    back the moved means, which the policy's caller keeps (`proxy.policies.routing.RoutingPolicy`).
 
     A turn-1 placement (a hybrid pool: a replica or P->D) is scored the same way against the
     mean turn-1 TTFT, kept apart (a whole prompt's P->D TTFT is not a follow-up's), with the

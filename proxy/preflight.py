@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from proxy.config import PolicyConfig, ProxyConfig, config_from_args
 from proxy.live import StepCosts
-from proxy.policies import RoutingPolicy
+from proxy.policies.routing import RoutingPolicy
 from proxy.table import DecisionTable
 
 

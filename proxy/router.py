@@ -33,7 +33,7 @@ from proxy.live_view import LiveView, tag_session
 from proxy.load_meter import RateMeter, RunningMean
 from proxy.logs import AccessEntry
 from proxy.metrics import ProxyMetrics
-from proxy.policies import RoutingPolicy
+from proxy.policies.routing import RoutingPolicy
 from proxy.readback import HeldKV
 from proxy.relay import Relay, StreamLimits
 from proxy.sessions.readbacks import Readbacks

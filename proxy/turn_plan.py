@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from proxy.backends import BackendPool
 from proxy.cluster_view import ClusterView
 from proxy.live import TurnState
-from proxy.policies import RoutingPolicy
+from proxy.policies.routing import RoutingPolicy
 from proxy.routes import ROUTES
 from proxy.sessions.session import Lookup, Session
 from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload

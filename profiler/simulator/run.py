@@ -49,8 +49,9 @@ from profiler.simulator.workload import arrivals, conversations_needed, load_con
 from proxy.config import Policy, PolicyConfig
 from proxy.live import StepCosts
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
-from proxy.policies import RoutingPolicy, registry
+from proxy.policies import registry
 from proxy.policies.base import Need
+from proxy.policies.routing import RoutingPolicy
 from proxy.readback import VLLM_DECODER_BLOCKS_TTL_S
 from proxy.table import DecisionTable
 from proxy.vocabulary import Layout, Role, RouteKind

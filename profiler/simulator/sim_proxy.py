@@ -35,7 +35,7 @@ from proxy.completion import assistant_message
 from proxy.lease import Admission, Lease
 from proxy.live import TurnState
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S, RateMeter
-from proxy.policies import RoutingPolicy
+from proxy.policies.routing import RoutingPolicy
 from proxy.readback import EXPIRY_MARGIN_S, HeldKV
 from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, SessionLedger
 from proxy.sessions.readback_book import ReadbackBook, readback_status, take_readback

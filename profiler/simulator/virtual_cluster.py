@@ -49,7 +49,7 @@ from profiler.simulator.layout import SimNode, sim_nodes
 from profiler.simulator.sim_proxy import Plan, SimProxy
 from profiler.simulator.workload import Arrival, SimConversation
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
-from proxy.policies import RoutingPolicy
+from proxy.policies.routing import RoutingPolicy
 from proxy.readback import VLLM_DECODER_BLOCKS_TTL_S
 from proxy.vocabulary import Layout, Role, RouteKind
 

@@ -7,6 +7,8 @@
 | wildchat | {"conversation_hash", "conversation": [{"role", "content"}], "language", ...} |
 | lmsys    | {"conversation_id", "conversation": [{"role", "content"}], "language", ...}   |
 | openai   | {"id", "messages": [{"role", "content"}]} (vLLM's multi-turn benchmark)      |
+| mooncake | {"timestamp", "input_length", "output_length", "hash_ids"}: one request per   |
+|          | record, no text (a timed block-hash trace: `profiler.traces.mooncake`)       |
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from profiler.traces.conversation import canonical_role
+from profiler.traces.mooncake import EXPECTED_RECORD as MOONCAKE_RECORD
+from profiler.traces.mooncake import is_timed_record
 from profiler.traces.records import TraceFileError
 
 
@@ -27,6 +31,12 @@ class TraceFormat(enum.StrEnum):
     WILDCHAT = "wildchat"
     LMSYS = "lmsys"
     OPENAI = "openai"
+    MOONCAKE = "mooncake"
+
+    @property
+    def timed(self) -> bool:
+        """Requests with recorded arrivals and block hashes, not conversations of text."""
+        return self is TraceFormat.MOONCAKE
 
 
 EXPECTED_RECORD: dict[TraceFormat, str] = {
@@ -34,6 +44,7 @@ EXPECTED_RECORD: dict[TraceFormat, str] = {
     TraceFormat.WILDCHAT: '{"conversation_hash", "conversation": [{"role", "content"}]}',
     TraceFormat.LMSYS: '{"conversation_id", "conversation": [{"role", "content"}]}',
     TraceFormat.OPENAI: '{"id", "messages": [{"role", "content"}]}',
+    TraceFormat.MOONCAKE: MOONCAKE_RECORD,
 }
 
 # Which key identifies each format (and must hold a list of messages).
@@ -67,6 +78,8 @@ def detect_format(record: Mapping[str, Any]) -> TraceFormat:
     for fmt in (TraceFormat.SHAREGPT, TraceFormat.WILDCHAT, TraceFormat.LMSYS, TraceFormat.OPENAI):
         if _ID_KEY[fmt] in record and _MESSAGES_KEY[fmt] in record:
             return fmt
+    if is_timed_record(record):
+        return TraceFormat.MOONCAKE
     expected = "; ".join(f"{fmt}: {shape}" for fmt, shape in EXPECTED_RECORD.items())
     raise TraceFileError(
         f"unrecognised trace record with keys {sorted(record)[:8]}; expected one of: {expected}"
@@ -75,6 +88,11 @@ def detect_format(record: Mapping[str, Any]) -> TraceFormat:
 
 def check_format(record: Mapping[str, Any], fmt: TraceFormat) -> None:
     """Raise TraceFileError when record is not of format fmt."""
+    if fmt.timed:
+        if not is_timed_record(record):
+            raise TraceFileError(f"not a {fmt} file: expected records {EXPECTED_RECORD[fmt]}, "
+                                 f"found keys {sorted(record)[:8]}")
+        return
     if _ID_KEY[fmt] not in record or not isinstance(record.get(_MESSAGES_KEY[fmt]), list):
         raise TraceFileError(
             f"not a {fmt} file: expected records {EXPECTED_RECORD[fmt]}, "

@@ -20,7 +20,7 @@ from profiler.traces.conversation import (
     truncate_turns,
     with_token_counts,
 )
-from profiler.traces.formats import TraceFormat, detect_format, raw_conversations
+from profiler.traces.formats import TraceFormat, check_format, detect_format, raw_conversations
 from profiler.traces.records import ReadStats, TraceFileError, iter_records
 from proxy.tokens import EstimateTokenCounter, TokenCounter
 
@@ -98,6 +98,10 @@ def _conversations(path: Path, fmt: TraceFormat, stats: ReadStats) -> tuple[
     if first is None:
         raise TraceFileError(f"{path} holds no records")
     actual = detect_format(first) if fmt is TraceFormat.AUTO else fmt
+    if actual.timed:
+        raise TraceFileError(f"{path} is a timed block-hash trace ({actual}): its requests are "
+                             "read with profiler.traces.mooncake.load_timed_trace, not as "
+                             "conversations of text")
 
     def chained() -> Iterator[dict]:
         yield first
@@ -120,6 +124,20 @@ def _fit_context(
     sizes = conversation.context_tokens(tokenizer)
     fitting = sum(1 for size in sizes if size <= max_context_tokens)
     return truncate_turns(conversation, fitting) if fitting else None
+
+
+def trace_format(path: str | Path, fmt: TraceFormat = TraceFormat.AUTO) -> TraceFormat:
+    """The format of a trace file: fmt, or detected from its first record (auto)."""
+    path = Path(path)
+    records = iter_records(path)
+    first = next(records, None)
+    records.close()
+    if first is None:
+        raise TraceFileError(f"{path} holds no records")
+    if fmt is TraceFormat.AUTO:
+        return detect_format(first)
+    check_format(first, fmt)
+    return fmt
 
 
 def load_trace(

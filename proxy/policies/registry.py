@@ -22,6 +22,7 @@ from proxy.policies.base import PD_PAIR, Needs
 from proxy.vocabulary import Role
 
 _PACKAGE = "proxy.policies"
+_MACHINERY = frozenset({"base", "registry", "routing"})  # not policies
 
 
 def _nothing(config: Any) -> None:
@@ -92,14 +93,16 @@ class PolicySpec:
 @functools.cache
 def policies() -> dict[str, PolicySpec]:
     """Every policy module of the package, by name (sorted)."""
-    # The package's directory, not the package: importing `proxy.policies` from here would
-    # run its `__init__`, which imports `routing`, which imports this module (a loop).
+    # The package's directory: the policy modules are found by file name, and the package's
+    # own machinery is never imported from here (`routing` imports this module: a loop).
     found: dict[str, PolicySpec] = {}
     for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]),
                        key=lambda i: i.name):
+        if info.name in _MACHINERY:
+            continue
         module = importlib.import_module(f"{_PACKAGE}.{info.name}")
         if not hasattr(module, "NAME"):
-            continue  # the package's own machinery (base, registry, routing)
+            continue  # a module the policies share, not a policy
         spec = PolicySpec.of(module)
         if spec.name in found:
             raise ValueError(f"two policy modules are named {spec.name!r}")

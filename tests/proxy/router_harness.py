@@ -15,7 +15,7 @@ from proxy.httpx_legs import HttpxLegs
 from proxy.legs import LegTimeouts
 from proxy.load_meter import RateMeter
 from proxy.metrics import ProxyMetrics
-from proxy.policies import RoutingPolicy
+from proxy.policies.routing import RoutingPolicy
 from proxy.relay import Relay
 from proxy.router import Incoming, Reply, Router
 from proxy.sessions.store import MemoryStore

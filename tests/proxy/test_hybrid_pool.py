@@ -15,7 +15,7 @@ from proxy.config import Policy, PolicyConfig
 from proxy.live import LiveScorer, NodeState, StepCosts, TurnState, predict_placement
 from proxy.live_view import LiveView
 from proxy.node_gauges import NodeGauges
-from proxy.policies import RoutingPolicy
+from proxy.policies.routing import RoutingPolicy
 from proxy.residency import Residency
 from proxy.sessions.session import Lookup, Session
 from proxy.turn_plan import Attempt, Pick, TurnPlan, plan_turn

@@ -17,7 +17,7 @@ from proxy.live import (
     predict,
     predict_placement,
 )
-from proxy.policies import RoutingPolicy
+from proxy.policies.routing import RoutingPolicy
 from proxy.vocabulary import Reason, Role, RouteKind, Workload
 
 # Round numbers: a step is 6 ms + 0.02 ms per prompt token + 0.01 ms per decoding request.

@@ -10,8 +10,8 @@ from dataclasses import replace
 from proxy.backends import BackendPool
 from proxy.cluster_view import ClusterView, NodeView
 from proxy.config import Policy, PolicyConfig
-from proxy.policies import RoutingPolicy
 from proxy.policies.base import Inputs, Needs, Turn
+from proxy.policies.routing import RoutingPolicy
 from proxy.sessions.session import Lookup, Session
 from proxy.turn_plan import Attempt, Pick, plan_turn
 from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload

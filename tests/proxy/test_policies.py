@@ -10,8 +10,8 @@ import pytest
 
 from proxy.config import Policy, PolicyConfig
 from proxy.discretize import Cell, ContextClass
-from proxy.policies import RoutingPolicy
 from proxy.policies.fixed import stable_fraction
+from proxy.policies.routing import RoutingPolicy
 from proxy.table import DecisionTable
 from proxy.vocabulary import Reason, RouteKind, Workload
 

@@ -14,7 +14,7 @@ from proxy.backends import BackendPool
 from proxy.cluster_view import ClusterView
 from proxy.config import Policy, PolicyConfig
 from proxy.live import TurnState
-from proxy.policies import RoutingPolicy
+from proxy.policies.routing import RoutingPolicy
 from proxy.sessions.session import Lookup, Session
 from proxy.turn_plan import Attempt, Pick, TurnPlan, plan_turn
 from proxy.vocabulary import Decision, Node, Reason, Role, RouteKind, Workload

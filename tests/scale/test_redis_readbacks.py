@@ -20,7 +20,7 @@ from proxy.httpx_legs import HttpxLegs
 from proxy.legs import LegTimeouts
 from proxy.load_meter import RateMeter
 from proxy.metrics import ProxyMetrics
-from proxy.policies import RoutingPolicy
+from proxy.policies.routing import RoutingPolicy
 from proxy.readback import MIN_READBACK_TOKENS, HeldKV
 from proxy.router import Router
 from proxy.sessions.readbacks import MemoryReadbacks

@@ -15,7 +15,7 @@ from profiler.engine.transfer import SharedLink, load_link, load_model_shape
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
 from proxy.config import Policy, PolicyConfig
-from proxy.policies import RoutingPolicy
+from proxy.policies.routing import RoutingPolicy
 from proxy.vocabulary import Layout
 
 HAND = LinearCost("hand", "tests", base_ms=10.0, per_prefill_token_ms=0.1,

@@ -32,7 +32,7 @@ from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, to_sim
 from profiler.traces.synthetic import named_workload
 from proxy.config import Policy, PolicyConfig
-from proxy.policies import RoutingPolicy
+from proxy.policies.routing import RoutingPolicy
 from proxy.tokens import EstimateTokenCounter
 from proxy.vocabulary import Layout, RouteKind
 

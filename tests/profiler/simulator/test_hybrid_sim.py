@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-import proxy.policies
 from profiler.engine import LinearCost
 from profiler.engine.transfer import load_link, load_model_shape
 from profiler.simulator.grid import HYBRID_LAYOUTS, expand_layouts, grid_cells
@@ -13,7 +12,7 @@ from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
 from proxy.config import Policy, PolicyConfig
 from proxy.live import StepCosts
-from proxy.policies import RoutingPolicy
+from proxy.policies.routing import RoutingPolicy
 from proxy.vocabulary import Decision, Layout, LayoutError
 
 NVLINK = load_link("nvlink")
@@ -23,14 +22,14 @@ LLAMA_KV = load_model_shape("llama-3.1-8b").kv_bytes_per_token
 def test_live_places_conversations_on_the_replica_and_p_to_d_and_keeps_them_there(
         hand_cost: LinearCost, monkeypatch: pytest.MonkeyPatch) -> None:
     decisions: list[tuple[int, Decision]] = []
-    decide = proxy.policies.RoutingPolicy.decide
+    decide = RoutingPolicy.decide
 
     def spy(self, workload, *args, **kwargs):  # type: ignore[no-untyped-def]
         decision = decide(self, workload, *args, **kwargs)
         decisions.append((workload.turn, decision))
         return decision
 
-    monkeypatch.setattr(proxy.policies.RoutingPolicy, "decide", spy)
+    monkeypatch.setattr(RoutingPolicy, "decide", spy)
     costs = StepCosts(hand_cost.base_ms, hand_cost.per_prefill_token_ms,
                       hand_cost.per_decode_seq_ms)
     setup = SimSetup(Layout.parse("1R1P1D"), hand_cost,

@@ -18,7 +18,7 @@ from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
 from proxy.config import Policy, PolicyConfig
 from proxy.live import StepCosts
-from proxy.policies import RoutingPolicy
+from proxy.policies.routing import RoutingPolicy
 from proxy.vocabulary import Decision, Layout
 
 NVLINK = load_link("nvlink")

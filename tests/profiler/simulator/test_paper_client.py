@@ -13,7 +13,7 @@ from profiler.simulator.run import RunSpec, arrival_seed
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
 from proxy.config import Policy, PolicyConfig
-from proxy.policies import RoutingPolicy
+from proxy.policies.routing import RoutingPolicy
 from proxy.vocabulary import Layout
 
 HAND = LinearCost("hand", "tests", base_ms=10.0, per_prefill_token_ms=0.1,

@@ -10,7 +10,7 @@ from profiler.engine.transfer import SharedLink, load_link, load_model_shape
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
 from proxy.config import Policy, PolicyConfig
-from proxy.policies import RoutingPolicy
+from proxy.policies.routing import RoutingPolicy
 from proxy.vocabulary import Layout
 
 LLAMA_KV = load_model_shape("llama-3.1-8b").kv_bytes_per_token

@@ -7,9 +7,9 @@ import pytest
 
 from proxy.backends import BackendPool
 from proxy.config import PolicyConfig
-from proxy.policies import RoutingPolicy
 from proxy.policies.base import Inputs
 from proxy.policies.llm_d import NAME, decide
+from proxy.policies.routing import RoutingPolicy
 from proxy.sessions.session import Lookup, Session
 from proxy.turn_plan import plan_turn
 from proxy.vocabulary import Decision, Reason, Role, RouteKind

@@ -4,8 +4,8 @@ kept in the policy's memory, every later turn read back from the session's D."""
 from __future__ import annotations
 
 from proxy.config import PolicyConfig
-from proxy.policies import RoutingPolicy
 from proxy.policies.base import Inputs
+from proxy.policies.routing import RoutingPolicy
 from proxy.policies.vllm_example import NAME, Cycles, decide, remember
 from proxy.vocabulary import Decision, Reason, RouteKind, Workload
 from tests.proxy.policies.views import D0, D1, P0, P1, node, turn, view

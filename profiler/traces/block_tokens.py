@@ -1,0 +1,86 @@
+"""Prompts as token ids made from block hashes: equal hashes give equal token blocks.
+
+A block-hash trace (`profiler.traces.mooncake`) carries no text, so a node that needs tokens
+gets made-up ones: block `h`'s tokens are drawn from a generator seeded by (seed, h) over the
+model's vocabulary range, so two prompts that share leading hash ids share those leading
+tokens exactly (a prefix cache hits), and different hashes give different blocks (equal only
+by a chance of about vocab**-block, never in practice).
+
+`scale` shrinks every block to fit a small model's context: at 0.1 a 512-token block is 51
+tokens, a partial last block and the output length shrink alike. Keep a block at least as long
+as the engine's cache block (vLLM: 16 tokens, so scale >= 0.03) or no block can hit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from profiler.traces.mooncake import BLOCK_TOKENS, BlockRecord
+
+FIRST_TOKEN_ID = 100  # below it sit the special tokens of small vocabularies
+DEFAULT_VOCAB_SIZE = 32000  # the simulator's: any ids do, it compares them only
+# Blocks kept made (a FIFO): the shared first block and recent parents' blocks are reused
+# within minutes; a whole hour's blocks would not fit in memory as Python lists.
+MAX_CACHED_BLOCKS = 8192
+
+
+@dataclass(slots=True)
+class BlockTokens:
+    """Token ids for block hashes, deterministic in (seed, hash id, scale, vocabulary)."""
+
+    vocab_size: int = DEFAULT_VOCAB_SIZE
+    scale: float = 1.0
+    seed: int = 0
+    _blocks: dict[int, list[int]] = field(default_factory=dict, repr=False)
+    # one int object per vocabulary id, shared by every block: a prompt list then costs a
+    # pointer per token, not an int object per token
+    _ids: list[int] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.vocab_size <= FIRST_TOKEN_ID + 1:
+            raise ValueError(f"vocabulary size must be > {FIRST_TOKEN_ID + 1}, "
+                             f"got {self.vocab_size}")
+        if not (math.isfinite(self.scale) and 0 < self.scale <= 1):
+            raise ValueError(f"--scale-tokens must be in (0, 1], got {self.scale:g}")
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per (complete) block at this scale."""
+        return max(1, round(BLOCK_TOKENS * self.scale))
+
+    def scaled(self, tokens: int) -> int:
+        """A length (an output, a history) at this scale, at least 1."""
+        return max(1, round(tokens * self.scale))
+
+    def block(self, hash_id: int) -> list[int]:
+        """The complete block's token ids (cached: shared blocks are made once)."""
+        tokens = self._blocks.get(hash_id)
+        if tokens is None:
+            import numpy as np
+
+            if not self._ids:
+                self._ids = list(range(self.vocab_size))
+            rng = np.random.default_rng([self.seed & 0xFFFFFFFF, hash_id & 0xFFFFFFFFFFFF])
+            drawn = rng.integers(FIRST_TOKEN_ID, self.vocab_size, self.block_size).tolist()
+            tokens = [self._ids[t] for t in drawn] if len(drawn) > 1 else drawn
+            if len(self._blocks) >= MAX_CACHED_BLOCKS:
+                del self._blocks[next(iter(self._blocks))]
+            self._blocks[hash_id] = tokens
+        return tokens
+
+    def prompt(self, record: BlockRecord) -> list[int]:
+        """The record's prompt: its complete blocks whole, its partial last block as the
+        leading part of that block's tokens (scaled like the rest)."""
+        size = self.block_size
+        ids: list[int] = []
+        for hash_id in record.hash_ids[:record.complete_blocks]:
+            ids.extend(self.block(hash_id))
+        partial = record.input_length - record.complete_blocks * BLOCK_TOKENS
+        if partial:
+            ids.extend(self.block(record.hash_ids[-1])[:min(self.scaled(partial), size)])
+        return ids
+
+    def forget(self) -> None:
+        """Drop the cached blocks (a long run keeps only what it reuses soon)."""
+        self._blocks.clear()
