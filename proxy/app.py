@@ -35,6 +35,7 @@ from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from proxy.backends import BackendPool
+from proxy.bounded_legs import BoundedLegs
 from proxy.breaker import Breaker
 from proxy.config import ProxyConfig
 from proxy.discovery import Discovery
@@ -157,7 +158,7 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
             state.legs = HttpxLegs(transport, timeouts, upstream_headers)
         else:
             state.legs = DefaultLegs(timeouts, upstream_headers)
-        state.router.legs = state.legs
+        state.router.legs = BoundedLegs(state.legs, config.limits)  # answers bounded in bytes
         if config.otlp_traces_endpoint is not None:  # opentelemetry is imported only then
             completions.tracing = open_tracing(config.otlp_traces_endpoint)
         state.client = httpx.AsyncClient(

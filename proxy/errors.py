@@ -13,7 +13,8 @@
     │   ├── UpstreamBroken            the connection broke (reset, read or write error)
     │   ├── UpstreamStatus            the backend answered 5xx
     │   ├── UpstreamProtocol          the backend's answer was not what vLLM sends
-    │   └── UpstreamRunaway           the backend streamed past max_tokens
+    │   ├── UpstreamRunaway           the backend streamed past max_tokens
+    │   └── UpstreamTooLarge          an answer or stream event over its byte limit
     ├── NoBackend (503)           no healthy node for the route
     └── UpstreamTimeout (504)     backend did not answer in time
         └── BudgetExhausted           the request's whole budget ran out
@@ -148,6 +149,13 @@ class UpstreamRunaway(UpstreamError):
     """The node streamed past the request's max_tokens: a backend fault, the reply is cut."""
 
     kind = "runaway"
+
+
+class UpstreamTooLarge(UpstreamError):
+    """The node's answer, or one of its stream events, passed its byte limit
+    (`proxy.bounded_legs`): read no further."""
+
+    kind = "too_large"
 
 
 class NoBackend(ProxyError):

@@ -1,0 +1,80 @@
+"""Node answers bounded in bytes: `BoundedLegs` wraps any `proxy.legs.Legs`.
+
+A node's answer is read whole (non-streamed legs, a 4xx) or relayed chunk by chunk (streams).
+Neither was bounded: a whole 200 MB answer crashed the proxy, and a stream that never ended an
+event grew it 240 MB in 30 s (whatever parses the stream on the side keeps the unfinished
+event). So:
+- a whole answer over `--max-answer-bytes` is an `UpstreamTooLarge` (502 naming the flag),
+  raised as soon as the count passes the limit, before the rest is read;
+- a stream whose bytes since the last event boundary (a blank line) pass
+  `--max-stream-event-bytes` is the same error: a 502 before the first byte reaches the
+  client, an in-band error after (`proxy.relay`).
+Each costs one length sum per chunk, and one search for a boundary in the chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from proxy.errors import UpstreamTooLarge
+from proxy.legs import LegResponse, Legs
+from proxy.limits import Limits
+
+_BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
+
+
+class BoundedResponse:
+    """A `LegResponse` whose whole body and each stream event are bounded in bytes."""
+
+    __slots__ = ("_inner", "_url", "_limits", "_pending", "status", "content_type")
+
+    def __init__(self, inner: LegResponse, url: str, limits: Limits) -> None:
+        self._inner = inner
+        self._url = url
+        self._limits = limits
+        self._pending = 0  # bytes since the last event boundary
+        self.status = inner.status
+        self.content_type = inner.content_type
+
+    @property
+    def at_end(self) -> bool:
+        return self._inner.at_end
+
+    async def aread(self) -> bytes:
+        limit = self._limits.max_answer_bytes
+        parts: list[bytes] = []
+        size = 0
+        while chunk := await self._inner.read_chunk():
+            size += len(chunk)
+            if size > limit:
+                raise UpstreamTooLarge(f"backend {self._url} answered over {limit} bytes "
+                                       "(--max-answer-bytes)")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def read_chunk(self) -> bytes:
+        chunk = await self._inner.read_chunk()
+        end = max(chunk.rfind(boundary) for boundary in _BOUNDARIES)
+        self._pending = self._pending + len(chunk) if end < 0 else len(chunk) - end
+        if self._pending > self._limits.max_stream_event_bytes:
+            raise UpstreamTooLarge(
+                f"backend {self._url} sent a stream event over "
+                f"{self._limits.max_stream_event_bytes} bytes (--max-stream-event-bytes)")
+        return chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class BoundedLegs:
+    """Legs whose answers are bounded (`Limits.max_answer_bytes`, `max_stream_event_bytes`)."""
+
+    def __init__(self, inner: Legs, limits: Limits) -> None:
+        self.inner = inner
+        self._limits = limits
+
+    async def post(self, url: str, content: bytes, headers: Mapping[str, str]) -> LegResponse:
+        return BoundedResponse(await self.inner.post(url, content, headers), url, self._limits)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
