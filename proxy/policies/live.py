@@ -8,6 +8,11 @@ partly evicted has reason EVICTED. When the session's D keeps the history's bloc
 readback (docs/readback.md), the readback is priced too (its TTFT gain over P->D; D's batch
 is untouched) and taken when it scores above both local's score and P->D's zero.
 
+Live also picks the nodes (`proxy.live_nodes`, with `Turn.view`): a P->D turn - turn 1, or
+a turn 2+ the score sends there - decodes on the D its route prices best (another than the
+session's when that one lost the history, runs a heavier batch or lacks room for the
+prompt, which also rules local out), and prefills on the P with the shortest queue.
+
 In a hybrid pool (R nodes beside P and D) live also places a conversation without a home
 (turn 1, or its node gone) on a replica or P->D by the same score (REPLICA_LIVE when the
 replica wins); a conversation on a replica keeps it (REPLICA_HOME) while it is usable. When
@@ -20,18 +25,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from proxy.cluster_view import ClusterView
 from proxy.live import (
     LiveScorer,
     NodeState,
     Prediction,
     TurnState,
+    _has_room,
     predict,
     predict_placement,
 )
+from proxy.live_nodes import moved, node_state, placement_decode, roomy, shortest_queue
 from proxy.options import option
 from proxy.policies import ppd
 from proxy.policies.base import PD_PAIR, Inputs, Need, Needs, Turn, disaggregated_default
@@ -45,7 +53,8 @@ from proxy.policies.ppd import (
 from proxy.vocabulary import Decision, Reason, Role, RouteCost, RouteKind
 
 NAME = "live"
-NEEDS = Needs(table=Need.OPTIONAL, costs=Need.REQUIRED, live_view=True, readback=True)
+NEEDS = Needs(table=Need.OPTIONAL, costs=Need.REQUIRED, live_view=True, readback=True,
+              view=True)
 ROLES = (PD_PAIR, (Role.REPLICA,))
 PLACES = True
 _TABLE_LABEL = "-table"  # live with the layout's table as its prior
@@ -99,8 +108,42 @@ def decide(turn: Turn, inputs: Inputs, scorer: LiveScorer) -> tuple[Decision, Li
         return Decision(RouteKind.LOCAL, Reason.LIVE), scorer
     default = disaggregated_default(turn)
     if default is not None:
-        return default, scorer
+        return _placed(default, turn, inputs, scorer), scorer
     return _predicted(turn, state or _UNKNOWN, inputs, scorer)
+
+
+def _placed(decision: Decision, turn: Turn, inputs: Inputs, scorer: LiveScorer) -> Decision:
+    """A homeless P->D turn on the D its route prices best and the P with the shortest queue
+    (`proxy.live_nodes`); the pool's default pick without a view."""
+    view = turn.view
+    if view is None or inputs.costs is None:
+        return decision
+    prefill = shortest_queue(view)
+    decode = placement_decode(turn.workload, view,
+                              node_state(prefill) if prefill else NodeState(), inputs.costs,
+                              scorer)
+    return replace(decision, decode=decode.url if decode else None,
+                   prefill=prefill.url if prefill else None)
+
+
+def _best_decode(turn: Turn, view: ClusterView, state: TurnState, base: Prediction,
+                 inputs: Inputs, scorer: LiveScorer) -> tuple[Prediction, str | None, bool]:
+    """P->D's best D for a turn 2+ (`proxy.live_nodes`): its prediction, its URL (None: the
+    session's own), and whether local can run (the session's D has room for the prompt, or
+    no D has)."""
+    assert inputs.costs is not None
+    prompt = turn.workload.n_ctx + turn.workload.n_in
+    others = [node for node in roomy(view.usable(Role.DECODE), prompt)
+              if node.url != view.home_decode]
+    room_elsewhere = any(_has_room(node_state(node), prompt) for node in others)
+    home_fits = _has_room(state.decode, prompt) or not room_elsewhere
+    candidates: list[tuple[Prediction, str | None]] = [(base, None)] if home_fits else []
+    candidates += [(moved(turn.workload, state, base, node_state(node), inputs.costs), node.url)
+                   for node in others]
+    if not candidates:
+        return base, None, home_fits
+    prediction, url = min(candidates, key=lambda c: scorer.score(c[0]))
+    return prediction, url, home_fits
 
 
 def _predicted(turn: Turn, state: TurnState, inputs: Inputs,
@@ -112,19 +155,25 @@ def _predicted(turn: Turn, state: TurnState, inputs: Inputs,
         prior = table_decision(workload, inputs)
         if prior.reason is Reason.TABLE:
             return prior, scorer
-    prediction = predict(workload, state, inputs.costs)
+    base = prediction = predict(workload, state, inputs.costs)
+    decode, local_fits, view = None, True, turn.view
+    if view is not None:
+        prediction, decode, local_fits = _best_decode(turn, view, state, base, inputs, scorer)
+    prefill = shortest_queue(view) if view is not None else None
+    prefill_url = prefill.url if prefill is not None else None
     score, scorer = scorer.scored(prediction)
     # Without residency (no KV events for this session on its D) live is blind to
     # eviction: its own reason says so (docs/live-routing.md).
     live = Reason.LIVE if held is not None else Reason.LIVE_BLIND
     readback = scorer.readback_score(prediction)
     costs = _predicted_costs(prediction)
-    if readback is not None and readback > max(score, 0.0):
-        return Decision(RouteKind.READBACK, live, costs=costs), scorer
-    if score > 0:
-        return Decision(RouteKind.LOCAL, live, costs=costs), scorer
-    return Decision(RouteKind.PD, Reason.EVICTED if prediction.missing_tokens > 0
-                    else live, costs=costs), scorer
+    if readback is not None and readback > max(score, 0.0) and local_fits:
+        return Decision(RouteKind.READBACK, live, costs=costs, prefill=prefill_url), scorer
+    if score > 0 and local_fits:
+        return Decision(RouteKind.LOCAL, live, costs=costs, decode=decode,
+                        prefill=prefill_url), scorer
+    return Decision(RouteKind.PD, Reason.EVICTED if base.missing_tokens > 0 else live,
+                    costs=costs, decode=decode, prefill=prefill_url), scorer
 
 
 def _predicted_costs(prediction: Prediction) -> tuple[RouteCost, ...]:

@@ -1,0 +1,56 @@
+"""Which D and P a live turn uses (`proxy.live_nodes`): nodes read from the view, priced by
+`proxy.live`'s model; a D without room for the prompt is passed over while another has it."""
+
+from __future__ import annotations
+
+from proxy.cluster_view import ClusterView, NodeView
+from proxy.live import LiveScorer, NodeState, StepCosts
+from proxy.live_nodes import node_state, placement_decode, roomy, shortest_queue
+from proxy.vocabulary import Role, Workload
+
+COSTS = StepCosts(base_ms=6.0, per_prefill_token_ms=0.02, per_decode_seq_ms=0.01,
+                  per_decode_kv_ktoken_ms=0.01, transfer_ms_per_ktoken=0.3)
+SCORER = LiveScorer(1.0, 1.0)
+FIRST = Workload(1, 4000, 0, 256, 1.0)
+
+
+def _d(url: str, running: float = 0.0, usage: float = 0.0, **fields: object) -> NodeView:
+    return NodeView(url, Role.DECODE, running=running, waiting=0.0, kv_usage=usage,
+                    kv_blocks=1000, kv_block_size=16, **fields)  # type: ignore[arg-type]
+
+
+def test_a_views_node_becomes_what_live_reads() -> None:
+    state = node_state(_d("d", running=3.0, usage=0.25, held_tokens=160))
+    assert state == NodeState(3.0, 0.0, 160, 16, None, 12_000)
+    assert node_state(NodeView("d", Role.DECODE, in_flight=2)) == NodeState(2.0, 0.0, None, 16)
+
+
+def test_room_is_the_free_kv_for_the_prompt_and_every_node_when_none_has_it() -> None:
+    full, free = _d("full", usage=0.9), _d("free", usage=0.5)  # 1,600 and 8,000 tokens free
+    assert roomy((full, free), 4000) == (free,)
+    assert roomy((full, free), 9000) == (full, free)
+
+
+def test_a_new_conversation_decodes_on_the_lighter_batch() -> None:
+    view = ClusterView((_d("busy", running=120.0, usage=0.4), _d("light", running=4.0,
+                                                                  usage=0.1)))
+    chosen = placement_decode(FIRST, view, NodeState(), COSTS, SCORER)
+    assert chosen is not None and chosen.url == "light"
+
+
+def test_a_d_without_room_is_passed_over_however_light() -> None:
+    view = ClusterView((_d("full", running=1.0, usage=0.9), _d("roomy", running=60.0,
+                                                                usage=0.3)))
+    chosen = placement_decode(FIRST, view, NodeState(), COSTS, SCORER)
+    assert chosen is not None and chosen.url == "roomy"
+
+
+def test_equal_ds_go_to_the_pools_order_and_the_p_to_the_shortest_queue() -> None:
+    view = ClusterView((_d("d0", in_flight=2), _d("d1", in_flight=1),
+                        NodeView("p0", Role.PREFILL, running=1.0, waiting=3.0),
+                        NodeView("p1", Role.PREFILL, running=2.0, waiting=0.0)))
+    chosen = placement_decode(FIRST, view, NodeState(), COSTS, SCORER)
+    assert chosen is not None and chosen.url == "d1"
+    queue = shortest_queue(view)
+    assert queue is not None and queue.url == "p1"
+    assert placement_decode(FIRST, ClusterView(()), NodeState(), COSTS, SCORER) is None
