@@ -4,7 +4,7 @@ All nodes of the layout run in one background process (profiler.emulate.host), o
 from --base-port, so a D pulls KV over its P's modelled link. cluster.json lists every node
 with that process's pid (`ppd cluster down` stops it once) and an "emulated" record (preset,
 link, tokenizer) that tables and reports made on the cluster copy into their metadata. D and R
-nodes publish KV cache events where a vLLM node would (`profiler.node_kv_events`), and
+nodes publish KV cache events where a vLLM node would (`profiler.emulate.node_kv_events`), and
 cluster.json names them, so `ppd proxy --cluster ... --policy live` reads residency.
 """
 

@@ -6,7 +6,7 @@ node, prefix caching on, eager mode, and a KV transfer config per role: NixlConn
 production transfer: D pulls the blocks it lacks from P's memory over UCX) as kv_producer (P) /
 kv_consumer (D), with host buffers and UCX's TCP + shared-memory transports on the CPU; or
 ExampleConnector (a shared directory P writes and D reads back) when asked for; none on
-replicas, which publish KV events as D does (`profiler.node_kv_events`).
+replicas, which publish KV events as D does (`profiler.emulate.node_kv_events`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from profiler.node_kv_events import REPLAY_PORT_OFFSET, kv_event_keys, kv_events_args
+from profiler.emulate.node_kv_events import REPLAY_PORT_OFFSET, kv_event_keys, kv_events_args
 from proxy.readback import VLLM_DECODER_BLOCKS_TTL_S
 from proxy.vocabulary import Layout, LayoutError, Role
 
@@ -275,7 +275,7 @@ def cluster_document(
     """The cluster.json the proxy reads: model, layout, KV connector (None: no vLLM transfer,
     e.g. emulated nodes), how long D keeps a turn's blocks for a readback (None: the nodes do
     not offer it) and one {role, url, pid, log} per node (D and R nodes also name their KV
-    event endpoints, `profiler.node_kv_events`; emulated ones publish there too)."""
+    event endpoints, `profiler.emulate.node_kv_events`; emulated ones publish there too)."""
     return {
         "model": served_name,
         "layout": str(layout),

@@ -7,7 +7,7 @@ runs until SIGINT/SIGTERM; `ppd cluster up --emulate` starts it. In-process (tes
 benchmark): `async with hosted(preset, [(Role.PREFILL, 0), ...]) as nodes: nodes[0].url`.
 Nodes of one process find each other by engine id, so a D's KV pull uses its P's link.
 With `--kv-events` D and R nodes publish vLLM's KV cache events where
-`profiler.node_kv_events` puts a vLLM node's (HTTP port + 2000, replay + 3000; port 0:
+`profiler.emulate.node_kv_events` puts a vLLM node's (HTTP port + 2000, replay + 3000; port 0:
 ports the OS chooses, named by `HostedNode.kv_events`).
 """
 
@@ -25,11 +25,11 @@ from pathlib import Path
 
 from profiler.emulate.app import create_node_app
 from profiler.emulate.kv_publisher import KvEventPublisher
+from profiler.emulate.node_kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET, publishes
 from profiler.emulate.presets import Preset, resolve
 from profiler.emulate.service import NodeService, NodeSpec, Peers
 from profiler.emulate.tokenizer import Vocabulary, tokenizer_dir
 from profiler.engine.host import host_of
-from profiler.node_kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET, publishes
 from proxy.server import running
 from proxy.vocabulary import Node, Role
 

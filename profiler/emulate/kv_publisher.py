@@ -36,7 +36,7 @@ from proxy.kv_events import END_SEQ, KvEvent, encode_batch, encode_seq
 
 log = logging.getLogger("ppd.emulate")
 
-TOPIC = b"kv"  # as profiler.node_kv_events configures vLLM
+TOPIC = b"kv"  # as profiler.emulate.node_kv_events configures vLLM
 REPLAY_BUFFER = 10_000  # batches kept for replay (vLLM's default buffer_steps)
 SEND_HWM = 1000  # batches queued per subscriber before a batch is dropped (ZMQ's default)
 

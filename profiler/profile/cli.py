@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from profiler.cli import HelpFormatter, base_url
-from profiler.cli_types import output_file, positive_int, weight
+from profiler.flags.types import output_file, positive_int, weight
 from profiler.profile.grid import ProfileGrid, grid_from_mapping, read_grid_file
 from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES
 from proxy.redact import redacted_command, redacted_url, rerun_note

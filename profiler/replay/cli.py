@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from profiler.cli import HelpFormatter, base_url
-from profiler.cli_types import positive_int
+from profiler.flags.types import positive_int
 from profiler.replay.client import ReplayConfig, ReplayResult, RequestRecord, replay
 from profiler.replay.dataset import DatasetSpec, load_dataset
 from profiler.replay.metrics import summarize

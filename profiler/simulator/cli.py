@@ -19,7 +19,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from profiler.cli_types import positive_int, refuse_both
+from profiler.flags.types import positive_int, refuse_both
 from profiler.simulator.flags import add_cluster_flags, readback_ttl
 from proxy.config import ConfigError, PolicyConfig
 from proxy.options import add_flags, option_fields

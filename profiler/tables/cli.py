@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from profiler.cli import HelpFormatter
-from profiler.cli_types import weight
+from profiler.flags.types import weight
 from profiler.tables.io import read_table
 from proxy.discretize import WORKLOAD_SHAPES, Cell, ContextClass
 from proxy.table import TABLE_ROUTES, DecisionTable

@@ -26,7 +26,7 @@ from profiler.cluster.plan import (
     parse_layout,
 )
 from profiler.cluster.procs import port_free
-from profiler.node_kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET
+from profiler.emulate.node_kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET
 from proxy import ServerThread, config_from_args, create_app
 
 # The vLLM counters the tests read (sample names, summed over engines and label sets).

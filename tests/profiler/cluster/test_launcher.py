@@ -291,7 +291,7 @@ def test_up_writes_cluster_json_and_down_stops_everything(
     assert doc["model"] == "mymodel" and doc["layout"] == "1P2D" and doc["connector"] == "nixl"
     assert [n["role"] for n in doc["nodes"]] == ["prefill", "decode", "decode"]
     for node in doc["nodes"]:
-        # D nodes also name their KV event endpoints (profiler.node_kv_events).
+        # D nodes also name their KV event endpoints (profiler.emulate.node_kv_events).
         extra = {"kv_events", "kv_events_replay"} if node["role"] == "decode" else set()
         assert set(node) == {"role", "url", "pid", "log"} | extra
         assert httpx.get(node["url"] + "/v1/models").json()["data"][0]["id"] == "mymodel"

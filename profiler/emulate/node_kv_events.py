@@ -8,6 +8,9 @@ URL alone and cluster.json can name them (`kv_events`, `kv_events_replay`; read 
 (`tcp://*:PORT`; anything else it connects to), so the PUB listens on every interface; the
 replay socket is bound on the node's own host. P nodes publish nothing: residency is about
 what a session's D (or R) still holds.
+
+It sits in emulate/, below cluster/: the emulated nodes publish where vLLM does, and
+`ppd cluster up` (`profiler.cluster.plan`) configures vLLM from the same offsets.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from profiler import demo
-from profiler.demo import DemoConfig
+from profiler.profile import demo
+from profiler.profile.demo import DemoConfig
 
 
 def test_conversations_have_the_configured_shape() -> None:
