@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
-from proxy import forward, pd_protocol, readback, turn_machine, turn_plan
+from proxy import explain, forward, pd_protocol, readback, tracing, turn_machine, turn_plan
 from proxy.backends import Backend, BackendPool
 from proxy.completion import Captured, ReplyCapture
 from proxy.deadline import Deadline, DeadlineExceeded, guarded
@@ -119,6 +119,8 @@ class _Turn:
     machine: TurnMachine | None = None  # the turn's walk through its plan, once planned
     # Whether the D leg asked for token ids the client did not (stripped from its answer).
     token_ids_added: bool = False
+    # x-ppd-reason, x-ppd-fallback, x-ppd-costs (`proxy.explain`), once decided.
+    explained: dict[str, str] | None = None
 
     @property
     def session_label(self) -> str:
@@ -136,6 +138,8 @@ class _Turn:
         headers = {"x-ppd-session": session, "x-ppd-turn": str(self.lookup.turn)}
         if self.route is not None:
             headers["x-ppd-route"] = self.route.value
+        if self.explained is not None:
+            headers.update(self.explained)
         return headers
 
 
@@ -216,12 +220,16 @@ class Router:
     async def _route(self, turn: _Turn, lease: Lease) -> Reply:
         incoming, lookup, access, started = turn.incoming, turn.lookup, turn.access, turn.started
         view = self.view
-        plan = turn_plan.plan_turn(self.policy, self.pool, lookup, turn.workload,
-                                   incoming.forced, view.state if view is not None else None,
-                                   readback=await self._readback_status(lookup, incoming.forced),
-                                   survey=view.cluster if view is not None else None)
+        with tracing.deciding() as decided:
+            plan = turn_plan.plan_turn(
+                self.policy, self.pool, lookup, turn.workload, incoming.forced,
+                view.state if view is not None else None,
+                readback=await self._readback_status(lookup, incoming.forced),
+                survey=view.cluster if view is not None else None)
+            decided.record(plan.decision)
         decision = plan.decision
         access.decided(decision)
+        turn.explained = explain.decision_headers(decision, None)
         machine = turn.machine = TurnMachine(plan, lookup.session, self.readback is not None)
         try:
             try:
@@ -236,17 +244,23 @@ class Router:
             raise
         turn.route = served.route  # a readback that fell back is served (and labelled) P->D
         decision = machine.decision(served.route)
+        fell_back = explain.fallback(
+            decision, served.route,
+            None if self.policy.spec.ignores_forcing else incoming.forced)
+        access.decided(decision, fell_back)
+        turn.explained = explain.decision_headers(decision, fell_back)
         access.route = served.route.value
         access.prefill = served.prefill.url if served.prefill is not None else None
         access.decode = served.decode.url if served.decode is not None else None
         if not served.rejected:
-            self.metrics.routed(incoming.endpoint.value, served.route, decision, lookup.turn)
+            self.metrics.routed(incoming.endpoint.value, served.route, decision, lookup.turn,
+                                (fell_back.wanted, fell_back.reason) if fell_back else None)
             if served.route is RouteKind.READBACK:
                 self.metrics.read_back(machine.read_back)
             # A stream is open once its first chunk arrived (forward.open_stream): its TTFT.
             ttft = self.clock() - started
             access.ttft_ms = ttft * 1000.0
-            self.metrics.first_byte(served.route, ttft)
+            self.metrics.first_byte(served.route, ttft, lookup.turn)
         self.metrics.responded(served.result.status)
         return await self._reply(turn, served, lease)
 

@@ -66,3 +66,79 @@ def test_readback_fallbacks_are_the_declared_ones() -> None:
     readback = metrics.stats()["readback"]
     assert readback == {"served": 0, "tokens": 12, "fallbacks": {
         "readback_missing": 1, "readback_expired": 1, "readback_mismatch": 1}}
+
+
+def _sample(metrics: ProxyMetrics, name: str, **labels: str) -> float | None:
+    """One sample's value from the exposition (None: no such sample)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(metrics.exposition().decode()):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return None
+
+
+def test_fallbacks_are_counted_by_the_route_wanted_and_why() -> None:
+    metrics = ProxyMetrics("pd", lambda: 0)
+    missing = Decision(RouteKind.PD, Reason.READBACK_MISSING)
+    metrics.routed("/v1/completions", RouteKind.PD, missing, 2,
+                   (RouteKind.READBACK, Reason.READBACK_MISSING))
+    metrics.routed("/v1/completions", RouteKind.PD, missing, 2,
+                   (RouteKind.READBACK, Reason.READBACK_MISSING))
+    metrics.routed("/v1/completions", RouteKind.PD, Decision(RouteKind.LOCAL, Reason.LIVE), 2,
+                   (RouteKind.LOCAL, Reason.NO_HOME))
+    metrics.routed("/v1/completions", RouteKind.PD, Decision(RouteKind.PD, Reason.TURN1), 1)
+    assert _sample(metrics, "ppd_fallbacks_total", route="readback",
+                   reason="readback_missing") == 2.0
+    assert _sample(metrics, "ppd_fallbacks_total", route="local", reason="no_home") == 1.0
+    assert _sample(metrics, "ppd_requests_total", endpoint="/v1/completions", route="pd",
+                   reason="turn1", context_class="", workload="", qps="") == 1.0
+
+
+def test_turn_2_plus_ttft_is_kept_apart_by_route() -> None:
+    metrics = ProxyMetrics("pd", lambda: 0)
+    metrics.first_byte(RouteKind.PD, 0.9, turn=1)
+    metrics.first_byte(RouteKind.LOCAL, 0.04, turn=2)
+    metrics.first_byte(RouteKind.PD, 0.2, turn=3)
+    name = "ppd_followup_time_to_first_token_seconds"
+    assert _sample(metrics, f"{name}_count", route="local") == 1.0
+    assert _sample(metrics, f"{name}_count", route="pd") == 1.0  # turn 1's 0.9 s is not in it
+    assert _sample(metrics, f"{name}_sum", route="pd") == pytest.approx(0.2)
+    assert _sample(metrics, "ppd_time_to_first_token_seconds_count", route="pd") == 2.0
+
+
+def test_usable_nodes_by_role_read_zero_for_a_role_with_none() -> None:
+    metrics = ProxyMetrics("pd", lambda: 0)
+    nodes = [
+        {"url": "http://p1", "role": "prefill", "in_flight": 1, "healthy": True,
+         "circuit": "closed"},
+        {"url": "http://d1", "role": "decode", "in_flight": 0, "healthy": True,
+         "circuit": "open"},
+        {"url": "http://d2", "role": "decode", "in_flight": 0, "healthy": False,
+         "circuit": "closed"},
+        {"url": "http://d3", "role": "decode", "in_flight": 2, "healthy": True,
+         "circuit": "half_open"},  # its probe is waiting for a request: usable
+    ]
+    metrics.watch(lambda: nodes, lambda: 1)
+    assert _sample(metrics, "ppd_nodes", role="decode") == 3.0
+    assert _sample(metrics, "ppd_nodes_usable", role="decode") == 1.0
+    assert _sample(metrics, "ppd_nodes_usable", role="prefill") == 1.0
+    assert _sample(metrics, "ppd_nodes_usable", role="replica") == 0.0
+    nodes[3]["healthy"] = False
+    assert _sample(metrics, "ppd_nodes_usable", role="decode") == 0.0
+
+
+def test_node_load_is_what_each_nodes_metrics_said_and_how_old_that_is() -> None:
+    from proxy.node_gauges import NodeMetrics
+
+    now = [100.0]
+    latest = {"http://d1": NodeMetrics(running=7, waiting=2, kv_usage=0.25, at=97.5),
+              "http://p1": NodeMetrics(running=1, waiting=0, kv_usage=None, at=99.0)}
+    metrics = ProxyMetrics("live", lambda: 0)
+    metrics.watch_node_load(lambda: latest, lambda: now[0])
+    assert _sample(metrics, "ppd_node_requests_running", node="http://d1") == 7.0
+    assert _sample(metrics, "ppd_node_requests_waiting", node="http://d1") == 2.0
+    assert _sample(metrics, "ppd_node_kv_cache_usage", node="http://d1") == 0.25
+    assert _sample(metrics, "ppd_node_kv_cache_usage", node="http://p1") is None  # unknown
+    assert _sample(metrics, "ppd_node_metrics_age_seconds", node="http://d1") == 2.5

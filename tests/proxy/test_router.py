@@ -29,7 +29,7 @@ async def test_turn1_runs_p_then_d_with_ps_kv_params_and_one_request_id() -> Non
         kv_params = h.cluster["p1"].kv_params or {}
     assert reply.status == 200
     assert reply.headers == {"x-ppd-session": reply.headers["x-ppd-session"],
-                             "x-ppd-turn": "1", "x-ppd-route": "pd",
+                             "x-ppd-turn": "1", "x-ppd-route": "pd", "x-ppd-reason": "turn1",
                              "x-ppd-decode": "http://d1", "x-ppd-prefill": "http://p1",
                              "cache-control": "no-cache"}
     assert p_req.body["kv_transfer_params"] == P_KV_TRANSFER_PARAMS
@@ -141,7 +141,8 @@ async def test_errors_carry_the_headers_known_when_they_happen() -> None:
             await h.send(chat("Hello", text_of(content), "more"))
     # The local try failed, P->D found no other D: the route tried last was pd.
     assert raised.value.headers == {"x-ppd-session": first.headers["x-ppd-session"],
-                                    "x-ppd-turn": "2", "x-ppd-route": "pd"}
+                                    "x-ppd-turn": "2", "x-ppd-route": "pd",
+                                    "x-ppd-reason": "policy"}
 
 
 async def test_no_usable_node_is_a_503_that_says_why() -> None:
