@@ -46,8 +46,9 @@ import pandas as pd
 from profiler.profile.grid import GRID_KEYS as GRID_KEYS
 from profiler.profile.grid import ProfileGrid as ProfileGrid
 from profiler.profile.grid import grid_from_mapping as grid_from_mapping
-from profiler.replay.client import ReplayConfig, RequestRecord, replay
+from profiler.replay.client import ReplayConfig, replay
 from profiler.tables.io import KEY_COLUMNS, meta_path, normalize, read_table, write_table
+from profiler.traces.records import RequestRecord
 from profiler.traces.synthetic import two_turn_conversations
 from proxy.discretize import TURN1_PROFILES, Cell
 from proxy.tokens import TOKEN_DEFINITION, EstimateTokenCounter, TokenCounter

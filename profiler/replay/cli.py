@@ -25,7 +25,7 @@ from pathlib import Path
 
 from profiler.cli import HelpFormatter, base_url
 from profiler.flags.types import positive_int
-from profiler.replay.client import ReplayConfig, ReplayResult, RequestRecord, replay
+from profiler.replay.client import ReplayConfig, ReplayResult, replay
 from profiler.replay.dataset import DatasetSpec, load_dataset
 from profiler.replay.metrics import summarize
 from profiler.replay.output import SUMMARY_FILE, summary_table, write_run
@@ -34,6 +34,7 @@ from profiler.replay.timed_cli import add_timed_flags, is_timed, timed_dataset
 from profiler.traces.conversation import Conversation
 from profiler.traces.formats import TraceFormat
 from profiler.traces.loader import TraceFilter
+from profiler.traces.records import RequestRecord
 from profiler.traces.synthetic import synthetic_names
 from proxy.redact import redacted_command, redacted_url, rerun_note
 from proxy.tokens import token_counter

@@ -7,7 +7,7 @@ turn becomes one RequestRecord; timeouts, HTTP errors and connection errors are 
 never exceptions. A failed turn ends its conversation (there is no reply to continue from).
 
 Time comes from an injectable clock and sleep so the arrival logic can be tested without
-waiting; `arrival_times` is a pure function of a seeded generator.
+waiting; `arrival_times` (`profiler.traces.arrivals`) is a pure function of a seeded generator.
 
 A `stop` event (set by the CLI on SIGINT/SIGTERM) ends the run early: requests in flight are
 abandoned and the result holds the turns completed so far, marked `interrupted`.
@@ -27,7 +27,9 @@ from typing import Any, Literal
 import httpx
 
 from profiler.replay.request_bodies import Api, History, error_message
+from profiler.traces.arrivals import arrival_times
 from profiler.traces.conversation import Conversation
+from profiler.traces.records import RequestRecord
 from proxy.completion import parse_data, parse_payload
 from proxy.redact import redacted_url
 
@@ -84,58 +86,12 @@ class ReplayConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class RequestRecord:
-    """One turn as the client saw it. Times in seconds; start_s from the replay's start."""
-
-    conversation_id: str
-    turn: int  # 1-based
-    route: str | None  # x-ppd-route
-    decode: str | None  # x-ppd-decode
-    prefill: str | None  # x-ppd-prefill
-    start_s: float
-    ttft_s: float | None
-    tpot_s: float | None  # (e2e - ttft) / (output tokens - 1); None below 2 tokens
-    e2e_s: float | None
-    itl_s: tuple[float, ...]  # gaps between successive streamed chunks with text or reasoning
-    n_input_tokens: int | None  # from usage
-    n_output_tokens: int  # usage when present, else chunks with text
-    success: bool  # HTTP 200, >= 1 token, no error, within the timeout
-    error: str | None
-    status: int | None
-    max_tokens: int | None = None
-    proxy_turn: int | None = None  # x-ppd-turn, the proxy's view of the turn index
-
-
-@dataclass(frozen=True, slots=True)
 class ReplayResult:
     records: list[RequestRecord]
     wall_time_s: float
     config: ReplayConfig
     n_conversations: int = 0  # conversations started
     interrupted: bool = False  # stopped early: records hold the turns completed until then
-
-
-def arrival_times(
-    qps: float,
-    duration_s: float,
-    rng: random.Random,
-    *,
-    burstiness: float = 1.0,
-    max_count: int | None = None,
-) -> list[float]:
-    """Start times (s) of conversations arriving at rate qps until duration_s.
-
-    Inter-arrival gaps are gamma(shape=burstiness, scale=1/(qps*burstiness)): mean 1/qps
-    for every shape; shape 1 is exponential (Poisson arrivals), below 1 burstier.
-    """
-    times: list[float] = []
-    now = 0.0
-    while max_count is None or len(times) < max_count:
-        now += rng.gammavariate(burstiness, 1.0 / (qps * burstiness))
-        if now >= duration_s:
-            break
-        times.append(now)
-    return times
 
 
 @dataclass(slots=True)

@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from profiler.replay.client import ReplayConfig, ReplayResult, RequestRecord
+from profiler.replay.client import ReplayConfig, ReplayResult
+from profiler.traces.records import RequestRecord
 from proxy.redact import redacted_url
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from profiler.replay.client import arrival_times
+from profiler.traces.arrivals import arrival_times
 from profiler.traces.conversation import Conversation
 from profiler.traces.loader import TraceFilter, load_trace, sharegpt_package_file
 from profiler.traces.synthetic import named_workload

@@ -20,7 +20,8 @@ from profiler.profile.runner import (
     run_order,
     turn2_stats,
 )
-from profiler.replay.client import ReplayResult, RequestRecord
+from profiler.replay.client import ReplayResult
+from profiler.traces.records import RequestRecord
 from proxy.discretize import Cell, ContextClass, Shape
 from proxy.vocabulary import RouteKind
 

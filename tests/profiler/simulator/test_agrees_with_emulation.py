@@ -26,10 +26,12 @@ from profiler.cluster.emulated import start_emulated_cluster
 from profiler.cluster.launcher import Cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.engine.transfer import load_link, load_model_shape
-from profiler.replay.client import ReplayConfig, RequestRecord, arrival_times, replay
+from profiler.replay.client import ReplayConfig, replay
 from profiler.simulator.run import cost_model, engine_config
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, to_sim
+from profiler.traces.arrivals import arrival_times
+from profiler.traces.records import RequestRecord
 from profiler.traces.synthetic import named_workload
 from proxy.config import Policy, PolicyConfig
 from proxy.policies.routing import RoutingPolicy
