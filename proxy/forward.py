@@ -36,6 +36,7 @@ from proxy import tracing
 from proxy.errors import UpstreamProtocol, UpstreamRunaway, UpstreamStatus
 from proxy.json_codec import dumps, exact_loads, loads
 from proxy.legs import LegResponse, Legs
+from proxy.tokens import MAX_TOKEN_COUNT
 from proxy.validate import Endpoint
 
 # How much of a failing upstream's body to quote in the error message.
@@ -159,6 +160,13 @@ def _check_length(data: dict[str, Any], body: dict[str, Any], url: str) -> None:
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     usage = data.get("usage")
     generated = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if isinstance(usage, dict):  # numbers from outside: finite counts in range, or a 502
+        for field in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            count = usage.get(field)
+            if count is not None and not (count.__class__ is int
+                                          and 0 <= count <= MAX_TOKEN_COUNT):
+                raise UpstreamProtocol(f"backend {url} answered usage.{field} "
+                                       f"{str(count)[:40]}, not a token count")
     n = body.get("n")
     choices = n if isinstance(n, int) and n > 0 else 1
     if (isinstance(limit, int) and isinstance(generated, int)
@@ -180,7 +188,7 @@ async def prefill(legs: Legs, base_url: str, endpoint: Endpoint,
         data = exact_loads(answer.body)  # exactly: D gets P's kv_transfer_params as sent
     except ValueError as exc:
         raise UpstreamProtocol(f"backend {base_url + endpoint.value} answered non-JSON to the "
-                               "prefill") from exc
+                               f"prefill ({exc})") from exc
     return Prefilled(data.get("kv_transfer_params") if isinstance(data, dict) else None)
 
 

@@ -25,7 +25,38 @@ def loads(data: str | bytes) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
+        # Lenient, as Python reads (a NaN logprob is no malformed event): whoever uses a
+        # number read here checks it is finite and in range (`proxy.tokens`).
         return json.loads(data)
+
+
+# What goes on to another node is read as JSON proper: NaN and Infinity are not JSON, a number
+# that overflows a double (1e309) is no count, and an integer of more than MAX_INT_DIGITS
+# digits is no block id or port (vLLM would refuse them after the P leg ran).
+MAX_INT_DIGITS = 64
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value - value != 0.0:  # inf or NaN
+        raise ValueError(f"number {text[:32]} is out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > MAX_INT_DIGITS and len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"integer of {len(text.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _strict_loads(data: str | bytes) -> Any:
+    """`json.loads` refusing NaN, Infinity, overflowing floats and 64+-digit integers."""
+    return json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float,
+                      parse_int=_bounded_int)
 
 
 # orjson and json read every number to the same value except integers beyond 64 bits (orjson:
@@ -49,8 +80,8 @@ def exact_loads(data: bytes) -> Any:
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
-            pass  # what orjson refuses (NaN, a lone surrogate) json may read
-    return json.loads(data)
+            pass  # what orjson refuses (a lone surrogate) json may read
+    return _strict_loads(data)
 
 
 def dumps(value: Any) -> bytes:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 
@@ -48,7 +49,10 @@ class RunningMean:
         self._count = 0
 
     def add(self, value: float) -> None:
-        """Observe one value."""
+        """Observe one value (one that is not finite is not an observation: it would make
+        the mean inf or NaN for good)."""
+        if not math.isfinite(value):
+            return
         self._total += value
         self._count += 1
 

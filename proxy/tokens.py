@@ -132,7 +132,7 @@ def new_input_tokens(counter: TokenCounter, body: Mapping[str, Any], held_length
 def requested_output_tokens(body: Mapping[str, Any]) -> int | None:
     """n_out a request asks for (`max_completion_tokens`, else `max_tokens`), None if neither."""
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
-    return int(limit) if limit else None
+    return min(int(limit), MAX_TOKEN_COUNT) if limit else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,10 +143,17 @@ class TurnUsage:
     held_tokens: int
 
 
+# The most tokens one usage field may report: far beyond any context (vLLM's longest are
+# ~10M tokens). A larger count, a negative one or a float is not a count: the field reads as
+# missing and the turn's tokens are counted instead (10^308 once poisoned the running mean).
+MAX_TOKEN_COUNT = 2**31
+
+
 def _int_field(mapping: Any, *keys: str) -> int | None:
     for key in keys:
         mapping = mapping.get(key) if isinstance(mapping, dict) else None
-    return mapping if isinstance(mapping, int) and not isinstance(mapping, bool) else None
+    return (mapping if isinstance(mapping, int) and not isinstance(mapping, bool)
+            and 0 <= mapping <= MAX_TOKEN_COUNT else None)
 
 
 def turn_usage(counter: TokenCounter, captured: Captured, prompt_estimate: int) -> TurnUsage:
