@@ -48,7 +48,7 @@ from profiler.profile.grid import ProfileGrid as ProfileGrid
 from profiler.profile.grid import grid_from_mapping as grid_from_mapping
 from profiler.replay.client import ReplayConfig, replay
 from profiler.tables.io import KEY_COLUMNS, meta_path, normalize, read_table, write_table
-from profiler.traces.records import RequestRecord
+from profiler.traces.request_records import RequestRecord
 from profiler.traces.synthetic import two_turn_conversations
 from proxy.discretize import TURN1_PROFILES, Cell
 from proxy.tokens import TOKEN_DEFINITION, EstimateTokenCounter, TokenCounter

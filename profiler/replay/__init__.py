@@ -2,7 +2,7 @@
 
 from profiler.replay.client import ReplayConfig, ReplayError, ReplayResult, replay
 from profiler.traces.arrivals import arrival_times
-from profiler.traces.records import RequestRecord
+from profiler.traces.request_records import RequestRecord
 
 __all__ = [
     "ReplayConfig",

@@ -34,7 +34,7 @@ from profiler.replay.timed_cli import add_timed_flags, is_timed, timed_dataset
 from profiler.traces.conversation import Conversation
 from profiler.traces.formats import TraceFormat
 from profiler.traces.loader import TraceFilter
-from profiler.traces.records import RequestRecord
+from profiler.traces.request_records import RequestRecord
 from profiler.traces.synthetic import synthetic_names
 from proxy.redact import redacted_command, redacted_url, rerun_note
 from proxy.tokens import token_counter

@@ -29,7 +29,7 @@ import httpx
 from profiler.replay.request_bodies import Api, History, error_message
 from profiler.traces.arrivals import arrival_times
 from profiler.traces.conversation import Conversation
-from profiler.traces.records import RequestRecord
+from profiler.traces.request_records import RequestRecord
 from proxy.completion import parse_data, parse_payload
 from proxy.redact import redacted_url
 

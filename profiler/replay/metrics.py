@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from profiler.traces.records import RequestRecord
+from profiler.traces.request_records import RequestRecord
 from proxy.vocabulary import RouteKind
 
 PERCENTILES = (50, 90, 99)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profiler.replay.client import ReplayConfig, ReplayResult
-from profiler.traces.records import RequestRecord
+from profiler.traces.request_records import RequestRecord
 from proxy.redact import redacted_url
 
 if TYPE_CHECKING:

@@ -47,7 +47,7 @@ from profiler.simulator.cluster_state import EngineView
 from profiler.simulator.layout import SimNode, sim_nodes
 from profiler.simulator.sim_proxy import Plan, SimProxy
 from profiler.simulator.workload import Arrival, SimConversation
-from profiler.traces.records import RequestRecord
+from profiler.traces.request_records import RequestRecord
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.policies.routing import RoutingPolicy
 from proxy.readback import VLLM_DECODER_BLOCKS_TTL_S

@@ -8,7 +8,7 @@ import pytest
 from profiler.cli import main as ppd
 from profiler.engine import Engine, EngineConfig, LinearCost, Request, load_cost, simulate
 from profiler.replay.output import records_frame
-from profiler.traces.records import RequestRecord
+from profiler.traces.request_records import RequestRecord
 
 TRUTH = LinearCost("truth", "tests", base_ms=20.0, per_prefill_token_ms=0.5,
                    per_decode_seq_ms=3.0)

@@ -21,7 +21,7 @@ from profiler.profile.runner import (
     turn2_stats,
 )
 from profiler.replay.client import ReplayResult
-from profiler.traces.records import RequestRecord
+from profiler.traces.request_records import RequestRecord
 from proxy.discretize import Cell, ContextClass, Shape
 from proxy.vocabulary import RouteKind
 

@@ -31,7 +31,7 @@ from profiler.simulator.run import cost_model, engine_config
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, to_sim
 from profiler.traces.arrivals import arrival_times
-from profiler.traces.records import RequestRecord
+from profiler.traces.request_records import RequestRecord
 from profiler.traces.synthetic import named_workload
 from proxy.config import Policy, PolicyConfig
 from proxy.policies.routing import RoutingPolicy
