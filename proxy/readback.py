@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
+from proxy.json_codec import dumps, loads
 from proxy.validate import Endpoint
 
 # vLLM's default decoder_kv_blocks_ttl (nixl/base_scheduler.py): how long D keeps a finished
@@ -128,6 +129,23 @@ def client_answer(answer: dict[str, Any]) -> dict[str, Any]:
         out["choices"] = [{k: v for k, v in c.items() if k != "token_ids"}
                           if isinstance(c, dict) else c for c in choices]
     return out
+
+
+def without_kv_params(body: bytes) -> bytes:
+    """A whole answer without D's kv_transfer_params (its NIXL host, port and block ids are no
+    client's business), whatever the client asked for (`return_token_ids` included); vLLM's
+    own `"kv_transfer_params": null` is left as is, and the body is parsed only when the
+    field is there at all."""
+    if b'"kv_transfer_params"' not in body:
+        return body
+    try:
+        answer = loads(body)
+    except ValueError:
+        return body  # not JSON: `forward.complete` already refused a 2xx that is not
+    if not isinstance(answer, dict) or answer.get("kv_transfer_params") is None:
+        return body
+    del answer["kv_transfer_params"]
+    return dumps(answer)
 
 
 def tokenize_body(endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:

@@ -426,6 +426,8 @@ class Router:
                 held = None
                 if turn.token_ids_added and served.decode is not None:
                     body, held = self._held_kv(body, served.decode.url)
+                else:  # D's kv_transfer_params never reach the client
+                    body = readback.without_kv_params(body)
                 capture.feed(body)
                 await self._record(turn, capture.finish(), held)
                 self._finished(turn, served.route)
