@@ -9,6 +9,7 @@ import contextlib
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -153,3 +154,27 @@ def test_an_unknown_otlp_protocol_is_named(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "carrier-pigeon")
     with pytest.raises(TracingUnavailable, match="carrier-pigeon"):
         open_tracing("http://127.0.0.1:4317")
+
+
+async def test_the_flag_exports_over_otlp_to_a_collector(
+        cluster: dict[str, FakeVLLM], monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.fakes.otlp_collector import OtlpCollector
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
+    pair = {name: cluster[name] for name in ("p1", "d1")}
+    with OtlpCollector() as collector:
+        config = replace(config_for(pair, Policy.PD),
+                         otlp_traces_endpoint=collector.traces_url)
+        app = create_app(config)
+        async with running(app) as server, httpx.AsyncClient(base_url=server.url) as client:
+            reply = await client.post(URL, json=chat_body("Hello"))
+        # Serving stopped: the batch of spans was flushed to the collector.
+        spans = collector.spans()
+    assert reply.status_code == 200
+    assert {span.name for span in spans} == {"ppd turn", "ppd decision", "ppd leg prefill",
+                                             "ppd leg decode"}
+    assert {span.service for span in spans} == {"ppd-proxy"}
+    assert len({span.trace_id for span in spans}) == 1
+    p_parent = _parent_of(pair["p1"].completions[0].headers)
+    [prefill] = [span for span in spans if span.name == "ppd leg prefill"]
+    assert p_parent == (prefill.trace_id, prefill.span_id)

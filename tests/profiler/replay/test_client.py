@@ -9,9 +9,10 @@ import statistics
 import httpx
 import pytest
 
-from profiler.replay import ReplayConfig, ReplayError, arrival_times, replay
+from profiler.replay import ReplayConfig, ReplayError, replay
 from profiler.replay.request_bodies import ASSISTANT_PREFIX, USER_PREFIX
 from profiler.traces import Conversation, Turn, two_turn_conversations
+from profiler.traces.arrivals import arrival_times
 from proxy.discretize import Shape
 from tests.exports import assert_exports
 from tests.fakes.fake_openai_timed import MODEL, FakeTimedServer, serve
@@ -204,8 +205,7 @@ def test_config_validation() -> None:
 def test_public_exports_are_sorted_and_resolve() -> None:
     import profiler.replay as package
 
-    assert_exports(package, {"ReplayConfig", "ReplayError", "ReplayResult", "RequestRecord",
-                             "arrival_times", "replay"})
+    assert_exports(package, {"ReplayConfig", "ReplayError", "ReplayResult", "replay"})
 
 
 async def test_a_stop_ends_the_run_with_the_turns_completed_so_far() -> None:

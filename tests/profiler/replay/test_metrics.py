@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from profiler.replay import RequestRecord
 from profiler.replay.metrics import meets_slo, summarize, turn2plus_latency
+from profiler.traces.request_records import RequestRecord
 
 
 def _record(turn: int, ttft: float | None, tpot: float | None = 0.01, *, ok: bool = True,

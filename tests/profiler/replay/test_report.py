@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 
 from profiler.cli import main as ppd
-from profiler.replay import ReplayConfig, ReplayResult, RequestRecord, report
+from profiler.replay import ReplayConfig, ReplayResult, report
 from profiler.replay.metrics import summarize
 from profiler.replay.output import write_run
+from profiler.traces.request_records import RequestRecord
 
 
 def _run_dir(root: Path, name: str, qps: float, ttft_s: float, route: str,
