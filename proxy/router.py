@@ -23,7 +23,7 @@ from proxy import explain, forward, pd_protocol, readback, tracing, turn_machine
 from proxy.backends import Backend, BackendPool
 from proxy.completion import Captured, ReplyCapture
 from proxy.deadline import Deadline, DeadlineExceeded, guarded
-from proxy.errors import BudgetExhausted, NotFound, Overloaded, ProxyError
+from proxy.errors import BudgetExhausted, NotFound, Overloaded, ProxyError, UpstreamError
 from proxy.failover import Failover, charge
 from proxy.forward import Answer, UpstreamStream
 from proxy.json_codec import dumps, loads
@@ -349,8 +349,23 @@ class Router:
                 params = await self._readback_params(turn, prefill, held, request_id)
                 if params is not None:
                     p_body["kv_transfer_params"], route = params, RouteKind.READBACK
-            result = await forward.prefill(self._legs(), prefill.base, turn.incoming.endpoint,
-                                           p_body, request_id)
+            try:
+                result: forward.Prefilled | Answer | None = await forward.prefill(
+                    self._legs(), prefill.base, turn.incoming.endpoint, p_body, request_id)
+            except UpstreamError:
+                if route is not RouteKind.READBACK:
+                    raise
+                result = None
+            if result is None or (route is RouteKind.READBACK
+                                  and not isinstance(result, forward.Prefilled)):
+                # P declined the read (D's blocks gone, a transfer failure): the same P, as
+                # plain P->D, like every other fallback - not a 502 on a one-P cluster.
+                machine.fallback, machine.route = Reason.READBACK_DECLINED, RouteKind.PD
+                route = RouteKind.PD
+                request_id = pd_protocol.request_id(prefill.zmq_address, decode.zmq_address)
+                result = await forward.prefill(self._legs(), prefill.base,
+                                               turn.incoming.endpoint,
+                                               pd_protocol.prefill_body(body), request_id)
             lease.settle(prefill, ok=True)
             return prefill, request_id, result
 

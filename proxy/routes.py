@@ -39,7 +39,7 @@ ROUTES: dict[RouteKind, RouteSpec] = {spec.kind: spec for spec in (
     RouteSpec(RouteKind.READBACK, (Role.DECODE, Role.PREFILL), needs_home=True,
               fallback=RouteKind.PD, forcible=True,
               fallback_reasons=(Reason.READBACK_MISSING, Reason.READBACK_EXPIRED,
-                                Reason.READBACK_MISMATCH)),
+                                Reason.READBACK_MISMATCH, Reason.READBACK_DECLINED)),
     # One node does prefill and decode.
     RouteSpec(RouteKind.REPLICA, (Role.REPLICA,)),
 )}

@@ -165,6 +165,7 @@ class Reason(enum.StrEnum):
     READBACK_MISSING = "readback_missing"
     READBACK_EXPIRED = "readback_expired"
     READBACK_MISMATCH = "readback_mismatch"
+    READBACK_DECLINED = "readback_declined"  # P refused or failed the read: P->D on that P
     # A node the policy named (`Decision.decode` / `prefill`) was not usable: the turn took
     # the default pick instead (the session's node, else the least busy).
     NODE_UNUSABLE = "node_unusable"

@@ -260,3 +260,22 @@ async def test_the_book_is_asked_only_when_a_readback_can_follow() -> None:
         reply, _ = await h.ask(chat(LONG, text_of(content), "And then?"))
         # both turns ask (turn 1 continues nothing: a shared book answers that without Redis)
         assert book.asked == 2 and reply.headers["x-ppd-route"] == "readback"
+
+
+async def test_a_readback_p_declines_is_retried_on_that_p_as_plain_pd() -> None:
+    """Issue #45, failure 13: on a one-P cluster a declined readback was a 502."""
+    from tests.fakes.mock_vllm import Fault
+
+    for fault in (Fault.status(500), Fault.status(400), Fault.garbage()):
+        async with readback_router("p1", "d1") as h:
+            _, content = await h.ask(chat(LONG))
+            h.cluster["p1"].script(Fault(), fault)  # /tokenize answers, the read fails
+            reply, _ = await h.ask(chat(LONG, text_of(content), "And then?"),
+                                   forced=RouteKind.READBACK)
+            p_legs = [r for r in h.cluster["p1"].received if r.path != "/tokenize"]
+        assert reply.status == 200 and reply.headers["x-ppd-route"] == "pd", fault
+        assert "remote_num_tokens" in p_legs[1].body["kv_transfer_params"]  # the read
+        assert p_legs[2].body["kv_transfer_params"] == P_KV_TRANSFER_PARAMS  # then plain
+        assert p_legs[1].headers["x-request-id"] != p_legs[2].headers["x-request-id"]
+        assert reasons(h)["readback_declined"] == 1
+        assert h.router.metrics.stats()["readback"]["fallbacks"] == {"readback_declined": 1}
