@@ -20,7 +20,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from profiler.flags.types import positive_int, refuse_both
-from profiler.simulator.flags import add_cluster_flags, readback_ttl
+from profiler.simulator.flags import (
+    add_cluster_flags,
+    add_trace_window_flags,
+    load_of,
+    readback_ttl,
+)
 from proxy.config import ConfigError, PolicyConfig
 from proxy.options import add_flags, option_fields
 
@@ -40,6 +45,7 @@ def build_run_parser() -> argparse.ArgumentParser:
     rate.add_argument("--conversation-rate", "--qps", dest="qps", type=float, metavar="R",
                       help="new conversations per second (as `ppd replay`; --qps is the "
                       "paper's name for the same number)")
+    add_trace_window_flags(parser, rate)
     parser.add_argument("--duration", type=float, default=10.0,
                         help="seconds during which conversations start (default 10)")
     parser.add_argument("--max-turns", type=positive_int,
@@ -78,7 +84,7 @@ def run_main(argv: list[str]) -> int:
         write_sim_run,
     )
 
-    spec = RunSpec(layout=args.layout, dataset=args.dataset, qps=args.qps,
+    spec = RunSpec(layout=args.layout, dataset=args.dataset, qps=load_of(args),
                    policy=policy_from_args(args), cost=args.cost, model=args.model,
                    link=args.link, duration_s=args.duration, timeout_s=args.timeout,
                    seed=args.seed, max_turns=args.max_turns,
@@ -86,14 +92,14 @@ def run_main(argv: list[str]) -> int:
                    client_connections=args.client_connections,
                    reply_retokenized=args.reply_retokenized, client=args.client,
                    kv_readback_ttl_s=readback_ttl(args),
-                   fresh_arrivals=args.fresh_arrivals)
+                   fresh_arrivals=args.fresh_arrivals, start_s=args.start)
     started = time.perf_counter()
     result = simulate(spec)
     elapsed = time.perf_counter() - started
     summary = run_summary(spec, result)
-    label = args.label or (default_label(args.out, args.dataset, args.qps)
+    label = args.label or (default_label(args.out, args.dataset, spec.qps)
                            if args.out is not None and "@" in args.out.name
-                           else f"{policy_label(spec.policy)}@{args.qps:g}")
+                           else f"{policy_label(spec.policy)}@{spec.qps:g}")
     out = args.out or Path("runs") / f"sim-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     write_sim_run(out, spec, result, summary, label=label)
     title = (f"ppd sim run: {label} on {spec.layout} ({spec.cost}, {spec.link}), "

@@ -31,8 +31,12 @@ class HistoryHashes:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._chains: dict[str, list[int]] = {}
+        self._lists: dict[str, list[int]] = {}  # the token list each chain was made from
 
     def chain(self, key: str, tokens: list[int]) -> list[int]:
+        if self._lists.get(key) is not tokens:  # another list under the key (a timed trace's
+            self._chains[key] = []  # next request of the session): not an extension of it
+            self._lists[key] = tokens
         chain = self._chains.setdefault(key, [])
         size = self.block_size
         parent = chain[-1] if chain else ROOT_HASH
@@ -43,6 +47,7 @@ class HistoryHashes:
 
     def drop(self, key: str) -> None:
         self._chains.pop(key, None)
+        self._lists.pop(key, None)
 
 
 def node_state(engine: Engine | None, chain: list[int] | None) -> NodeState:

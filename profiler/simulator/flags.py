@@ -66,3 +66,31 @@ def readback_ttl(args: argparse.Namespace) -> float | None:
             raise ValueError("--kv-readback-ttl must be > 0")
         return float(args.kv_readback_ttl)
     return None if args.client == "paper" else VLLM_DECODER_BLOCKS_TTL_S
+
+
+def add_trace_window_flags(parser: argparse.ArgumentParser,
+                           rate: argparse._MutuallyExclusiveGroup) -> None:
+    """A timed block-hash trace's load and window: --time-scale (in the rate group: it is
+    the load of such a trace) and --start (docs/production-traces.md)."""
+    rate.add_argument("--time-scale", type=float, metavar="F",
+                      help="a timed block-hash trace (Mooncake's format) arrives as "
+                      "recorded, F times faster (2: twice the rate); its --duration is "
+                      "seconds of the trace from --start")
+    parser.add_argument("--start", type=float, default=0.0, metavar="S",
+                        help="a timed trace's window starts S seconds into it (default 0)")
+
+
+def load_of(args: argparse.Namespace) -> float:
+    """The run's load: --conversation-rate for conversations, --time-scale for a timed trace
+    (RunSpec.qps holds either); the other one is refused with the reason."""
+    from profiler.simulator.workload import is_timed_dataset
+
+    timed = is_timed_dataset(args.dataset)
+    if timed and args.time_scale is None:
+        raise ValueError(f"{args.dataset} is a timed trace: it arrives as recorded, so its "
+                         "load is --time-scale F (1: the recorded rate), not a conversation "
+                         "rate")
+    if not timed and args.time_scale is not None:
+        raise ValueError("--time-scale is for a timed block-hash trace (Mooncake's format); "
+                         f"{args.dataset} is conversations: give --conversation-rate R")
+    return float(args.time_scale if timed else args.qps)

@@ -93,8 +93,12 @@ def expand_layouts(names: Sequence[str]) -> list[str]:
 
 def grid_cells(layouts: Sequence[str], datasets: Sequence[str], qps: Sequence[float],
                policies: Sequence[str], base: RunSpec,
-               table_for: Callable[[str], Path | None]) -> list[GridCell]:
-    """Every valid (layout, dataset, qps, policy) combination, as run specs."""
+               table_for: Callable[[str], Path | None],
+               time_scales: Sequence[float] = (1.0,)) -> list[GridCell]:
+    """Every valid (layout, dataset, qps, policy) combination, as run specs; a timed trace's
+    load points are time_scales (its `qps` column holds the time scale)."""
+    from profiler.simulator.workload import is_timed_dataset
+
     cells = []
     for layout_name in layouts:
         layout = Layout.parse(layout_name)
@@ -105,7 +109,7 @@ def grid_cells(layouts: Sequence[str], datasets: Sequence[str], qps: Sequence[fl
                 continue
             config = PolicyConfig(kind=Policy(name), **flags)
             for dataset in datasets:
-                for point in qps:
+                for point in time_scales if is_timed_dataset(dataset) else qps:
                     spec = replace(base, layout=layout.name, dataset=dataset, qps=point,
                                    policy=config)
                     cells.append(GridCell(spec, label))
@@ -195,6 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
                         default=",".join(f"{q:g}" for q in PAPER_QPS),
                         help="comma list of conversation rates, new conversations per second "
                         "(the paper's QPS; default: its ten points)")
+    parser.add_argument("--time-scales", default="1",
+                        help="comma list: a timed block-hash trace's load points, each the "
+                        "trace replayed that many times faster (default 1; its table rows "
+                        "hold it in the qps column)")
+    parser.add_argument("--start", type=float, default=0.0, metavar="S",
+                        help="a timed trace's window starts S seconds into it; --duration is "
+                        "its length (default 0)")
     parser.add_argument("--policies", default=",".join(PAPER_POLICIES),
                         help=f"comma list (default {','.join(PAPER_POLICIES)}); also ppd, "
                         "ppd-wtpot3, threshold-N")
@@ -239,6 +250,10 @@ def simulate_grid(argv: list[str]) -> list[dict[str, Any]]:
         qps = [float(q) for q in _split(args.qps)]
     except ValueError:
         raise ValueError(f"--qps takes numbers, got {args.qps!r}") from None
+    try:
+        time_scales = [float(f) for f in _split(args.time_scales)]
+    except ValueError:
+        raise ValueError(f"--time-scales takes numbers, got {args.time_scales!r}") from None
     axes = {"--layouts": _split(args.layouts), "--datasets": datasets, "--qps": qps,
             "--policies": _split(args.policies)}
     empty = [flag for flag, values in axes.items() if not values]
@@ -255,7 +270,7 @@ def simulate_grid(argv: list[str]) -> list[dict[str, Any]]:
                    client_connections=args.client_connections,
                    reply_retokenized=args.reply_retokenized, client=args.client,
                    kv_readback_ttl_s=readback_ttl(args),
-                   fresh_arrivals=args.fresh_arrivals)
+                   fresh_arrivals=args.fresh_arrivals, start_s=args.start)
 
     def table_for(layout: str) -> Path | None:
         if args.table is not None:
@@ -266,7 +281,7 @@ def simulate_grid(argv: list[str]) -> list[dict[str, Any]]:
         return path
 
     cells = grid_cells(expand_layouts(_split(args.layouts)), datasets, qps,
-                       _split(args.policies), base, table_for)
+                       _split(args.policies), base, table_for, time_scales)
     if not cells:
         raise ValueError("the grid is empty: no policy fits the layouts (replica needs R "
                          "nodes, the other policies P and D nodes)")

@@ -45,7 +45,14 @@ from profiler.simulator.virtual_cluster import (
     Simulator,
     hash_seed,
 )
-from profiler.simulator.workload import arrivals, conversations_needed, load_conversations
+from profiler.simulator.workload import (
+    arrivals,
+    conversations_needed,
+    is_timed_dataset,
+    load_conversations,
+    timed_workload,
+)
+from profiler.traces.mooncake import TraceWindow
 from proxy.config import Policy, PolicyConfig
 from proxy.live import StepCosts
 from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
@@ -59,11 +66,16 @@ from proxy.vocabulary import Layout, Role, RouteKind
 
 @dataclass(frozen=True, slots=True)
 class RunSpec:
-    """Everything that defines one simulated run (all plain values: it crosses processes)."""
+    """Everything that defines one simulated run (all plain values: it crosses processes).
+
+    A timed block-hash trace (Mooncake's format) arrives as recorded: its load is its time
+    scale, so `qps` holds the time scale (2: twice the recorded rate), and the window is
+    `start_s` and `duration_s` seconds of the trace (docs/production-traces.md).
+    """
 
     layout: str
     dataset: str
-    qps: float  # conversations started per second (as `ppd replay --qps`)
+    qps: float  # conversations started per second (as `ppd replay`); a timed trace's time scale
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     cost: str = DEFAULT_COST
     model: str | None = None  # KV shape; default: the model part of the cost preset
@@ -85,6 +97,7 @@ class RunSpec:
     # every layout and policy replays the same draw (common random numbers: a comparison of
     # configurations sees their difference, not their arrivals').
     fresh_arrivals: bool = False
+    start_s: float = 0.0  # a timed trace's window starts this many trace seconds in
 
     def __post_init__(self) -> None:
         given = {"conversation rate": self.qps, "duration": self.duration_s,
@@ -101,6 +114,8 @@ class RunSpec:
             raise ValueError(f"max turns must be at least 1 (got {self.max_turns})")
         if self.client_connections is not None and self.client_connections < 1:
             raise ValueError("client connections must be at least 1 (or unset: no cap)")
+        if not (math.isfinite(self.start_s) and self.start_s >= 0):
+            raise ValueError(f"the trace window's start must be >= 0 s (got {self.start_s:g})")
         known = [kind.value for kind in ClientKind]
         if self.client not in known:
             raise ValueError(f"unknown client {self.client!r}; known: {', '.join(known)}")
@@ -201,11 +216,28 @@ def setup_for(spec: RunSpec) -> SimSetup:
 def simulate(spec: RunSpec) -> SimResult:
     """Run one spec to the end of its last turn."""
     setup = setup_for(spec)
+    if is_timed_dataset(spec.dataset):
+        return _simulate_timed(spec, setup)
     conversations = load_conversations(
         spec.dataset, conversations_needed(spec.qps, spec.duration_s), seed=spec.seed,
         max_turns=spec.max_turns, max_context_tokens=spec.max_context_tokens)
     starts = arrivals(conversations, spec.qps, spec.duration_s, seed=arrival_seed(spec))
     return Simulator(setup).run(starts)
+
+
+def _simulate_timed(spec: RunSpec, setup: SimSetup) -> SimResult:
+    """A timed trace's window: requests at their recorded arrivals (time-scaled by spec.qps),
+    each known to the proxy and in the records as its conversation's turn."""
+    if spec.client == ClientKind.PAPER:
+        raise ValueError("--client paper replays the paper's conversations at a rate; a timed "
+                         "trace arrives as recorded (use the ideal client)")
+    workload = timed_workload(spec.dataset, TraceWindow(spec.start_s, spec.duration_s, spec.qps),
+                              seed=spec.seed, max_turns=spec.max_turns,
+                              max_context_tokens=spec.max_context_tokens)
+    result = Simulator(replace(setup, proxy_names=workload.proxy_name)).run(workload.arrivals)
+    result.records = [workload.client_record(record) for record in result.records]
+    result.n_conversations = sum(record.turn == 1 for record in result.records)
+    return result
 
 
 def arrival_seed(spec: RunSpec) -> int:

@@ -8,19 +8,30 @@ seed start the same conversations at the same offsets.
 
 Synthetic conversations are cached per (dataset, seed, tokenizer) in the process: a grid runs
 the same workload at ten loads, and the text generation costs more than a small simulation.
+
+A timed block-hash trace (Mooncake's format, `profiler.traces.mooncake`) is not conversations
+drawn at a rate: `timed_workload` makes each of its requests an arrival at its recorded,
+time-scaled timestamp, a one-turn `SimConversation` whose turn carries its prompt as token ids
+made from its block hashes at full scale (512-token blocks, `profiler.traces.block_tokens`), so
+the engines' prefix caches see equal blocks as equal - across conversations too (the shared
+system block). The simulator sends it at its arrival whether or not the request it continues
+has answered; the proxy and the records know it as its conversation's turn (`TimedWorkload`).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
 from profiler.traces.arrivals import arrival_times
+from profiler.traces.block_tokens import BlockTokens
 from profiler.traces.conversation import Conversation
-from profiler.traces.loader import TraceFilter, load_trace, sharegpt_package_file
+from profiler.traces.loader import TraceFilter, load_trace, sharegpt_package_file, trace_format
+from profiler.traces.mooncake import BlockRecord, TimedRequest, TraceWindow, load_timed_trace
+from profiler.traces.request_records import RequestRecord
 from profiler.traces.synthetic import named_workload
 from proxy.tokens import EstimateTokenCounter, TokenCounter
 
@@ -35,11 +46,27 @@ _TRACE_BATCH = 600
 
 
 @dataclass(frozen=True, slots=True)
+class RecordedPrompt:
+    """A recorded request's prompt as token ids, made when the turn is sent (a 300 s window of
+    the Mooncake trace is 12 M prompt tokens: too many to hold as Python lists)."""
+
+    record: BlockRecord
+    tokens: BlockTokens = field(compare=False, repr=False)
+
+    def ids(self) -> list[int]:
+        return self.tokens.prompt(self.record)
+
+
+@dataclass(frozen=True, slots=True)
 class SimTurn:
-    """One turn as the simulator sees it: new user tokens and the output length asked for."""
+    """One turn as the simulator sees it: new user tokens and the output length asked for.
+
+    prompt: a recorded trace's whole prompt (None: the history plus n_user fresh tokens).
+    """
 
     n_user: int
     max_tokens: int
+    prompt: RecordedPrompt | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,3 +182,68 @@ def arrivals(conversations: list[SimConversation], qps: float, duration_s: float
                                            conversation.n_system)
         out.append(Arrival(at, conversation))
     return out
+
+
+def is_timed_dataset(dataset: str) -> bool:
+    """Whether a dataset is a timed block-hash trace file (arrivals and prompts recorded)."""
+    if dataset.startswith(SYNTHETIC_PREFIX) or dataset == "sharegpt":
+        return False
+    path = Path(dataset)
+    return path.is_file() and _timed_format(str(path), path.stat().st_mtime)
+
+
+@lru_cache(maxsize=32)
+def _timed_format(path: str, mtime: float) -> bool:
+    return trace_format(path).timed
+
+
+@dataclass(frozen=True, slots=True)
+class TimedWorkload:
+    """A timed trace's requests as arrivals, and the conversation and turn of each.
+
+    Each request is its own one-turn `SimConversation` (its id `mooncake-N`, N its record), so
+    turns of one conversation overlap when the trace says they do; `proxy_name` gives the
+    proxy its conversation and turn (`SimSetup.proxy_names`), `client_record` the records."""
+
+    arrivals: list[Arrival]
+    names: dict[str, tuple[str, int]]  # request's SimConversation id -> (conversation, turn)
+
+    def proxy_name(self, request_id: str, turn: int) -> tuple[str, int]:
+        return self.names[request_id]
+
+    def client_record(self, record: RequestRecord) -> RequestRecord:
+        conversation, turn = self.names[record.conversation_id]
+        return replace(record, conversation_id=conversation, turn=turn)
+
+
+def timed_workload(dataset: str, window: TraceWindow, *, seed: int = 0,
+                   max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP,
+                   max_turns: int | None = None,
+                   max_context_tokens: int | None = None) -> TimedWorkload:
+    """The window's requests at their recorded (time-scaled) arrivals, prompts at full scale;
+    max_tokens is the recorded output length, capped as the replay caps it."""
+    # parsed once per process for every time scale: a grid runs one window at several
+    requests = _timed_requests(dataset, TraceWindow(window.start_s, window.duration_s))
+    tokens = BlockTokens(seed=seed)
+    out: list[Arrival] = []
+    names: dict[str, tuple[str, int]] = {}
+    for request in requests:
+        record = request.record
+        if max_turns is not None and request.turn > max_turns:
+            continue
+        if max_context_tokens is not None and record.input_length > max_context_tokens:
+            continue
+        turn = SimTurn(request.new_tokens, min(max(record.output_length, 1), max_tokens_cap),
+                       RecordedPrompt(record, tokens))
+        name = f"mooncake-{record.index}"
+        names[name] = (request.conversation, request.turn)
+        out.append(Arrival(request.arrival_s / window.time_scale,
+                           SimConversation(name, (turn,))))
+    if not out:
+        raise ValueError(f"no request of {dataset} in the window passes the filters")
+    return TimedWorkload(out, names)
+
+
+@lru_cache(maxsize=8)
+def _timed_requests(dataset: str, window: TraceWindow) -> tuple[TimedRequest, ...]:
+    return tuple(load_timed_trace(dataset, window))
