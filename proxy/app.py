@@ -102,7 +102,8 @@ def build_state(config: ProxyConfig, clock: Callable[[], float]) -> ProxyState:
     router = Router(pool, sessions, policy, token_counter(config.tokenizer), metrics, load, clock,
                     config.max_in_flight, config.request_timeout)
     if config.kv_readback_ttl is not None:
-        router.readback = _readbacks(sessions, config.max_sessions, clock)
+        router.readback = _readbacks(sessions, config.max_sessions, clock,
+                                     config.limits.readback_book_bytes)
         router.readback_ttl = config.kv_readback_ttl
     metrics.watch(pool.snapshot, lambda: router.admission.open)
     live = (LiveRuntime(pool, config.kv_events, config.metrics_interval, clock,
@@ -121,7 +122,7 @@ def build_state(config: ProxyConfig, clock: Callable[[], float]) -> ProxyState:
 
 
 def _readbacks(sessions: SessionStore, max_entries: int,
-               clock: Callable[[], float]) -> Readbacks:
+               clock: Callable[[], float], max_bytes: int) -> Readbacks:
     """The readback book: in Redis beside the sessions when they are there (whichever worker or
     replica serves a session's next turn takes the entry), else in this process."""
     if sessions.shared:
@@ -131,7 +132,7 @@ def _readbacks(sessions: SessionStore, max_entries: int,
 
         if isinstance(sessions, RedisStore):
             return RedisReadbacks(sessions, clock)
-    return MemoryReadbacks(ReadbackBook(max_entries, clock))
+    return MemoryReadbacks(ReadbackBook(max_entries, clock, max_bytes))
 
 
 def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | None = None,

@@ -21,10 +21,12 @@ reads only up to the first token that differs, and recomputes from there.
 
 from __future__ import annotations
 
+import ipaddress
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
+from urllib.parse import urlsplit
 
 from proxy.json_codec import dumps, loads
 from proxy.validate import Endpoint
@@ -113,7 +115,65 @@ def held_kv(answer: Any, decode: str, now: float, ttl: float) -> HeldKV | None:
     ids = [*prompt_ids, *output_ids][:n_tokens]
     if len(ids) < n_tokens:
         return None  # D claims KV for tokens it did not report: do not trust the blocks
+    if not plausible_params(params, decode, n_tokens):
+        return None  # they would go to P as they are: nothing P should be told
     return HeldKV(params, decode, array("q", ids), now + ttl - EXPIRY_MARGIN_S)
+
+
+# D's params go to P as D sent them, so they are checked against what the proxy knows of D
+# first (300k block ids, another host, a huge engine id once went through): scalars of
+# bounded size, at most one block per token, the port a port, and - where D's URL names its
+# host by address - D's NIXL host that same host (a host name is not resolved: that would
+# block the loop; then any host is taken).
+MAX_PARAM_KEYS = 32
+MAX_PARAM_CHARS = 256
+MAX_BLOCK_ID = 2**31
+MAX_KV_GROUPS = 16
+
+
+def plausible_params(params: dict[str, Any], decode: str, n_tokens: int) -> bool:
+    """Whether D's kv_transfer_params are fit to hand to P (`held_kv`)."""
+    if len(params) > MAX_PARAM_KEYS:
+        return False
+    for key, value in params.items():
+        if not isinstance(key, str) or len(key) > MAX_PARAM_CHARS:
+            return False
+        if isinstance(value, str) and len(value) > MAX_PARAM_CHARS:
+            return False
+        if isinstance(value, list | dict) and key != "remote_block_ids":
+            return False  # vLLM's other params are scalars
+    blocks, port = params.get("remote_block_ids"), params.get("remote_port")
+    # One list of block ids, or one per KV cache group (hybrid models).
+    groups = blocks if isinstance(blocks, list) and blocks and all(
+        isinstance(g, list) for g in blocks) else [blocks]
+    if len(groups) > MAX_KV_GROUPS or not all(_block_ids(g, n_tokens) for g in groups) \
+            or not any(groups):
+        return False
+    if type(port) is not int or not 0 < port < 65536:
+        return False
+    host = params.get("remote_host")
+    return isinstance(host, str) and same_host(host, urlsplit(decode).hostname or "")
+
+
+def _block_ids(value: Any, n_tokens: int) -> bool:
+    return isinstance(value, list) and len(value) <= n_tokens and all(
+        type(b) is int and 0 <= b < MAX_BLOCK_ID for b in value)
+
+
+def same_host(nixl_host: str, url_host: str) -> bool:
+    """Whether D's NIXL host can be the host of D's URL (True when the URL names a host name,
+    which is not resolved here)."""
+    try:
+        url_ip = ipaddress.ip_address(url_host)
+    except ValueError:
+        if url_host != "localhost":
+            return True
+        url_ip = ipaddress.ip_address("127.0.0.1")
+    try:
+        ip = ipaddress.ip_address("127.0.0.1" if nixl_host == "localhost" else nixl_host)
+    except ValueError:
+        return False  # D's URL is an address: its NIXL host must be one too
+    return ip == url_ip or (ip.is_loopback and url_ip.is_loopback) or url_ip.is_unspecified
 
 
 def _ids(value: Any) -> TypeGuard[list[int]]:

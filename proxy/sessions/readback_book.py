@@ -26,30 +26,59 @@ from proxy.readback import HeldKV
 from proxy.sessions.session import Lookup
 from proxy.vocabulary import Reason
 
+# The book's byte bound by default (--readback-book-bytes): a 128k-token turn's entry is
+# ~1 MB (its token ids), so this holds 64 of the longest and thousands of ordinary ones.
+DEFAULT_BOOK_BYTES = 64 * 1024 * 1024
+_ENTRY_OVERHEAD = 512  # the entry's objects and D's scalar params
+
+
+def entry_bytes(held: HeldKV) -> int:
+    """About what one entry costs: its token ids (8 bytes each), D's block ids (a list of
+    ints, ~36 bytes each) and the objects around them."""
+    blocks = held.params.get("remote_block_ids")
+    return (held.token_ids.itemsize * len(held.token_ids)
+            + 36 * (len(blocks) if isinstance(blocks, list) else 0) + _ENTRY_OVERHEAD)
+
 
 class ReadbackBook:
     """Each session's latest HeldKV, with the digest of the text it holds; the clock is
     injected."""
 
-    def __init__(self, max_entries: int, clock: Callable[[], float]) -> None:
+    def __init__(self, max_entries: int, clock: Callable[[], float],
+                 max_bytes: int = DEFAULT_BOOK_BYTES) -> None:
         self._max = max_entries
+        self._max_bytes = max_bytes  # --readback-book-bytes: 60 sessions once took 582 MB
+        self._bytes = 0
         self._clock = clock
         self._entries: OrderedDict[str, tuple[str, HeldKV]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def bytes(self) -> int:
+        """About how much memory the entries hold (`entry_bytes` summed)."""
+        return self._bytes
+
     def put(self, session_id: str, digest: str, held: HeldKV) -> None:
         """D keeps `held` for the session's text `digest`; it replaces the session's older
-        entry, whose text no next turn continues (D frees those blocks at its TTL)."""
-        self._entries.pop(session_id, None)
+        entry, whose text no next turn continues (D frees those blocks at its TTL). Expired
+        entries go first, then the least recently written past the count or byte bound."""
+        self.discard(session_id)
         self._entries[session_id] = (digest, held)
-        while len(self._entries) > self._max:
-            self._entries.popitem(last=False)
+        self._bytes += entry_bytes(held)
+        now = self._clock()
+        while self._entries and (
+                len(self._entries) > self._max or self._bytes > self._max_bytes
+                or next(iter(self._entries.values()))[1].expires <= now):
+            _, (_, gone) = self._entries.popitem(last=False)
+            self._bytes -= entry_bytes(gone)
 
     def discard(self, session_id: str) -> None:
         """The session moved on without D keeping anything: its older entry is stale."""
-        self._entries.pop(session_id, None)
+        entry = self._entries.pop(session_id, None)
+        if entry is not None:
+            self._bytes -= entry_bytes(entry[1])
 
     def status(self, session_id: str, digest: str | None) -> Reason | None:
         """None when a readback can be offered now, else why not (missing, expired)."""
@@ -66,6 +95,7 @@ class ReadbackBook:
         if why is Reason.READBACK_MISSING:
             return why
         _, held = self._entries.pop(session_id)
+        self._bytes -= entry_bytes(held)
         return held if why is None else why
 
 
