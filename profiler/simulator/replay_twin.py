@@ -42,7 +42,7 @@ def simulate_twin(run: Path, cost: str, **options: object) -> SimResult:
 def twin_ttft_gap_ms(run: Path, cost: str, model: str, reply_retokenized: bool,
                      route: RouteKind) -> float | None:
     """The run simulated again on `cost`: its `ttft_gap_ms` on `route` (what `ppd sim
-    calibrate`'s second pass settles on; `profiler.engine.cli.TwinGap`)."""
+    calibrate`'s second pass settles on; `profiler.engine.actions.TwinGap`)."""
     simulated = simulate_twin(run, cost, model=model, reply_retokenized=reply_retokenized)
     return ttft_gap_ms(run, simulated, route)
 

@@ -50,7 +50,7 @@ def test_sim_help_lists_every_subcommand_with_one_line(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from profiler.engine.cli import build_parser
+    from profiler.simulator.cli import build_parser
 
     monkeypatch.setenv("COLUMNS", "80")
     with pytest.raises(SystemExit):
