@@ -203,7 +203,9 @@ class Router:
                                              None if explicit is None else str(explicit))
         self.load.record()
         deadline = None if self.request_timeout is None else Deadline(self.request_timeout)
-        if self.view is not None:  # vLLM tags the blocks it stores with the session
+        # vLLM tags the blocks it stores with the session; a client's own `session_id` never
+        # reaches a node, under any policy (it would name another session's blocks).
+        if self.view is not None or "session_id" in incoming.body:
             incoming = replace(incoming, body=tag_session(incoming.body, lookup.session.id))
         turn = _Turn(incoming, transcript, lookup, self._workload(incoming, transcript, lookup),
                      started, Failover(self.pool, lease, self.metrics, deadline), access)
