@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from profiler.cluster.launcher import Node as LaunchedNode
+from profiler.cluster.launcher import LaunchedNode
 from profiler.emulate.host import HostedNode
 from profiler.simulator.layout import SimNode, sim_nodes
 from proxy.backends import Backend, BackendPool

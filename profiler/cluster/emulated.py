@@ -18,7 +18,7 @@ from profiler.cluster import procs
 from profiler.cluster.launcher import (
     PROXY_LOG,
     Cluster,
-    Node,
+    LaunchedNode,
     Progress,
     plan_free_nodes,
     quiet,
@@ -62,7 +62,7 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
     for spec in nodes:
         argv += ["--node", f"{spec.role.value}:{spec.port}"]
     first = procs.spawn("emulated-nodes", "", argv, os.environ, log, cwd=state_dir)
-    started = [Node.running(spec.role,
+    started = [LaunchedNode.running(spec.role,
                             ManagedProcess(spec.name, f"http://{config.host}:{spec.port}",
                                            first.pid, log, first.process))
                for spec in nodes]  # fmt: skip

@@ -66,13 +66,13 @@ def quiet(_: str) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class Node(vocabulary.Node):
+class LaunchedNode(vocabulary.Node):
     """A running node: where it answers, its role, and its server process."""
 
     proc: ManagedProcess
 
     @classmethod
-    def running(cls, role: Role, proc: ManagedProcess) -> Node:
+    def running(cls, role: Role, proc: ManagedProcess) -> LaunchedNode:
         return cls(proc.url, role, proc)
 
 
@@ -83,7 +83,7 @@ class Cluster:
     model: str
     layout: Layout
     state_dir: Path
-    nodes: list[Node]
+    nodes: list[LaunchedNode]
     model_path: Path | None = None
     proxy: ManagedProcess | None = None
     progress: Progress = field(default=quiet, repr=False)
@@ -211,7 +211,7 @@ def start_cluster(config: ClusterConfig, progress: Progress = quiet) -> Cluster:
     shutil.rmtree(config.kv_dir, ignore_errors=True)
     config.kv_dir.mkdir(parents=True)
     (state_dir / PROXY_LOG).unlink(missing_ok=True)  # logs describe this cluster only
-    started: list[Node] = []
+    started: list[LaunchedNode] = []
     try:
         for spec in nodes:
             log = state_dir / f"{spec.name}.log"
@@ -221,7 +221,7 @@ def start_cluster(config: ClusterConfig, progress: Progress = quiet) -> Cluster:
                 node_command(config, model, spec),
                 node_env(config, spec, os.environ), log, cwd=state_dir,
             )
-            started.append(Node.running(spec.role, proc))
+            started.append(LaunchedNode.running(spec.role, proc))
             progress(f"starting {spec.name} on {proc.url} (log {log})")
         procs.wait_ready(
             [n.proc for n in started], "/v1/models", config.startup_timeout_s,
@@ -269,11 +269,11 @@ def load_cluster(state_dir: Path) -> Cluster:
     path = state_dir / CLUSTER_FILE
     try:
         doc = json.loads(path.read_text())
-        nodes: list[Node] = []
+        nodes: list[LaunchedNode] = []
         for n in doc["nodes"]:
             role = Role(n["role"])
             name = f"{role.value}-{sum(1 for m in nodes if m.role is role)}"
-            nodes.append(Node.running(
+            nodes.append(LaunchedNode.running(
                 role, ManagedProcess(name, n["url"], int(n["pid"]), Path(n["log"]))))
         cluster = Cluster(doc["model"], parse_layout(doc["layout"]), state_dir, nodes)
     except FileNotFoundError:
