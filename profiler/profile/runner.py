@@ -124,14 +124,14 @@ def measured_keys(frame: pd.DataFrame) -> set[tuple[str, str, float]]:
     return {cell_key(*values) for values in frame[list(KEY_COLUMNS)].itertuples(index=False)}
 
 
-class Phase(enum.StrEnum):
+class ReplayPurpose(enum.StrEnum):
     """What a replay of a (cell, route) is for."""
 
     WARMUP = "warmup"
     MEASURE = "measure"
 
 
-def conversation_seed(seed: int, cell: Cell, route: RouteKind, phase: Phase) -> int:
+def conversation_seed(seed: int, cell: Cell, route: RouteKind, phase: ReplayPurpose) -> int:
     """The seed of the conversations one (cell, route, phase) replays.
 
     A hash of the run's seed and what the conversations are for - not of the cell's place in
@@ -217,7 +217,7 @@ class Profiler:
         if self.grid.warmup_conversations:
             warm = two_turn_conversations(
                 turn1, cell.workload, self.grid.warmup_conversations,
-                seed=conversation_seed(self.seed, cell, route, Phase.WARMUP),
+                seed=conversation_seed(self.seed, cell, route, ReplayPurpose.WARMUP),
                 tokenizer=self.tokenizer,
             )
             await replay(warm, self._config(route, conversation_rate, max_conversations=len(warm),
@@ -225,7 +225,8 @@ class Profiler:
                          transport=self.transport)
         conversations = two_turn_conversations(
             turn1, cell.workload, count,
-            seed=conversation_seed(self.seed, cell, route, Phase.MEASURE), tokenizer=self.tokenizer,
+            seed=conversation_seed(self.seed, cell, route, ReplayPurpose.MEASURE),
+            tokenizer=self.tokenizer,
         )
         result = await replay(
             conversations,

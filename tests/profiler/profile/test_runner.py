@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from profiler.profile.runner import (
-    Phase,
     ProfileGrid,
     Profiler,
+    ReplayPurpose,
     RouteStats,
     cell_row,
     conversation_seed,
@@ -176,10 +176,10 @@ async def test_a_resumed_run_draws_the_same_conversations_as_a_fresh_one(
 def test_conversation_seeds_depend_on_what_they_are_for_only() -> None:
     cell = Cell(ContextClass.SMALL, "tiny", 1.0)
     seeds = {conversation_seed(0, c, r, p) for c in (cell, cell._replace(qps=2.0))
-             for r in RouteKind for p in Phase}
-    assert len(seeds) == 2 * len(RouteKind) * len(Phase)
-    assert conversation_seed(0, cell, RouteKind.PD, Phase.MEASURE) == conversation_seed(
-        0, Cell(ContextClass("small"), "tiny", 1), RouteKind("pd"), Phase("measure"))
+             for r in RouteKind for p in ReplayPurpose}
+    assert len(seeds) == 2 * len(RouteKind) * len(ReplayPurpose)
+    assert conversation_seed(0, cell, RouteKind.PD, ReplayPurpose.MEASURE) == conversation_seed(
+        0, Cell(ContextClass("small"), "tiny", 1), RouteKind("pd"), ReplayPurpose("measure"))
 
 
 async def test_a_table_of_another_token_definition_is_not_resumed(tmp_path: Path) -> None:
