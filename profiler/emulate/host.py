@@ -27,7 +27,7 @@ from profiler.emulate.app import create_node_app
 from profiler.emulate.kv_publisher import KvEventPublisher
 from profiler.emulate.node_kv_events import EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET, publishes
 from profiler.emulate.presets import Preset, resolve
-from profiler.emulate.service import NodeService, NodeSpec, Peers
+from profiler.emulate.service import EmulatedNodeSpec, NodeService, Peers
 from profiler.emulate.tokenizer import Vocabulary, tokenizer_dir
 from profiler.engine.host import host_of
 from proxy.server import running
@@ -51,14 +51,14 @@ class HostedNode(Node):
 
 def node_specs(preset: Preset, served_model: str, nodes: Sequence[tuple[Role, int]],
                host: str = "127.0.0.1", report_cached_tokens: bool = False,
-               readback_ttl_s: float | None = None) -> list[NodeSpec]:
-    """One NodeSpec per (role, port); names are role-index as the launcher names nodes."""
-    specs: list[NodeSpec] = []
+               readback_ttl_s: float | None = None) -> list[EmulatedNodeSpec]:
+    """One EmulatedNodeSpec per (role, port); names are role-index as the launcher names nodes."""
+    specs: list[EmulatedNodeSpec] = []
     modelled = host_of(preset.cost)
     node_side = modelled.node_side()  # the proxy and client in front pay the rest for real
     for role, port in nodes:
         index = sum(1 for s in specs if s.role is role)
-        specs.append(NodeSpec(
+        specs.append(EmulatedNodeSpec(
             f"{role.value}-{index}", role, served_model, preset.name,
             max_model_len=preset.max_model_len,
             kv_bytes_per_token=preset.model.kv_bytes_per_token,
@@ -104,7 +104,7 @@ async def hosted(preset: Preset, nodes: Sequence[tuple[Role, int]], *,
         yield out
 
 
-def _publisher(spec: NodeSpec) -> KvEventPublisher:
+def _publisher(spec: EmulatedNodeSpec) -> KvEventPublisher:
     if not spec.port:
         return KvEventPublisher(spec.host, 0, 0)
     return KvEventPublisher(spec.host, spec.port + EVENTS_PORT_OFFSET,

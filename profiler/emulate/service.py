@@ -42,7 +42,7 @@ from proxy.vocabulary import Role
 
 
 @dataclass(frozen=True, slots=True)
-class NodeSpec:
+class EmulatedNodeSpec:
     """What one emulated node is: role, served model, timing preset and limits."""
 
     name: str
@@ -84,7 +84,7 @@ class Peers:
 class NodeService:
     """Serves completions for one emulated node."""
 
-    def __init__(self, spec: NodeSpec, engine: NodeEngine, vocab: Vocabulary,
+    def __init__(self, spec: EmulatedNodeSpec, engine: NodeEngine, vocab: Vocabulary,
                  peers: Peers | None = None, publisher: KvEventPublisher | None = None
                  ) -> None:
         self.spec = spec
