@@ -34,7 +34,7 @@ class Node:
     its role. The records of each layer build on it - the proxy's configured nodes
     (`proxy.config.NodeSpec`, validated) and its pool's (`proxy.backends.Backend`, which
     holds one), the launcher's running servers (`profiler.cluster.launcher.Node`), the
-    emulated ones (`profiler.emulate.host.HostedNode`) and the simulator's
+    emulated ones (`profiler.emulate.serve.HostedNode`) and the simulator's
     (`profiler.simulator.layout.SimNode`) - so a field every node has is added here."""
 
     url: str  # exactly as configured or registered (the proxy echoes it in its headers)

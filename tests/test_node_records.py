@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from profiler.cluster.launcher import LaunchedNode
-from profiler.emulate.host import HostedNode
+from profiler.emulate.serve import HostedNode
 from profiler.simulator.layout import SimNode, sim_nodes
 from proxy.backends import Backend, BackendPool
 from proxy.config import ConfigError, NodeSpec

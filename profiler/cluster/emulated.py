@@ -1,6 +1,6 @@
 """`ppd cluster up --emulate HW`: emulated nodes instead of vLLM, same cluster.json and proxy.
 
-All nodes of the layout run in one background process (profiler.emulate.host), one port each
+All nodes of the layout run in one background process (profiler.emulate.serve), one port each
 from --base-port, so a D pulls KV over its P's modelled link. cluster.json lists every node
 with that process's pid (`ppd cluster down` stops it once) and an "emulated" record (preset,
 link, tokenizer) that tables and reports made on the cluster copy into their metadata. D and R
@@ -51,7 +51,7 @@ def start_emulated_cluster(config: ClusterConfig, hardware: str, link: str | Non
     (state_dir / PROXY_LOG).unlink(missing_ok=True)
     log = state_dir / HOST_LOG
     log.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "profiler.emulate.host", "--emulate", preset_argument(hardware),
+    argv = [sys.executable, "-m", "profiler.emulate.serve", "--emulate", preset_argument(hardware),
             "--model", config.model, "--host", config.host, "--tokenizer", str(tokenizer),
             "--link", preset.link.name, "--max-model-len", str(preset.max_model_len),
             "--kv-events"]

@@ -9,8 +9,8 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from profiler.emulate.host import hosted, node_specs
 from profiler.emulate.presets import resolve
+from profiler.emulate.serve import hosted, node_specs
 from profiler.emulate.tokenizer import Vocabulary
 from profiler.engine import load_cost
 from proxy.vocabulary import Role

@@ -20,8 +20,8 @@ import zmq
 import zmq.asyncio
 
 from profiler.emulate.cache_events import CacheEvents
-from profiler.emulate.host import HostedNode, hosted
 from profiler.emulate.presets import resolve
+from profiler.emulate.serve import HostedNode, hosted
 from profiler.emulate.tokenizer import Vocabulary
 from profiler.engine.prefix_cache import ROOT_HASH
 from proxy.kv_events import END_SEQ, BlockRemoved, BlockStored, encode_seq, parse_batch, parse_seq

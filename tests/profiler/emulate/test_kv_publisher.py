@@ -15,9 +15,9 @@ import zmq.asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from profiler.emulate.app import create_node_app
-from profiler.emulate.host import node_specs
 from profiler.emulate.kv_publisher import KvEventPublisher
 from profiler.emulate.presets import resolve
+from profiler.emulate.serve import node_specs
 from profiler.emulate.service import NodeService
 from profiler.emulate.tokenizer import Vocabulary
 from proxy.kv_events import BlockRemoved, parse_seq

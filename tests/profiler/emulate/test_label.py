@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from profiler.cluster.plan import cluster_document, parse_layout
-from profiler.emulate.host import HostThread
 from profiler.emulate.label import emulated_backend, emulation_of
 from profiler.emulate.presets import resolve
+from profiler.emulate.serve import HostThread
 from profiler.emulate.tokenizer import Vocabulary
 from profiler.replay.client import ReplayConfig, ReplayResult
 from profiler.replay.output import write_run

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from profiler.emulate.host import HostedNode, hosted
 from profiler.emulate.presets import resolve
+from profiler.emulate.serve import HostedNode, hosted
 from profiler.emulate.tokenizer import Vocabulary
 from proxy.pd_protocol import decode_body, prefill_body
 from proxy.vocabulary import Role

@@ -10,8 +10,8 @@ import math
 from pathlib import Path
 
 from profiler.cluster.plan import cluster_document, parse_layout
-from profiler.emulate.host import HostThread
 from profiler.emulate.presets import resolve
+from profiler.emulate.serve import HostThread
 from profiler.emulate.tokenizer import Vocabulary
 from profiler.profile.runner import WITH_READBACK, ProfileGrid, Profiler
 from proxy import ServerThread, config_from_args, create_app

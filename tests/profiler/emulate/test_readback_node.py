@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from profiler.emulate.host import HostedNode, hosted
 from profiler.emulate.presets import resolve
+from profiler.emulate.serve import HostedNode, hosted
 from profiler.emulate.tokenizer import Vocabulary
 from proxy.pd_protocol import decode_body, prefill_body
 from proxy.readback import held_kv, matched_tokens, prefill_params

@@ -1,6 +1,6 @@
 """Several emulated nodes in one process, one port each, sharing one event loop.
 
-    python -m profiler.emulate.host --emulate h100 --model llama-3.1-8b \
+    python -m profiler.emulate.serve --emulate h100 --model llama-3.1-8b \
         --node prefill:8100 --node decode:8101 --node decode:8102
 
 runs until SIGINT/SIGTERM; `ppd cluster up --emulate` starts it. In-process (tests, the
@@ -122,7 +122,7 @@ def _node_arg(text: str) -> tuple[Role, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m profiler.emulate.host",
+    parser = argparse.ArgumentParser(prog="python -m profiler.emulate.serve",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--emulate", required=True, help="hardware preset (h100, linear, ...)")
     parser.add_argument("--model", required=True, help="model shape (llama-3.1-8b, tiny)")
