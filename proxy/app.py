@@ -50,6 +50,7 @@ from proxy.live_view import LiveRuntime
 from proxy.load_meter import RateMeter
 from proxy.metrics import ProxyMetrics
 from proxy.preflight import load_policy
+from proxy.responses.install import install as install_responses
 from proxy.router import Router
 from proxy.server import serve_app
 from proxy.sessions.open_store import open_store
@@ -246,6 +247,8 @@ def create_app(config: ProxyConfig, *, transport: httpx.AsyncBaseTransport | Non
             raise Unauthorized("/sessions needs authorization: Bearer ADMIN_KEY")
         return {"sessions": await state.sessions.snapshot()}
 
+    # /v1/responses and /v1/conversations (proxy.responses), routed through the same router.
+    install_responses(app, config, state.router, clock)
     _register_error_handlers(app)
     return app
 

@@ -35,6 +35,11 @@ from proxy.policies import registry
 from proxy.policies.base import Need
 from proxy.redact import redacted_url
 from proxy.residency import DEFAULT_KV_BLOCKS
+from proxy.responses.store import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_MAX_RESPONSES,
+    DEFAULT_RESPONSE_TTL_S,
+)
 from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S
 from proxy.suggest import unknown_name
 from proxy.vocabulary import Node, Role
@@ -177,6 +182,15 @@ class ProxyConfig:
         "memory", "where sessions live: memory (this process; with --workers N, a "
         "redis-server the proxy starts for its workers on a Unix socket), or Redis/Valkey "
         "shared by replicas on several machines", metavar="memory|redis://HOST:PORT/DB")
+    max_responses: int = option(
+        DEFAULT_MAX_RESPONSES, "/v1/responses: keep at most N stored responses and "
+        "conversations (the oldest written go first; docs/responses.md)", metavar="N")
+    response_ttl: float = option(
+        DEFAULT_RESPONSE_TTL_S, "/v1/responses: forget a stored response S seconds after it "
+        "was written (a conversation: after its last item)", metavar="S")
+    max_response_bytes: int = option(
+        DEFAULT_MAX_RESPONSE_BYTES, "/v1/responses: one stored response's chain (or one "
+        "conversation's items) is at most N bytes; a longer one is refused (413)", metavar="N")
     workers: int = option(1, "serve with N processes on one port, sharing sessions through "
                           "--session-store", metavar="N")
     api_key: str | None = option(None, "require `Authorization: Bearer K` on completions",
@@ -246,6 +260,9 @@ class ProxyConfig:
             raise ConfigError("--breaker-cooldown must be >= 0")
         if self.max_sessions < 1:
             raise ConfigError("--max-sessions must be >= 1")
+        if self.max_responses < 1 or self.max_response_bytes < 1 or not self.response_ttl > 0:
+            raise ConfigError("--max-responses and --max-response-bytes must be >= 1, "
+                              "--response-ttl > 0")
         _check_scale_out(self.session_store, self.workers, self.discovery)
         if self.max_body_bytes < 1:
             raise ConfigError("--max-body-bytes must be >= 1")
