@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import sys
 import time
 from array import array
@@ -34,7 +35,7 @@ from redis.client import NEVER_DECODE
 from redis.exceptions import RedisError
 
 from proxy.json_codec import dumps, exact_loads
-from proxy.readback import HeldKV
+from proxy.readback import HeldKV, plausible_params
 from proxy.redact import redacted_url as redacted
 from proxy.sessions.readback_book import held_digest, on_sessions_decode
 from proxy.sessions.readbacks import Readbacks
@@ -50,6 +51,10 @@ EXPIRED_KEPT_S = 60.0
 _ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 # Entries that cannot be read back (written by another version, say) count as missing.
 _BAD_ENTRY = (ValueError, TypeError, UnicodeDecodeError)
+# An entry read back is checked before its params go to P (counted with the store's bad
+# records, ppd_store_records_rejected_total): at most 1M token ids, 1 MB of params.
+MAX_IDS_BYTES = 4 * 1024 * 1024
+MAX_PARAMS_BYTES = 1024 * 1024
 
 # KEYS: the entry; ARGV: the session's held digest -> {} when there is no entry for that text
 # (left as it is), else {expiry, D's url, D's params, token ids}, and the entry is gone.
@@ -117,9 +122,17 @@ class RedisReadbacks(Readbacks):
             wall_expires, now = float(expiry), self._wall()
             if now >= wall_expires:
                 return Reason.READBACK_EXPIRED  # gone all the same, as from the memory book
+            if len(ids) > MAX_IDS_BYTES or len(params) > MAX_PARAMS_BYTES \
+                    or not math.isfinite(wall_expires):
+                raise ValueError("an entry over its bounds")
             held = HeldKV(exact_loads(params), url.decode(), unpack_ids(ids),
                           self._clock() + wall_expires - now)
+            # The store is shared: what goes to P is checked as D's own answer was.
+            if not isinstance(held.params, dict) or not plausible_params(
+                    held.params, held.decode, held.tokens):
+                raise ValueError("implausible readback params")
         except _BAD_ENTRY:
+            self._store.records_rejected += 1
             return Reason.READBACK_MISSING
         return on_sessions_decode(held, lookup)
 
