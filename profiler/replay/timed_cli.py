@@ -25,8 +25,9 @@ def add_timed_flags(parser: argparse.ArgumentParser) -> None:
                        help="F times the recorded rate: timestamps divided by F (default 1)")
     group.add_argument("--scale-tokens", type=float, default=1.0, metavar="F",
                        help="shrink prompts and outputs to fit a small model: a 512-token "
-                       "block becomes 512*F tokens (default 1; keep 512*F >= 16, vLLM's "
-                       "cache block, for prefix hits)")
+                       "block becomes 512*F tokens (default 1; keep 512*F a multiple of "
+                       "the nodes' KV block - vLLM: 16 on GPU, 128 on CPU - for whole-block "
+                       "prefix hits)")
     group.add_argument("--vocab-size", type=int, metavar="N",
                        help="prompt token ids are drawn from [100, N) (default: vocab_size "
                        "of --tokenizer's config.json)")
@@ -71,4 +72,10 @@ def timed_dataset(args: argparse.Namespace) -> list[TimedTurn]:
     if args.max_conversations is not None:
         kept = list(dict.fromkeys(r.conversation for r in requests))[:args.max_conversations]
         requests = [request for request in requests if request.conversation in set(kept)]
-    return timed_turns(requests, tokens, args.max_tokens_cap)
+    turns = timed_turns(requests, tokens, args.max_tokens_cap)
+    if args.max_context_tokens is not None:  # as for conversations: what the model can hold
+        turns = [t for t in turns if len(t.prompt) + t.max_tokens <= args.max_context_tokens]
+        if not turns:
+            raise ValueError(f"no request of the window fits --max-context-tokens "
+                             f"{args.max_context_tokens} (try a smaller --scale-tokens)")
+    return turns

@@ -60,7 +60,8 @@ def test_ppd_replay_takes_the_sample_as_it_is(tmp_path: Path) -> None:
     recorded = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
     expected = sum(10_000 <= r["timestamp"] < 30_000 for r in recorded)
     assert len(frame) == expected and frame["success"].all()
-    assert frame["start_ms"].max() <= 20_000 / 20 + 500  # 20 s of trace at 20x: ~1 s
+    # 20 s of trace at 20x: about 1 s (a loaded machine adds some), far below the 20 s
+    assert frame["start_ms"].max() <= 5_000
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -70,6 +71,7 @@ def test_ppd_replay_takes_the_sample_as_it_is(tmp_path: Path) -> None:
     (["--vocab-size", "3072", "--time-scale", "0"], "--time-scale must be > 0"),
     (["--vocab-size", "3072", "--scale-tokens", "1.5"], "--scale-tokens must be in (0, 1]"),
     (["--vocab-size", "3072", "--start", "5000"], "no request in the window"),
+    (["--vocab-size", "3072", "--max-context-tokens", "100"], "fits --max-context-tokens 100"),
 ])
 def test_bad_timed_flags_are_one_clear_error(extra: list[str], message: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:

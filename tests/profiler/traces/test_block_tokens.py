@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from profiler.traces.block_tokens import FIRST_TOKEN_ID, BlockTokens
+from profiler.traces.block_tokens import DISTINCT_BASE, FIRST_TOKEN_ID, BlockTokens
 from profiler.traces.mooncake import BLOCK_TOKENS, BlockRecord
 
 
@@ -21,9 +21,18 @@ def test_equal_hashes_give_equal_blocks_and_different_hashes_different_ones() ->
     assert all(FIRST_TOKEN_ID <= t < 3072 for t in a)
 
 
-def test_deterministic_across_instances_and_seeded() -> None:
-    assert BlockTokens().block(7) == BlockTokens().block(7)
-    assert BlockTokens(seed=1).block(7) != BlockTokens().block(7)
+@pytest.mark.parametrize("vocab_size", [3072, None])
+def test_deterministic_across_instances_and_seeded(vocab_size: int | None) -> None:
+    assert BlockTokens(vocab_size).block(7) == BlockTokens(vocab_size).block(7)
+    assert BlockTokens(vocab_size, seed=1).block(7) != BlockTokens(vocab_size).block(7)
+
+
+def test_without_a_vocabulary_every_block_has_its_own_ids() -> None:
+    tokens = BlockTokens()  # the simulator's: ids above any vocabulary and fresh token
+    a, b = tokens.prompt(record((0, 1, 2))), tokens.prompt(record((0, 1, 3)))
+    assert a[:2 * BLOCK_TOKENS] == b[:2 * BLOCK_TOKENS]
+    assert not set(a[2 * BLOCK_TOKENS:]) & set(b)
+    assert min(a) >= DISTINCT_BASE > 1 << 40 and len(set(a)) == len(a)
 
 
 def test_the_partial_last_block_is_the_head_of_its_block() -> None:
