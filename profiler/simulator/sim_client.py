@@ -56,7 +56,11 @@ class ReplayClient:
         turn_spec = conversation.turns[index]
         history = self._history.setdefault(conversation.id, [])
         n_new = turn_spec.n_user + (conversation.n_system if index == 0 else 0)
-        prompt = history + self._fresh_tokens(n_new)
+        if turn_spec.prompt is not None:  # a recorded trace's request (workload.TimedWorkload):
+            prompt = turn_spec.prompt.ids()  # its own prompt, which the live view reads as
+            history[:] = prompt  # its history (what a node may hold of it)
+        else:
+            prompt = history + self._fresh_tokens(n_new)
         plan = self._route(conversation, index, n_new, len(prompt))
         request_id = f"{conversation.id}/{index + 1}"
         start = self.now if due is None else due  # the capped client's clock starts when due
