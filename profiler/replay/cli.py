@@ -86,8 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="per-request timeout in seconds, whole stream included (at "
                         "95 ms/token, 1024 tokens need 97 s)")
-    parser.add_argument("--api", choices=["chat", "completions"],
-                        help="default chat; a timed trace is always completions (token ids)")
+    parser.add_argument("--api", choices=["chat", "completions", "responses"],
+                        help="default chat; responses: each turn sends its new text and names "
+                        "the previous response (docs/responses.md); a timed trace is always "
+                        "completions (token ids)")
     parser.add_argument("--model", help="model name (default: the target's first model)")
     parser.add_argument("--max-tokens-cap", type=int, default=1024,
                         help="upper bound on max_tokens")
@@ -310,7 +312,8 @@ def main(argv: list[str]) -> int:
               extra={"command": command}, backend=backend)
     on = f" ({backend})" if backend else ""
     print(summary_table({**summary, "conversation_rate": rate},
-                        title=f"ppd replay: {label} -> {redacted_url(args.target)}{on}"))
+                        title=f"ppd replay: {label} -> {redacted_url(args.target)}{on}, "
+                        f"{config.api} API"))
     print(f"outputs in {out}/")
     later = [r for r in result.records if r.success and r.turn >= 2]
     if args.force_route and later and not any(r.route == args.force_route for r in later):

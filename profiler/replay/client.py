@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 import time
@@ -26,7 +27,12 @@ from typing import Any, Literal
 
 import httpx
 
-from profiler.replay.request_bodies import Api, History, error_message
+from profiler.replay.request_bodies import (
+    Api,
+    History,
+    error_message,
+    parse_responses_payload,
+)
 from profiler.traces.arrivals import arrival_times
 from profiler.traces.conversation import Conversation
 from profiler.traces.request_records import RequestRecord
@@ -51,7 +57,7 @@ class ReplayConfig:
     qps: float  # conversation arrival rate
     duration_s: float  # stop starting new conversations after this
     model: str | None = None  # None: the first model of GET /v1/models
-    api: Literal["chat", "completions"] = "chat"
+    api: Literal["chat", "completions", "responses"] = "chat"
     max_turns: int | None = None
     timeout_s: float = 30.0  # per request, whole stream included
     max_tokens_cap: int = 1024
@@ -73,8 +79,8 @@ class ReplayConfig:
             raise ValueError(f"target must be an http(s) URL, got {self.target!r}")
         if self.qps <= 0 or self.duration_s <= 0:
             raise ValueError("qps and duration_s must be > 0")
-        if self.api not in ("chat", "completions"):
-            raise ValueError(f"api must be chat or completions, got {self.api!r}")
+        if self.api not in tuple(Api):
+            raise ValueError(f"api must be one of {[a.value for a in Api]}, got {self.api!r}")
         if self.max_turns is not None and self.max_turns < 1:
             raise ValueError("max_turns must be >= 1")
         if self.timeout_s <= 0 or self.max_tokens_cap < 1 or self.burstiness <= 0:
@@ -107,6 +113,7 @@ class _Stream:
     error: str | None = None
     end: float | None = None
     whole: bool = False  # sent without streaming: no per-token times, so no TPOT
+    response_id: str | None = None  # the Responses API's id of the answer
 
 
 def _int_or_none(value: object) -> int | None:
@@ -188,6 +195,9 @@ class _Replayer:
             if response.status_code != 200:
                 s.error = error_message(response.status_code, await response.aread())
                 return
+            if self.api is Api.RESPONSES:
+                await self._read_responses_stream(s, response)
+                return
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -203,6 +213,25 @@ class _Replayer:
                 if delta.usage:
                     s.usage = delta.usage
 
+    async def _read_responses_stream(self, s: _Stream, response: httpx.Response) -> None:
+        """The Responses API's events: text deltas, then the final response's usage and id."""
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            try:
+                event = parse_responses_payload(json.loads(line[5:]))
+            except ValueError:
+                event = parse_responses_payload(None)
+            if event.error:
+                s.error = event.error
+                return
+            if event.text:
+                s.chunk_times.append(self.clock())
+                s.text.append(event.text)
+            if event.done:
+                s.usage, s.response_id = event.usage, event.response_id
+                return
+
     async def _read_whole(self, s: _Stream, body: dict, headers: Mapping[str, str]) -> None:
         """A turn sent without streaming: one 'chunk' when the whole answer has arrived."""
         body = {**body, "stream": False}
@@ -211,6 +240,13 @@ class _Replayer:
         s.status, s.headers = response.status_code, response.headers
         if response.status_code != 200:
             s.error = error_message(response.status_code, response.content)
+            return
+        if self.api is Api.RESPONSES:
+            whole = parse_responses_payload(response.json())
+            s.usage, s.response_id, s.error = whole.usage, whole.response_id, whole.error
+            if whole.text:
+                s.chunk_times.append(self.clock())
+                s.text.append(whole.text)
             return
         try:
             answer = parse_payload(response.json())
@@ -244,7 +280,7 @@ class _Replayer:
             if not record.success:
                 self.on_total(-(len(turns) - turn_index))
                 return
-            history.add_reply("".join(stream.text))
+            history.add_reply("".join(stream.text), stream.response_id)
             if config.think_time_s and turn_index < len(turns):
                 await self.sleep(config.think_time_s)
 

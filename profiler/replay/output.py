@@ -4,8 +4,9 @@ Run directory layout (what `ppd report compare` reads back):
     requests.csv, requests.parquet  one row per completed request; every time in milliseconds
                                     (start_ms from the run's start, ttft_ms, tpot_ms, e2e_ms,
                                     itl_ms - in the CSV a ';'-separated list), like summary.json
-    summary.json                    {"label", "target", "dataset", "created", "config", "load",
-                                     "interrupted", "command", "summary": metrics.summarize(...)}
+    summary.json                    {"label", "target", "dataset", "api", "created", "config",
+                                     "load", "interrupted", "command",
+                                     "summary": metrics.summarize(...)}
     ttft_cdf.png                    TTFT CDF by turn group (turn 2+ split by route when known)
 """
 
@@ -94,6 +95,7 @@ def write_run(
         "label": label,
         "target": redacted_url(result.config.target),
         "dataset": dataset,
+        "api": result.config.api,  # chat, completions or responses: what the turns went through
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": config_dict(result.config),
         "load": {"conversation_rate": result.config.qps, "unit": "conversations/s",

@@ -44,7 +44,8 @@ def item_messages(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                # "" rather than null: a chat template that adds strings (ChatML's) renders it.
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": item["call_id"],
                              "content": item["output"]})

@@ -22,9 +22,10 @@ from proxy.errors import BadRequest
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text")
-# Sampling fields passed to the nodes as chat completions has them.
+# Sampling fields passed to the nodes as chat completions has them (the last four are vLLM's
+# extensions, as its chat endpoint takes them).
 SAMPLING_FIELDS = ("temperature", "top_p", "seed", "stop", "frequency_penalty",
-                   "presence_penalty", "top_k", "min_p", "repetition_penalty")
+                   "presence_penalty", "top_k", "min_p", "repetition_penalty", "ignore_eos")
 # Fields accepted and answered as the client sent them, with no effect on the turn.
 ECHOED_FIELDS = ("metadata", "user", "parallel_tool_calls", "truncation", "service_tier",
                  "prompt_cache_key", "safety_identifier", "background", "include", "reasoning")
