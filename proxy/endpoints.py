@@ -33,7 +33,13 @@ from proxy.relay import Relay
 from proxy.router import Incoming, Reply, Router
 from proxy.routes import FORCIBLE
 from proxy.server import DISCONNECT_EXTENSION, HEAD_WITH_BODY_EXTENSION, DisconnectSignal
-from proxy.validate import Endpoint, check_session_id, parse_json_object, validate_body
+from proxy.validate import (
+    Endpoint,
+    check_session_id,
+    parse_json_object,
+    refuse_many_messages,
+    validate_body,
+)
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -183,6 +189,7 @@ class CompletionsApp:
         session_id = headers.get("x-session-id")
         if session_id is not None:
             check_session_id(session_id, "x-session-id")
+        refuse_many_messages(raw, config.limits.max_messages)
         body = parse_json_object(raw)
         validate_body(endpoint, body, config.limits.max_messages)
         if any(name in body for name in (*INTERNAL_FIELDS, *ADMIN_FIELDS)):

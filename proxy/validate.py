@@ -174,6 +174,19 @@ def _check_int_at_least_1(body: dict[str, Any], name: str) -> None:
 
 # What a request may hold when no limit is given (ProxyConfig.limits.max_messages).
 DEFAULT_MAX_MESSAGES = 10_000
+# The fewest bytes a message takes (`{"role":"u"},`): a body shorter than this many per
+# allowed message cannot hold too many, and is not scanned before it is parsed.
+_MIN_MESSAGE_BYTES = 13
+
+
+def refuse_many_messages(raw: bytes, max_messages: int) -> None:
+    """BadRequest for a body that holds far more messages than allowed, before it is parsed
+    (950k tiny messages parsed into ~190 MB of objects). Each message has a `"role"` key, so
+    a body with more than 4x max_messages `"role"` strings in it is refused; one near the
+    limit is counted exactly after parsing (`validate_body`). Free for ordinary bodies."""
+    if len(raw) > _MIN_MESSAGE_BYTES * max_messages and raw.count(b'"role"') > 4 * max_messages:
+        raise BadRequest(f"request body holds over {4 * max_messages} messages, over the limit "
+                         f"of {max_messages} (--max-messages)", param="messages")
 
 
 def validate_body(endpoint: Endpoint, body: dict[str, Any],
