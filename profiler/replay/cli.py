@@ -309,7 +309,8 @@ def main(argv: list[str]) -> int:
     preset = emulation_of(args.target)
     backend = emulated_backend(preset) if preset else None
     write_run(out, result, summary, label=label, dataset=args.dataset,
-              extra={"command": command}, backend=backend)
+              extra={"command": command, "reset_prefix_cache": args.reset_prefix_cache},
+              backend=backend)
     on = f" ({backend})" if backend else ""
     print(summary_table({**summary, "conversation_rate": rate},
                         title=f"ppd replay: {label} -> {redacted_url(args.target)}{on}, "

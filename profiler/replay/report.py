@@ -9,7 +9,9 @@ e.g. `ppd@0.5`, `pd@0.5` to compare policies). Load is the replay's conversation
 The table has, after every run but the first, a `change` column: its relative change against
 the first run (e.g. ppd against pd). Runs that differ in dataset or target are compared with a
 warning, since their numbers may not mean the same thing. Outputs in --out: compare.csv and,
-with two runs or more, latency_vs_load.png and p99_ttft_vs_throughput.png.
+with two runs or more, latency_vs_load.png and p99_ttft_vs_throughput.png; compare.html holds
+the table and plots in one self-contained page (`report_html`). `ppd report show RUN_DIR`
+writes one run's page.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ class Run:
     target: str | None = None
     interrupted: bool = False
     seed: int | None = None  # the replay's --seed: with the dataset, which conversations ran
+    # The nodes' prefix caches were emptied before it ran (`ppd replay --reset-prefix-cache`),
+    # or it ran on a fresh simulated cluster: an earlier run's prompts cannot be cached.
+    cold_start: bool = False
 
     @property
     def series(self) -> str:
@@ -94,7 +99,9 @@ def load_run(path: Path) -> Run:
                dataset=document.get("dataset"), target=document.get("target"),
                interrupted=bool(document.get("interrupted")),
                backend=str(backend) if backend else None,
-               seed=seed if isinstance(seed, int) else None)
+               seed=seed if isinstance(seed, int) else None,
+               cold_start=document.get("reset_prefix_cache") is True
+               or document.get("simulated") is True)
 
 
 def check_summary(summary: Any, file: Path) -> None:
@@ -142,32 +149,6 @@ def what_table(path: Path) -> str:
     if {"conversation_id", "turn", "ttft_ms"} <= columns:
         return f"a run's request table (pass its directory, {path.parent})"
     return "a table file"
-
-
-def mismatch_warnings(runs: Sequence[Run]) -> list[str]:
-    """What makes these runs less comparable: another dataset or target, an interrupted run."""
-    warnings = []
-    for key, what in (("dataset", "datasets"), ("target", "targets")):
-        values = {getattr(run, key) for run in runs}
-        if len(values) > 1:
-            listing = ", ".join(f"{run.label}: {getattr(run, key)}" for run in runs)
-            warnings.append(f"the runs replayed different {what} ({listing})")
-    same: dict[tuple[Any, ...], list[Run]] = {}
-    for run in runs:
-        if run.seed is not None:
-            same.setdefault((run.dataset, run.seed, run.target), []).append(run)
-    for (dataset, seed, _), group in same.items():
-        if len(group) > 1:
-            labels = ", ".join(run.label for run in group)
-            warnings.append(
-                f"{labels} replayed the same conversations ({dataset}, --seed {seed}) on the "
-                "same target: the later runs may find the earlier ones' prompts in the nodes' "
-                "prefix cache and look faster for it; replay them with different --seed values")
-    for run in runs:
-        if run.interrupted:
-            warnings.append(f"{run.label} was interrupted (it holds the turns completed "
-                            "before the stop)")
-    return warnings
 
 
 def relative_change(value: Any, base: Any) -> str:
@@ -336,8 +317,12 @@ def compare(run_dirs: Sequence[Path], out: Path) -> tuple[str, list[Path]]:
     """Load runs, write compare.csv (and plots for 2+ runs) into out; return the table.
 
     Warnings (different datasets or targets, interrupted runs) go to stderr."""
+    from profiler.replay.report_html import COMPARE_FILE, compare_page
+    from profiler.replay.report_warnings import mismatch_warnings
+
     runs = [load_run(path) for path in run_dirs]
-    for warning in mismatch_warnings(runs):
+    warnings = mismatch_warnings(runs)
+    for warning in warnings:
         print(f"ppd report: warning: {warning}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "compare.csv"]
@@ -346,7 +331,10 @@ def compare(run_dirs: Sequence[Path], out: Path) -> tuple[str, list[Path]]:
         written += [out / "latency_vs_load.png", out / "p99_ttft_vs_throughput.png"]
         plot_latency_vs_qps(runs, written[1])
         plot_ttft_vs_throughput(runs, written[2])
-    return compare_table(runs), written
+    table = compare_table(runs)
+    page = out / COMPARE_FILE
+    page.write_text(compare_page(runs, written[1:], table, warnings))
+    return table, [*written, page]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -358,11 +346,25 @@ def build_parser() -> argparse.ArgumentParser:
                          description=__doc__, epilog=example, formatter_class=HelpFormatter)
     cmp.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
     cmp.add_argument("--out", type=Path, help="output directory (default: runs/compare-UTCTIME)")
+    show = sub.add_parser("show", help="one run as a self-contained HTML page",
+                          description="One run (a `ppd replay --out` or `ppd sim run --out` "
+                          "directory) as one self-contained HTML page: summary, TTFT and TPOT "
+                          "by turn and route, route mix over time, failures.",
+                          formatter_class=HelpFormatter)
+    show.add_argument("run", type=Path, metavar="RUN_DIR")
+    show.add_argument("--out", type=Path, help="the page to write (default RUN_DIR/report.html)")
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.action == "show":
+        from profiler.replay.report_html import REPORT_FILE, run_page
+
+        page = args.out or args.run / REPORT_FILE
+        page.write_text(run_page(load_run(args.run)))
+        print(f"wrote {page}")
+        return 0
     out = args.out or Path("runs") / f"compare-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     table, written = compare(args.runs, out)
     print(table)

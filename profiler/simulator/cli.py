@@ -115,6 +115,10 @@ def run_main(argv: list[str]) -> int:
     print(simulated_setup(spec).line())
     print(f"simulated {result.wall_time_s:.1f} s of cluster time in {elapsed:.2f} s; "
           f"outputs in {out}/")
+    from profiler.simulator.sample_size import small_run_warning
+
+    if (warning := small_run_warning(summary["n_conversations"], spec.qps)) is not None:
+        print(f"ppd sim run: warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -130,6 +134,12 @@ def grid_main(argv: list[str]) -> int:
 
     print("\n".join(verdict_lines(pd.DataFrame(rows))))
     return 0
+
+
+def plan_main(argv: list[str]) -> int:
+    from profiler.simulator.plan_cli import main
+
+    return main(argv)
 
 
 def live_costs_main(argv: list[str]) -> int:
@@ -209,6 +219,7 @@ SIMULATOR_COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "grid": ("simulate layouts x workloads x loads x policies", grid_main),
     "paper": ("the PPD paper's tables and plots from a grid", paper_main),
     "live-costs": ("the step-cost file that --policy live reads", live_costs_main),
+    "plan": ("a layout and policy for N GPUs and a traffic", plan_main),
 }
 
 

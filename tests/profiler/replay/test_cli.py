@@ -48,6 +48,7 @@ def test_replay_synthetic_writes_every_output(fake_url: str, tmp_path: Path,
     assert document["load"]["conversation_rate"] == 20.0
     assert document["load"]["unit"] == "conversations/s"
     assert document["interrupted"] is False
+    assert document["reset_prefix_cache"] is False
     assert document["command"].startswith("ppd replay --target ")
     assert summary["n_requests"] == 2 * summary["n_conversations"] > 0
     assert summary["success_rate"] == 1.0 and summary["slo_attainment"] == 1.0

@@ -4,6 +4,7 @@ without vLLM's dev-mode route, or one that keeps refusing, is a clear error."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,5 @@ async def test_the_replay_flag_resets_before_the_run(tmp_path: Path,
     assert code == 0
     assert (p.prefix_cache_resets, d.prefix_cache_resets) == (1, 1)
     assert "reset the prefix cache of 2 node(s)" in capsys.readouterr().err
+    # recorded for `ppd report compare`'s warm-cache warning
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["reset_prefix_cache"]

@@ -68,7 +68,7 @@ def test_runs_on_emulated_nodes_say_so_in_the_csv(tmp_path: Path) -> None:
 def test_single_run_has_no_load_plots_and_labels_are_made_unique(tmp_path: Path) -> None:
     one = _run_dir(tmp_path, "a", 1.0, 0.2, "pd")
     _, written = report.compare([one], tmp_path / "cmp1")
-    assert [path.name for path in written] == ["compare.csv"]
+    assert [path.name for path in written] == ["compare.csv", "compare.html"]
     twin = _run_dir(tmp_path, "b", 1.0, 0.2, "pd")
     runs = [report.load_run(one), report.load_run(twin)]
     assert report.column_names(runs) == ["pd@1 (a)", "pd@1 (b)"]
