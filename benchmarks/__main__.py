@@ -8,6 +8,8 @@
   RSS each leaves (`benchmarks/kv_events.py`).
 - `cli_startup`: seconds `ppd` takes to answer --help and usage errors
   (`benchmarks/cli_startup.py`).
+- `responses`: a Responses API turn 2 through the proxy against a chat-completions one, same
+  run, whole and streamed (`benchmarks/responses_overhead.py`).
 
 Every number is measured in one run, side by side, so ratios between rows are meaningful on
 this machine even though absolute numbers are not portable.
@@ -22,9 +24,9 @@ import sys
 
 import numpy as np
 
-from benchmarks import bench_decision, cli_startup, kv_events, proxy_overhead
+from benchmarks import bench_decision, cli_startup, kv_events, proxy_overhead, responses_overhead
 
-BENCHMARKS = ("decision", "proxy_overhead", "kv_events", "cli_startup")
+BENCHMARKS = ("decision", "proxy_overhead", "kv_events", "cli_startup", "responses")
 
 
 def render(rows: list[tuple[str, np.ndarray]], baseline: str) -> str:
@@ -79,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         status |= kv_events.run(args)
     if args.only in (None, "cli_startup"):
         status |= cli_startup.main(["--runs", str(args.startup_runs)])
+    if args.only in (None, "responses"):
+        status |= responses_overhead.main(args.requests)
     return status
 
 
