@@ -13,20 +13,26 @@ sent; a streamed reply that breaks after its first byte ends with an in-band err
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
-from urllib.parse import quote
 
-from proxy import explain, forward, pd_protocol, readback, tracing, turn_machine, turn_plan
+from proxy import (
+    explain,
+    forward,
+    pd_protocol,
+    readback,
+    readback_legs,
+    tracing,
+    turn_machine,
+    turn_plan,
+)
 from proxy.backends import Backend, BackendPool
 from proxy.completion import Captured, ReplyCapture
 from proxy.deadline import Deadline, DeadlineExceeded, guarded
 from proxy.errors import BudgetExhausted, NotFound, Overloaded, ProxyError, UpstreamError
 from proxy.failover import Failover, charge
 from proxy.forward import Answer, UpstreamStream
-from proxy.json_codec import dumps, loads
 from proxy.lease import Admission, Lease
 from proxy.legs import Legs
 from proxy.live_view import LiveView, tag_session
@@ -47,100 +53,14 @@ from proxy.tokens import (
 )
 from proxy.turn_machine import TurnMachine
 from proxy.turn_plan import Attempt, Pick
+from proxy.turn_state import Incoming, Reply, Served, TurnInFlight, over_budget
 from proxy.validate import Endpoint
 from proxy.vocabulary import Reason, RouteKind, Workload
 
-# Visible ASCII but `%`: what a client-chosen session id may carry unescaped in a header.
-_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
-# Ids quote() would leave as they are (the proxy's own are hex digests): no quoting needed.
-_PLAIN_ID = re.compile(r"[!-$&-~]*")
 log = logging.getLogger("ppd.proxy")
 
 # Output length assumed for requests without max_tokens until replies have been seen.
 DEFAULT_EXPECTED_OUTPUT = 128
-
-
-@dataclass(frozen=True, slots=True)
-class Incoming:
-    """A validated completion request (the app has checked auth and the body)."""
-
-    endpoint: Endpoint
-    body: dict[str, Any]
-    session_id: str | None = None  # the x-session-id header
-    forced: RouteKind | None = None  # the x-ppd-route header, already authorized
-
-    @property
-    def stream(self) -> bool:
-        """Whether the client asked for a streamed (SSE) reply."""
-        return bool(self.body.get("stream", False))
-
-
-@dataclass(slots=True)
-class Reply:
-    """What the app sends back: a status, headers and a body (bytes or a relay)."""
-
-    status: int
-    headers: dict[str, str]
-    body: bytes | Relay
-    content_type: str = "application/json"
-
-
-@dataclass(slots=True)
-class _Served:
-    """A leg that answered: a stream under way, or a whole answer (2xx, or a 4xx to pass on)."""
-
-    route: RouteKind
-    result: UpstreamStream | Answer
-    decode: Backend | None  # None when P rejected the request before D was asked
-    prefill: Backend | None
-
-    @property
-    def rejected(self) -> bool:
-        """A node answered 4xx: the client's request is at fault and gets that answer."""
-        return isinstance(self.result, Answer) and self.result.rejected
-
-    def proves(self) -> bool:
-        """Whether the request was servable (the nodes that failed it before were at fault)."""
-        return not self.rejected
-
-
-@dataclass(slots=True)
-class _Turn:
-    """Everything known about a turn in flight (for the bookkeeping at its end)."""
-
-    incoming: Incoming
-    transcript: Transcript
-    lookup: Lookup
-    workload: Workload
-    started: float
-    failover: Failover
-    access: AccessEntry
-    route: RouteKind | None = None  # the route being tried
-    machine: TurnMachine | None = None  # the turn's walk through its plan, once planned
-    # Whether the D leg asked for token ids the client did not (stripped from its answer).
-    token_ids_added: bool = False
-    # x-ppd-reason, x-ppd-fallback, x-ppd-costs (`proxy.explain`), once decided.
-    explained: dict[str, str] | None = None
-
-    @property
-    def session_label(self) -> str:
-        """The session id the client is told: its own id when it chose one (whichever branch
-        of it this is, so a reused id answers as an unused one), else the session's."""
-        explicit = self.incoming.body.get("conversation_id", self.incoming.session_id)
-        return self.lookup.session.id if explicit is None else str(explicit)
-
-    def headers(self) -> dict[str, str]:
-        """The x-ppd-* headers known so far (an error response carries them too)."""
-        # A client-chosen id may hold CR/LF or non-Latin-1 text: percent-encode what is not
-        # plain visible ASCII (and `%` itself, so the encoding can be undone).
-        label = self.session_label
-        session = label if _PLAIN_ID.fullmatch(label) else quote(label, safe=_HEADER_SAFE)
-        headers = {"x-ppd-session": session, "x-ppd-turn": str(self.lookup.turn)}
-        if self.route is not None:
-            headers["x-ppd-route"] = self.route.value
-        if self.explained is not None:
-            headers.update(self.explained)
-        return headers
 
 
 class Router:
@@ -197,7 +117,7 @@ class Router:
     async def _handle(self, incoming: Incoming, lease: Lease, access: AccessEntry,
                       started: float) -> Reply:
         self._check_model(incoming.body.get("model"))
-        transcript = self._transcript(incoming)
+        transcript = incoming.transcript()
         explicit = incoming.body.get("conversation_id", incoming.session_id)
         lookup = await self.sessions.resolve(transcript,
                                              None if explicit is None else str(explicit))
@@ -207,8 +127,9 @@ class Router:
         # reaches a node, under any policy (it would name another session's blocks).
         if self.view is not None or "session_id" in incoming.body:
             incoming = replace(incoming, body=tag_session(incoming.body, lookup.session.id))
-        turn = _Turn(incoming, transcript, lookup, self._workload(incoming, transcript, lookup),
-                     started, Failover(self.pool, lease, self.metrics, deadline), access)
+        workload = self._workload(incoming, transcript, lookup)
+        turn = TurnInFlight(incoming, transcript, lookup, workload, started,
+                            Failover(self.pool, lease, self.metrics, deadline), access)
         access.session, access.turn = turn.session_label, lookup.turn
         relayed = False
         try:
@@ -219,14 +140,16 @@ class Router:
                 deadline.close()  # a relay closes it when its stream ends
         return reply
 
-    async def _route(self, turn: _Turn, lease: Lease) -> Reply:
+    async def _route(self, turn: TurnInFlight, lease: Lease) -> Reply:
         incoming, lookup, access, started = turn.incoming, turn.lookup, turn.access, turn.started
         view = self.view
         with tracing.deciding() as decided:
             plan = turn_plan.plan_turn(
                 self.policy, self.pool, lookup, turn.workload, incoming.forced,
                 view.state if view is not None else None,
-                readback=await self._readback_status(lookup, incoming.forced),
+                readback=await readback_legs.status(self.readback,
+                                                    self.policy.spec.needs.readback, lookup,
+                                                    incoming.forced),
                 survey=view.cluster if view is not None else None)
             decided.record(plan.decision)
         decision = plan.decision
@@ -238,7 +161,7 @@ class Router:
                 with guarded(turn.failover.deadline):
                     served = await self._serve(turn, machine)
             except DeadlineExceeded:
-                raise BudgetExhausted(self._over_budget()) from None
+                raise BudgetExhausted(over_budget(self.request_timeout)) from None
         except ProxyError as exc:
             exc.headers.update(turn.headers())
             self.metrics.responded(exc.status)
@@ -266,20 +189,10 @@ class Router:
         self.metrics.responded(served.result.status)
         return await self._reply(turn, served, lease)
 
-    def _over_budget(self) -> str:
-        return (f"the request did not complete within --request-timeout "
-                f"({self.request_timeout or 0:g} s)")
-
     def _check_model(self, model: Any) -> None:
         known = self.pool.models()
         if known and model is not None and model not in known:
             raise NotFound(f"model {model!r} is not served here (available: {sorted(known)})")
-
-    @staticmethod
-    def _transcript(incoming: Incoming) -> Transcript:
-        if incoming.endpoint is Endpoint.CHAT:
-            return Transcript.from_chat(incoming.body["messages"])
-        return Transcript.from_prompt(incoming.body["prompt"])
 
     def _workload(self, incoming: Incoming, transcript: Transcript, lookup: Lookup) -> Workload:
         held = lookup.session.held if lookup.continuation else None
@@ -289,15 +202,15 @@ class Router:
         n_out = requested_output_tokens(incoming.body) or round(self.expected_output.value)
         return Workload(lookup.turn, n_in, lookup.cached_tokens, n_out, self.load.rate())
 
-    async def _serve(self, turn: _Turn, machine: TurnMachine) -> _Served:
+    async def _serve(self, turn: TurnInFlight, machine: TurnMachine) -> Served:
         while (attempt := machine.next_attempt()) is not None:
             served = await self._try(turn, machine, attempt)
             if served is not None:
                 return served
         raise AssertionError("a turn plan ends with an attempt that serves or raises")
 
-    async def _try(self, turn: _Turn, machine: TurnMachine,
-                   attempt: Attempt) -> _Served | None:
+    async def _try(self, turn: TurnInFlight, machine: TurnMachine,
+                   attempt: Attempt) -> Served | None:
         """One attempt of the plan; None when its only node cannot serve (the next one runs)."""
         body, answering = turn.incoming.body, attempt.answering
         if attempt.prefill is not None:
@@ -309,14 +222,14 @@ class Router:
             prefill = attempt.prefill
             return await turn.failover.run(answering.role, answering.prefer,
                                            lambda decode: self._pd(turn, decode, prefill),
-                                           _Served.proves)
+                                           Served.proves)
 
         local_body = pd_protocol.local_body(body)
         if machine.keeps(body):  # a local leg: D keeps the blocks for a readback
             local_body = readback.keeping_blocks(local_body)
             turn.token_ids_added = True
 
-        def leg(node: Backend) -> Awaitable[_Served]:
+        def leg(node: Backend) -> Awaitable[Served]:
             return self._leg(turn, attempt.route, node, local_body, pd_protocol.request_id())
 
         if answering.only_preferred:
@@ -326,12 +239,12 @@ class Router:
             turn.route = attempt.route
             return await turn.failover.attempt(home, leg)
         turn.route = attempt.route
-        served = await turn.failover.run(answering.role, answering.prefer, leg, _Served.proves)
+        served = await turn.failover.run(answering.role, answering.prefer, leg, Served.proves)
         if not served.rejected and served.decode is not None:
             machine.served(served.decode.url)
         return served
 
-    async def _pd(self, turn: _Turn, decode: Backend, pick: Pick) -> _Served:
+    async def _pd(self, turn: TurnInFlight, decode: Backend, pick: Pick) -> Served:
         """One P->D try on decode: the P leg (failing over among Ps), then D's leg. On a
         readback the first P try reads the kept blocks back from the D that keeps them
         (`TurnMachine.take_held`); any later try (another P, another D) is plain P->D."""
@@ -348,7 +261,9 @@ class Router:
             route = RouteKind.PD
             held = machine.take_held()
             if held is not None:
-                params = await self._readback_params(turn, prefill, held, request_id)
+                params = await readback_legs.prefill_params(
+                    self._legs(), machine, prefill.base, turn.incoming.endpoint, body, held,
+                    request_id)
                 if params is not None:
                     p_body["kv_transfer_params"], route = params, RouteKind.READBACK
             try:
@@ -362,7 +277,7 @@ class Router:
                                   and not isinstance(result, forward.Prefilled)):
                 # P declined the read (D's blocks gone, a transfer failure): the same P, as
                 # plain P->D, like every other fallback - not a 502 on a one-P cluster.
-                machine.fallback, machine.route = Reason.READBACK_DECLINED, RouteKind.PD
+                machine.declined()
                 route = RouteKind.PD
                 request_id = pd_protocol.request_id(prefill.zmq_address, decode.zmq_address)
                 result = await forward.prefill(self._legs(), prefill.base,
@@ -375,7 +290,7 @@ class Router:
             pick.role, pick.prefer, prefill_on,
             lambda tried: isinstance(tried[2], forward.Prefilled))
         if isinstance(result, Answer):  # P rejected the request: D is not asked
-            return _Served(route, result, None, prefill)
+            return Served(route, result, None, prefill)
         d_body = pd_protocol.decode_body(body, result.kv_transfer_params)
         if machine.keeps(body):
             d_body = readback.with_token_ids(d_body)
@@ -385,8 +300,8 @@ class Router:
             machine.served(decode.url, prefill.url)
         return served
 
-    async def _leg(self, turn: _Turn, route: RouteKind, node: Backend, body: dict[str, Any],
-                   request_id: str, prefill: Backend | None = None) -> _Served:
+    async def _leg(self, turn: TurnInFlight, route: RouteKind, node: Backend, body: dict[str, Any],
+                   request_id: str, prefill: Backend | None = None) -> Served:
         """The leg that answers the client, on node: a stream under way, or a whole answer."""
         lease, endpoint = turn.failover.lease, turn.incoming.endpoint
         result: UpstreamStream | Answer
@@ -398,38 +313,15 @@ class Router:
                                             request_id)
         if isinstance(result, Answer):
             lease.settle(node, ok=True)
-        return _Served(route, result, node, prefill)
+        return Served(route, result, node, prefill)
 
-
-    async def _readback_params(self, turn: _Turn, prefill: Backend, held: HeldKV,
-                               request_id: str) -> dict[str, Any] | None:
-        """P's kv_transfer_params reading back the tokens of the new prompt that D's blocks
-        hold, by P's own tokenization of the request; None when too few match (the turn goes
-        P->D, reason readback_mismatch: `TurnMachine.tokenized`)."""
-        assert turn.machine is not None
-        answer = await forward.tokenize(
-            self._legs(), prefill.base,
-            readback.tokenize_body(turn.incoming.endpoint, turn.incoming.body),
-            f"{request_id}-tokenize")
-        matched = turn.machine.tokenized(held, readback.tokenized_ids(answer))
-        return readback.prefill_params(held, matched) if matched is not None else None
-
-    async def _readback_status(self, lookup: Lookup, forced: RouteKind | None) -> Reason | None:
-        """None when the session's D keeps blocks P can read back now, else why not; the
-        book is asked only when the answer can matter (a policy that reads it, or a turn
-        forced to readback): a shared book is a round trip away."""
-        if self.readback is None:
-            return Reason.READBACK_MISSING  # the nodes do not offer it
-        if forced is not RouteKind.READBACK and not self.policy.spec.needs.readback:
-            return Reason.READBACK_MISSING  # this policy never reads back by itself
-        return await self.readback.status(lookup)
 
     def _legs(self) -> Legs:
         if self.legs is None:
             raise RuntimeError("the router has no upstream legs (is the app serving?)")
         return self.legs
 
-    async def _reply(self, turn: _Turn, served: _Served, lease: Lease) -> Reply:
+    async def _reply(self, turn: TurnInFlight, served: Served, lease: Lease) -> Reply:
         headers = turn.headers()
         if served.decode is not None:
             headers["x-ppd-decode"] = served.decode.url
@@ -442,7 +334,8 @@ class Router:
             if not result.rejected:
                 held = None
                 if turn.token_ids_added and served.decode is not None:
-                    body, held = self._held_kv(body, served.decode.url)
+                    body, held = readback_legs.answer_and_held(
+                        body, served.decode.url, self.clock(), self.readback_ttl)
                 else:  # D's kv_transfer_params never reach the client
                     body = readback.without_kv_params(body)
                 capture.feed(body)
@@ -476,11 +369,11 @@ class Router:
 
         headers["cache-control"] = "no-cache"
         relay = Relay(result, node, relay_lease, capture, on_reply, on_failure, on_close,
-                      limits=StreamLimits(turn.failover.deadline, self._over_budget(),
+                      limits=StreamLimits(turn.failover.deadline, over_budget(self.request_timeout),
                                           requested_output_tokens(turn.incoming.body)))
         return Reply(result.status, headers, relay, result.content_type)
 
-    def _finished(self, turn: _Turn, route: RouteKind) -> None:
+    def _finished(self, turn: TurnInFlight, route: RouteKind) -> None:
         """A complete reply: its E2E and TPOT go to the metrics and the access line."""
         access = turn.access
         e2e = self.clock() - turn.started
@@ -489,19 +382,7 @@ class Router:
         self.metrics.finished(route, e2e, ttft if turn.incoming.stream else None,
                               access.completion_tokens)
 
-    def _held_kv(self, body: bytes, decode: str) -> tuple[bytes, HeldKV | None]:
-        """D's whole answer as the client gets it (without the token ids and block names the
-        proxy asked for), and the blocks D keeps for a readback, if any."""
-        try:
-            answer = loads(body)
-        except ValueError:
-            return body, None
-        if not isinstance(answer, dict):
-            return body, None
-        held = readback.held_kv(answer, decode, self.clock(), self.readback_ttl)
-        return dumps(readback.client_answer(answer)), held
-
-    async def _record(self, turn: _Turn, captured: Captured,
+    async def _record(self, turn: TurnInFlight, captured: Captured,
                       kv: HeldKV | None = None) -> None:
         if not captured.complete:
             return  # D holds an unknown part; the session keeps what it knew

@@ -148,6 +148,11 @@ class TurnMachine:
         self.read_back, self.route = matched, RouteKind.READBACK
         return matched
 
+    def declined(self) -> None:
+        """P declined to read the kept blocks (they are gone, a transfer failed): the turn
+        is redone on that P as plain P->D (reason readback_declined)."""
+        self.fallback, self.route = Reason.READBACK_DECLINED, RouteKind.PD
+
     def keeps(self, body: Mapping[str, Any] | None = None) -> bool:
         """Whether the answering leg of the route being tried asks D to keep its blocks."""
         return self.route is not None and keeps_blocks(self.route, self.offered, body)

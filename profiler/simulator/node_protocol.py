@@ -36,7 +36,7 @@ from profiler.simulator.sim_events import (
 if TYPE_CHECKING:
     from profiler.engine.host import HostModel
     from profiler.simulator.sim_proxy import SimProxy
-    from profiler.simulator.virtual_cluster import SimSetup
+    from profiler.simulator.sim_setup import SimSetup
 
 
 class NodeProtocol:

@@ -21,7 +21,7 @@ from profiler.traces.request_records import RequestRecord
 from proxy.vocabulary import RouteKind
 
 if TYPE_CHECKING:
-    from profiler.simulator.virtual_cluster import SimSetup
+    from profiler.simulator.sim_setup import SimSetup
 
 
 class ReplayClient:
