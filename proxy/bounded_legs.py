@@ -20,8 +20,6 @@ from proxy.errors import UpstreamTooLarge
 from proxy.legs import LegResponse, Legs
 from proxy.limits import Limits
 
-_BOUNDARIES = (b"\n\n", b"\r\n\r\n", b"\r\r")
-
 
 class BoundedResponse:
     """A `LegResponse` whose whole body and each stream event are bounded in bytes."""
@@ -54,7 +52,9 @@ class BoundedResponse:
 
     async def read_chunk(self) -> bytes:
         chunk = await self._inner.read_chunk()
-        end = max(chunk.rfind(boundary) for boundary in _BOUNDARIES)
+        end = chunk.rfind(b"\n\n")  # vLLM's; the others only when it is not there
+        if end < 0:
+            end = max(chunk.rfind(b"\r\n\r\n"), chunk.rfind(b"\r\r"))
         self._pending = self._pending + len(chunk) if end < 0 else len(chunk) - end
         if self._pending > self._limits.max_stream_event_bytes:
             raise UpstreamTooLarge(

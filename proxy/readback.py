@@ -198,6 +198,9 @@ def without_kv_params(body: bytes) -> bytes:
     field is there at all."""
     if b'"kv_transfer_params"' not in body:
         return body
+    if (b'"kv_transfer_params":null' in body or b'"kv_transfer_params": null' in body) \
+            and body.count(b'"kv_transfer_params"') == 1:
+        return body  # vLLM's own null, and nothing else of the name: no parse on the hot path
     try:
         answer = loads(body)
     except ValueError:

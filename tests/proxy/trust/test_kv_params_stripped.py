@@ -59,3 +59,8 @@ def test_without_kv_params_leaves_vllms_null_and_other_bodies_untouched() -> Non
         assert without_kv_params(body) is body
     assert json.loads(without_kv_params(b'{"kv_transfer_params": {"x": 1}, "a": 1}')) == {
         "a": 1}
+
+
+def test_a_null_elsewhere_does_not_hide_ds_params() -> None:
+    body = b'{"a": {"kv_transfer_params":null}, "kv_transfer_params": {"remote_host": "h"}}'
+    assert b"remote_host" not in without_kv_params(body)
