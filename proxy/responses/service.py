@@ -89,7 +89,8 @@ class ResponsesService:
         chat = chat_body(request, turn.history)
         try:
             validate_body(Endpoint.CHAT, chat, self.max_messages)
-            if request.store:  # refused before it runs, not after: the chain is over the cap
+            if request.store or request.conversation is not None:
+                # Refused before it runs, not after: the chain is over the bound already.
                 encode({"items": [*turn.history, *request.input]}, self.store.bounds,
                        "the response's history")
             reply = await self.router.handle(Incoming(Endpoint.CHAT, chat, turn.session))
@@ -140,7 +141,11 @@ class ResponsesService:
         request = turn.request
         output = response["output"]
         if request.conversation is not None:
-            await self.store.append_items(request.conversation, [*request.input, *output])
+            try:
+                await self.store.append_items(request.conversation, [*request.input, *output])
+            except RecordTooLarge as exc:  # the answer took it over: the client still gets it
+                log.warning("conversation %s not extended by response %s: %s",
+                            request.conversation, turn.response_id, exc.message)
         if not request.store:
             return response
         # The chain's items hold this turn's input and output: the response keeps neither

@@ -96,3 +96,30 @@ async def test_the_api_key_guards_stored_state(cluster: dict[str, FakeVLLM]) -> 
         assert_error(await c.get("/v1/conversations/conv_x"), 401)
         ok = await c.post("/v1/responses", json=turn(), headers={"authorization": "Bearer k"})
         assert ok.status_code == 200
+
+
+async def test_an_answer_that_takes_the_record_over_the_bound_is_returned_unstored(
+        cluster: dict[str, FakeVLLM]) -> None:
+    async with serve_proxy(config_for(cluster, Policy.LOCAL, max_response_bytes=1500)) as proxy:
+        answer = await proxy.client.post("/v1/responses", json=turn(input="q" * 600))
+        assert answer.status_code == 200 and answer.json()["store"] is False
+        assert answer.json()["output"][0]["content"][0]["text"]
+        assert_error(await proxy.client.get(f"/v1/responses/{answer.json()['id']}"), 404)
+
+
+async def test_a_stream_that_breaks_ends_failed_and_gives_its_claim_back(
+        cluster: dict[str, FakeVLLM]) -> None:
+    async with serve_proxy(config_for(cluster, Policy.LOCAL)) as proxy:
+        first = await proxy.client.post("/v1/responses", json=turn())
+        decode = next(n for n in cluster.values() if n.url == first.headers["x-ppd-decode"])
+        decode.faults.die_after_chunks = 2
+        broken = await proxy.client.post("/v1/responses", json=turn(
+            stream=True, previous_response_id=first.json()["id"]))
+        kinds = [line[7:] for line in broken.text.splitlines() if line.startswith("event: ")]
+        assert kinds[0] == "response.created" and kinds[-1] == "response.failed"
+        assert "response.completed" not in kinds
+        decode.faults.die_after_chunks = None
+        again = await proxy.client.post("/v1/responses", json=turn(
+            previous_response_id=first.json()["id"]))
+        assert again.headers["x-ppd-session"] == first.headers["x-ppd-session"]
+        assert again.headers["x-ppd-turn"] == "2"
