@@ -16,15 +16,20 @@ import math
 import os
 import sys
 import time
-from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from profiler.flags.types import positive_int
-from profiler.simulator.flags import add_cluster_flags, readback_ttl
+from profiler.simulator.flags import (
+    add_cluster_flags,
+    add_trace_window_flags,
+    load_of,
+    readback_ttl,
+)
 
 TARGET_CONVERSATIONS = 150  # the default duration's aim: above plan_rank.MIN_CONVERSATIONS
+TIMED_DURATION_S = 120.0  # a timed trace's default window
 DEFAULT_SEEDS = 2
 DEFAULT_POLICIES = "pd,local,live,ppd"  # plan_space.DEFAULT_POLICIES (not imported: startup)
 
@@ -44,13 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dataset", required=True,
                         help="synthetic:NAME, sharegpt, or a trace file (as `ppd sim run`)")
     rate = parser.add_mutually_exclusive_group(required=True)
-    rate.add_argument("--conversation-rate", type=float, metavar="R",
+    rate.add_argument("--conversation-rate", dest="qps", type=float, metavar="R",
                       help="new conversations per second, for the whole cluster")
-    rate.add_argument("--time-scale", type=float, metavar="F",
-                      help="a timestamped trace replayed F times faster than recorded")
+    add_trace_window_flags(parser, rate)
     parser.add_argument("--duration", type=float,
                         help="seconds during which conversations start (default: enough for "
-                        f"about {TARGET_CONVERSATIONS} conversations per run)")
+                        f"about {TARGET_CONVERSATIONS} conversations per run; a timed trace: "
+                        f"{TIMED_DURATION_S:g} s of it)")
     parser.add_argument("--seeds", type=positive_int, default=DEFAULT_SEEDS,
                         help=f"seeds (draws of conversations and arrivals) the best candidates "
                         f"run on, to tell them apart (default {DEFAULT_SEEDS}; --seed is the "
@@ -142,34 +147,30 @@ def _base_spec(args: argparse.Namespace, slices: int) -> RunSpec:
     from profiler.simulator.run import RunSpec
     from proxy.config import Policy, PolicyConfig
 
-    if args.time_scale is not None:
-        if "time_scale" not in {field.name for field in fields(RunSpec)}:
-            raise ValueError("--time-scale replays a timestamped trace, which this simulator "
-                             "does not read yet: give --conversation-rate")
-        rate = 1.0
+    load = load_of(args)  # a conversation rate, or a timed trace's time scale
+    if not (math.isfinite(load) and load > 0):
+        raise ValueError(f"the load must be a finite number > 0 (got {load:g})")
+    slice_rate = load / slices  # a slice takes 1/slices of the traffic
+    if args.duration is not None:
+        duration = args.duration
+    elif args.time_scale is not None:
+        duration = TIMED_DURATION_S
     else:
-        rate = args.conversation_rate
-        if not (math.isfinite(rate) and rate > 0):
-            raise ValueError(f"--conversation-rate must be a finite number > 0 (got {rate:g})")
-    slice_rate = rate / slices
-    duration = args.duration or max(10.0, math.ceil(TARGET_CONVERSATIONS / slice_rate))
+        duration = max(10.0, math.ceil(TARGET_CONVERSATIONS / slice_rate))
     spec = RunSpec(layout="1P1D", dataset=args.dataset, qps=slice_rate,
                    policy=PolicyConfig(kind=Policy.PD), cost=args.cost, model=args.model,
                    link=args.link, duration_s=duration, timeout_s=args.timeout,
                    seed=args.seed, max_turns=args.max_turns, load_window_s=args.load_window,
                    client_connections=args.client_connections,
                    reply_retokenized=args.reply_retokenized, client=args.client,
-                   kv_readback_ttl_s=readback_ttl(args), fresh_arrivals=args.fresh_arrivals)
-    if args.time_scale is not None:
-        from dataclasses import replace
-
-        spec = replace(spec, time_scale=args.time_scale / slices)  # type: ignore[call-arg]
+                   kv_readback_ttl_s=readback_ttl(args), fresh_arrivals=args.fresh_arrivals,
+                   start_s=args.start)
     return spec
 
 
 def _header(args: argparse.Namespace, space: Space, base: RunSpec, seeds: tuple[int, ...]
             ) -> str:
-    rate = (f"{args.conversation_rate:g} conversations/s" if args.time_scale is None
+    rate = (f"{args.qps:g} conversations/s" if args.time_scale is None
             else f"time-scale {args.time_scale:g}")
     return (f"ppd sim plan: {args.gpus} GPUs, {args.cost} -> {space.instances} instances "
             f"of tp{space.tp}; {args.dataset} at {rate}, conversations starting for "

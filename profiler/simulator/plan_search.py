@@ -198,18 +198,9 @@ class PlanSearch:
 
     def _tables(self, layouts: Sequence[str]) -> None:
         from profiler.simulator.grid import shipped_table
-        from profiler.simulator.plan_tables import (
-            table_task,
-            traffic_cells,
-            turn_rate,
-            write_plan_table,
-        )
-        from profiler.simulator.workload import conversations_needed, load_conversations
+        from profiler.simulator.plan_tables import plan_cells, table_task, write_plan_table
 
-        conversations = load_conversations(
-            self.base.dataset, conversations_needed(self.base.qps, self.base.duration_s),
-            seed=self.base.seed)
-        cells = traffic_cells(conversations, turn_rate(conversations, self.base.qps))
+        cells = plan_cells(self.base)
         for layout in layouts:
             shipped = shipped_table(self.table_dir, self.base.cost, layout)
             if shipped.is_file():

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from proxy.vocabulary import RouteKind
 
@@ -85,38 +85,57 @@ def slo_summary(records: Sequence[RequestRecord], wall_time_s: float, idle: Idle
 
 def idle_ttfts(spec: RunSpec) -> dict[tuple[str, int], float]:
     """Every turn of the spec's conversations, its lowest TTFT alone on an idle 1P1D cluster
-    of the spec's preset over IDLE_ROUTES (see the module docstring)."""
-    from profiler.simulator.run import arrival_seed, setup_for
+    of the spec's preset over IDLE_ROUTES (see the module docstring). A timed trace's
+    requests are sent one at a time in their recorded order, so a continuation still finds
+    the blocks of the request it continues."""
+    from profiler.simulator.run import setup_for
     from profiler.simulator.virtual_cluster import Simulator
-    from profiler.simulator.workload import (
-        Arrival,
-        arrivals,
-        conversations_needed,
-        load_conversations,
-    )
+    from profiler.simulator.workload import Arrival, is_timed_dataset
     from proxy.config import Policy, PolicyConfig
 
-    drawn = load_conversations(
-        spec.dataset, conversations_needed(spec.qps, spec.duration_s), seed=spec.seed,
-        max_turns=spec.max_turns, max_context_tokens=spec.max_context_tokens)
-    # Only the conversations the run starts (the load draws a margin more), each once.
-    started = {base_id(arrival.conversation.id): arrival.conversation
-               for arrival in arrivals(drawn, spec.qps, spec.duration_s,
-                                       seed=arrival_seed(spec))}
-    conversations = list(started.values())
-    longest = max(len(conversation.turns) for conversation in conversations)
-    # Far enough apart that no conversation can still run when the next starts: every turn
-    # at most one timeout.
-    gap_s = spec.timeout_s * longest + 60.0
-    starts = [Arrival(index * gap_s, conversation)
-              for index, conversation in enumerate(conversations)]
+    timed = is_timed_dataset(spec.dataset)
+    started, rename = _timed_alone(spec) if timed else (_conversations_alone(spec), None)
+    # Far enough apart that none can still run when the next starts: each turn at most one
+    # timeout.
+    gap_s = spec.timeout_s * max(len(c.turns) for c in started) + 60.0
+    starts = [Arrival(index * gap_s, conversation) for index, conversation in enumerate(started)]
     best: dict[tuple[str, int], float] = {}
     for route in IDLE_ROUTES:
         alone = replace(spec, layout=IDLE_LAYOUT, policy=PolicyConfig(kind=Policy.PD),
                         forced_route=route, client_connections=None, fresh_arrivals=False)
-        result = Simulator(setup_for(alone)).run(starts)
-        _keep_lowest(best, result.records)
+        setup = setup_for(alone)
+        if rename is not None:
+            setup = replace(setup, proxy_names=rename.proxy_name)
+        records = Simulator(setup).run(starts).records
+        _keep_lowest(best, records if rename is None
+                     else [rename.client_record(record) for record in records])
     return best
+
+
+def _conversations_alone(spec: RunSpec) -> list[Any]:
+    """The conversations the run starts (the load draws a margin more), each once."""
+    from profiler.simulator.run import arrival_seed
+    from profiler.simulator.workload import arrivals, conversations_needed, load_conversations
+
+    drawn = load_conversations(
+        spec.dataset, conversations_needed(spec.qps, spec.duration_s), seed=spec.seed,
+        max_turns=spec.max_turns, max_context_tokens=spec.max_context_tokens)
+    started = {base_id(arrival.conversation.id): arrival.conversation
+               for arrival in arrivals(drawn, spec.qps, spec.duration_s,
+                                       seed=arrival_seed(spec))}
+    return list(started.values())
+
+
+def _timed_alone(spec: RunSpec) -> tuple[list[Any], Any]:
+    """A timed trace window's requests in recorded order, and the workload that names them."""
+    from profiler.simulator.workload import timed_workload
+    from profiler.traces.mooncake import TraceWindow
+
+    workload = timed_workload(spec.dataset, TraceWindow(spec.start_s, spec.duration_s, spec.qps),
+                              seed=spec.seed, max_turns=spec.max_turns,
+                              max_context_tokens=spec.max_context_tokens)
+    ordered = sorted(workload.arrivals, key=lambda arrival: arrival.at)
+    return [arrival.conversation for arrival in ordered], workload
 
 
 def _keep_lowest(best: dict[tuple[str, int], float], records: Iterable[RequestRecord]) -> None:

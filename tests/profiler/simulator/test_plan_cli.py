@@ -59,3 +59,21 @@ def test_usage_errors_are_clear(argv: list[str], message: str, tmp_path: Path,
     assert ppd(["sim", "plan", *argv, "--dataset", "synthetic:small-tiny",
                 "--conversation-rate", "1", "--out", str(tmp_path / "o")]) != 0
     assert message in capsys.readouterr().err
+
+
+def test_a_timed_trace_is_planned_at_a_time_scale(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan"
+    assert ppd(["sim", "plan", "--gpus", "2", "--dataset", "datasets/samples/mooncake_sample.jsonl",
+                "--time-scale", "1", "--duration", "10", "--seeds", "1", "--policies",
+                "pd,local", "--processes", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "at time-scale 1" in text
+    assert set(pd.read_csv(out / "ranked.csv")["layout"]) == {"1P1D", "2R"}
+
+
+def test_a_conversation_rate_on_a_timed_trace_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert ppd(["sim", "plan", "--gpus", "2", "--dataset", "datasets/samples/mooncake_sample.jsonl",
+                "--conversation-rate", "1", "--out", str(tmp_path / "o")]) != 0
+    assert "its load is --time-scale F" in capsys.readouterr().err
