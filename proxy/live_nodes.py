@@ -21,8 +21,9 @@ cached blocks are in the free pool too, so a local append needs as many). A D wh
 (1 - kv_cache_usage_perc of its capacity) is below the prompt is passed over while another
 has room; local on such a D is ruled out the same way. A node whose gauges are unknown has
 room (nothing says otherwise).
-The P is the one with the shortest queue (running + waiting, the proxy's in-flight count
-where /metrics is silent), which is what P->D's TTFT charges; ties to the pool's order.
+The P is the one with the shortest queue (running + waiting), which is what P->D's TTFT
+charges; ties to the pool's order. Every count is the gauges' or the proxy's own in-flight
+count, whichever is more (`node_state`): gauges lag a burst of decisions.
 """
 
 from __future__ import annotations
@@ -49,12 +50,21 @@ _BLOCK_SIZE = 16
 
 def node_state(node: NodeView) -> NodeState:
     """What `proxy.live` reads of a node, from its view (the batch's output lengths are not
-    in a view: unknown)."""
+    in a view: unknown). Requests the proxy has in flight there beyond what the gauges show
+    (sent since the last scrape, or still in the node's API server) are counted too - on a
+    D in the batch they will join, on a P in its queue: a burst of turns decided between
+    two scrapes must not all see the same idle node."""
     free = None
     if node.kv_usage is not None and node.kv_tokens is not None:
         free = round((1.0 - node.kv_usage) * node.kv_tokens)
-    return NodeState(node.busy, node.waiting or 0.0, node.held_tokens,
-                     node.kv_block_size or _BLOCK_SIZE, None, free)
+    running, waiting = node.busy, node.waiting or 0.0
+    unseen = max(node.in_flight - running - waiting, 0.0)
+    if node.role is Role.PREFILL:
+        waiting += unseen
+    else:
+        running += unseen
+    return NodeState(running, waiting, node.held_tokens, node.kv_block_size or _BLOCK_SIZE,
+                     None, free)
 
 
 def prompt_tokens(workload: Workload) -> int:
@@ -114,6 +124,11 @@ def placement_decode(workload: Workload, view: ClusterView, prefill: NodeState,
 
 
 def shortest_queue(view: ClusterView) -> NodeView | None:
-    """The usable P with the fewest requests running and waiting (None: no usable P)."""
-    return min(view.usable(Role.PREFILL),
-               key=lambda n: (n.busy + (n.waiting or 0.0), n.in_flight, n.picks), default=None)
+    """The usable P with the fewest requests running and waiting - the gauges', or the
+    proxy's own in-flight count where that is more (None: no usable P)."""
+    def queue(node: NodeView) -> float:
+        state = node_state(node)
+        return state.running + state.waiting
+
+    return min(view.usable(Role.PREFILL), key=lambda n: (queue(n), n.in_flight, n.picks),
+               default=None)

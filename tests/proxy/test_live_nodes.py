@@ -54,3 +54,17 @@ def test_equal_ds_go_to_the_pools_order_and_the_p_to_the_shortest_queue() -> Non
     queue = shortest_queue(view)
     assert queue is not None and queue.url == "p1"
     assert placement_decode(FIRST, ClusterView(()), NodeState(), COSTS, SCORER) is None
+
+
+def test_requests_in_flight_beyond_the_gauges_join_ds_batch_and_ps_queue() -> None:
+    d = node_state(NodeView("d", Role.DECODE, in_flight=5, running=1.0, waiting=1.0))
+    p = node_state(NodeView("p", Role.PREFILL, in_flight=5, running=1.0, waiting=1.0))
+    assert (d.running, d.waiting) == (4.0, 1.0)
+    assert (p.running, p.waiting) == (1.0, 4.0)
+    # gauges that already show more than the proxy sent are taken as they are
+    assert node_state(NodeView("d", Role.DECODE, in_flight=1, running=9.0)).running == 9.0
+    # a burst between two scrapes: both Ps read idle, the one the proxy loaded less wins
+    view = ClusterView((NodeView("p0", Role.PREFILL, in_flight=3, running=0.0, waiting=0.0),
+                        NodeView("p1", Role.PREFILL, in_flight=1, running=0.0, waiting=0.0)))
+    chosen = shortest_queue(view)
+    assert chosen is not None and chosen.url == "p1"
