@@ -83,6 +83,7 @@ def run_main(argv: list[str]) -> int:
     from profiler.replay.output import summary_table
     from profiler.simulator.run import (
         RunSpec,
+        offered_rate,
         policy_label,
         run_summary,
         simulate,
@@ -110,7 +111,8 @@ def run_main(argv: list[str]) -> int:
     write_sim_run(out, spec, result, summary, label=label)
     title = (f"ppd sim run: {label} on {spec.layout} ({spec.cost}, {spec.link}), "
              f"{args.dataset}")
-    print(summary_table({**summary, "conversation_rate": spec.qps}, title=title))
+    print(summary_table({**summary, "conversation_rate": offered_rate(spec, summary)},
+                        title=title))
     print(f"  {'KV moved P->D':<33} {result.kv_bytes_moved / 1e9:.2f} GB")
     print(simulated_setup(spec).line())
     print(f"simulated {result.wall_time_s:.1f} s of cluster time in {elapsed:.2f} s; "

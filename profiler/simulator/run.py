@@ -240,6 +240,14 @@ def _simulate_timed(spec: RunSpec, setup: SimSetup) -> SimResult:
     return result
 
 
+def offered_rate(spec: RunSpec, summary: dict[str, Any]) -> float:
+    """Conversations offered per second: the spec's rate, or what a timed trace's window
+    started per second of the (time-scaled) run."""
+    if not is_timed_dataset(spec.dataset):
+        return spec.qps
+    return float(summary["n_conversations"]) / (spec.duration_s / spec.qps)
+
+
 def arrival_seed(spec: RunSpec) -> int:
     """The seed of a run's arrival times: `spec.seed`, the same draw on every layout and
     policy. With `fresh_arrivals` each run - (layout, policy, workload, load) - gets its own

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,11 @@ def test_ppd_sim_run_takes_a_timed_trace_with_its_time_scale(tmp_path: Path, han
     expected = sum(20_000 <= r["timestamp"] < 28_000 for r in recorded)
     assert document["summary"]["n_requests"] == expected
     assert document["config"]["start_s"] == 20 and document["config"]["qps"] == 4
+    # offered: the conversations the window started, per second of the 4x faster run
+    offered = document["summary"]["n_conversations"] / (8 / 4)
+    shown = f"{offered:.3f}" if offered < 10 else f"{offered:.1f}"
+    assert re.search(rf"conversations/s \(offered\) +{re.escape(shown)}\n",
+                     capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("argv, message", [
