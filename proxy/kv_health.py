@@ -71,8 +71,9 @@ class KvEventCollector(Collector):
             "the node's replay socket) or forgotten (the node's residency became unknown)",
             labels=["node", "outcome"])
         rejected = CounterMetricFamily(
-            "ppd_kv_events_rejected", "KV events rejected as impossible (the node's residency "
-            "was forgotten), by reason", labels=["node", "reason"])
+            "ppd_kv_events_rejected", "KV events rejected, by reason: impossible or malformed "
+            "ones forgot the node's residency; implausible batches (numbered or stamped far "
+            "ahead) were dropped whole", labels=["node", "reason"])
         last_seq = GaugeMetricFamily("ppd_kv_events_last_seq",
                                      "Sequence number of the last KV event batch", labels=node)
         age = GaugeMetricFamily("ppd_kv_events_last_age_seconds",
