@@ -35,14 +35,14 @@ from proxy.policies import registry
 from proxy.policies.base import Need
 from proxy.redact import redacted_url
 from proxy.residency import DEFAULT_KV_BLOCKS
-from proxy.responses.store import (
-    DEFAULT_MAX_RESPONSE_BYTES,
-    DEFAULT_MAX_RESPONSES,
-    DEFAULT_RESPONSE_TTL_S,
-)
 from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S
 from proxy.suggest import unknown_name
 from proxy.vocabulary import Node, Role
+
+# /v1/responses' store (proxy.responses.store reads them here: config imports nothing of it).
+DEFAULT_MAX_RESPONSES = 10_000
+DEFAULT_RESPONSE_TTL_S = 24 * 3600.0
+DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 
 
 def _policy_enum() -> type[enum.StrEnum]:

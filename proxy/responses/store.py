@@ -23,12 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.config import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_MAX_RESPONSES,
+    DEFAULT_RESPONSE_TTL_S,
+)
 from proxy.errors import PayloadTooLarge, ProxyError
 from proxy.json_codec import dumps, loads
-
-DEFAULT_MAX_RESPONSES = 10_000
-DEFAULT_RESPONSE_TTL_S = 24 * 3600.0
-DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 
 
 class RecordTooLarge(PayloadTooLarge):
