@@ -154,7 +154,8 @@ def _attempt(kind: RouteKind, session: Session, decision: Decision,
     the session's; a route that runs on the session's node alone (local) takes no names."""
     route = ROUTES[kind]
     only = route.home_only if home_only is None else home_only
-    return Attempt(kind, tuple(
-        Pick(role, _home(session, role) if only else (_named(decision, role)
-                                                      or _home(session, role)), only)
-        for role in route.roles))
+    if only or (decision.decode is None and decision.prefill is None):
+        return Attempt(kind, tuple(Pick(role, _home(session, role), only)
+                                   for role in route.roles))
+    return Attempt(kind, tuple(Pick(role, _named(decision, role) or _home(session, role))
+                               for role in route.roles))
