@@ -213,7 +213,7 @@ class Router:
                    attempt: Attempt) -> Served | None:
         """One attempt of the plan; None when its only node cannot serve (the next one runs)."""
         body, answering = turn.incoming.body, attempt.answering
-        if attempt.prefill is not None:
+        if attempt.prefill is not None:  # P->D or readback: P's leg, then D's
             if attempt.route is RouteKind.READBACK and not machine.kept(
                     await self.readback.take(turn.lookup) if self.readback is not None
                     else Reason.READBACK_MISSING):

@@ -18,7 +18,7 @@ from profiler.engine.requests import Request
 from profiler.simulator.sim_events import SEND_WAITING, TIMEOUT, TurnRun
 from profiler.simulator.workload import SimConversation
 from profiler.traces.request_records import RequestRecord
-from proxy.vocabulary import RouteKind
+from proxy.turn_machine import Leg
 
 if TYPE_CHECKING:
     from profiler.simulator.sim_setup import SimSetup
@@ -69,9 +69,10 @@ class ReplayClient:
         # The timeout runs from the turn's start: when it was due, for a capped client (it
         # counts the wait for a connection), else when it is sent.
         self._push(start + self.setup.timeout_s, TIMEOUT, request_id)
-        if plan.route is RouteKind.READBACK:
+        first = plan.machine.legs()[0]  # the turn machine's legs, in order
+        if first is Leg.TOKENIZE:
             self._tokenize_at_prefill(turn)
-        elif plan.route is RouteKind.PD:
+        elif first is Leg.PREFILL:
             self._submit_prefill(turn)
         else:
             self._submit_via_frontend(turn, plan.decode.url,
