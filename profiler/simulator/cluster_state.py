@@ -23,6 +23,9 @@ from proxy.live import NodeState, TurnState
 from proxy.sessions.session import Session
 from proxy.vocabulary import Role
 
+# Histories whose chains are kept for extension: more than the sessions in flight at once.
+MAX_HELD_LISTS = 256
+
 
 class HistoryHashes:
     """Block-hash chains of conversations' histories, extended as they grow (a history only
@@ -31,12 +34,19 @@ class HistoryHashes:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._chains: dict[str, list[int]] = {}
-        self._lists: dict[str, list[int]] = {}  # the token list each chain was made from
+        # the token list each chain was made from, most recently used last: a chain is only
+        # extended from its own list (a timed trace's next request under the session is
+        # another list); the least recent past MAX_HELD_LISTS are let go, chain and all
+        self._lists: dict[str, list[int]] = {}
 
     def chain(self, key: str, tokens: list[int]) -> list[int]:
-        if self._lists.get(key) is not tokens:  # another list under the key (a timed trace's
-            self._chains[key] = []  # next request of the session): not an extension of it
-            self._lists[key] = tokens
+        if self._lists.pop(key, None) is not tokens:
+            self._chains[key] = []
+        self._lists[key] = tokens
+        if len(self._lists) > MAX_HELD_LISTS:
+            oldest = next(iter(self._lists))
+            del self._lists[oldest]
+            self._chains.pop(oldest, None)
         chain = self._chains.setdefault(key, [])
         size = self.block_size
         parent = chain[-1] if chain else ROOT_HASH

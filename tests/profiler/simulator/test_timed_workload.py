@@ -107,3 +107,20 @@ def test_a_grid_runs_a_timed_trace_at_its_time_scales(hand_preset: str) -> None:
                        base, lambda layout: None, time_scales=[1, 2, 4])
     assert [(c.spec.dataset == str(SAMPLE), c.spec.qps) for c in cells] == [
         (True, 1), (True, 2), (True, 4), (False, 0.5), (False, 8)]
+
+
+def test_the_live_view_rehashes_a_session_whose_history_is_another_list() -> None:
+    """A timed trace's next request under a session is a new token list, not an extension of
+    the last one: its chain is hashed afresh (a stale chain would misreport residency)."""
+    from profiler.simulator.cluster_state import MAX_HELD_LISTS, HistoryHashes
+
+    hashes = HistoryHashes(block_size=4)
+    first = list(range(8))
+    chain = list(hashes.chain("s", first))
+    first.extend(range(8, 12))  # the same list grown: extended, its two blocks kept
+    assert hashes.chain("s", first)[:2] == chain and len(hashes.chain("s", first)) == 3
+    other = [100, *range(1, 12)]  # another list, first block different
+    assert hashes.chain("s", other)[0] != chain[0]
+    for key in range(MAX_HELD_LISTS + 1):  # old sessions are let go, chain and list
+        hashes.chain(str(key), [key] * 4)
+    assert hashes.chain("s", other) == HistoryHashes(4).chain("s", other)
