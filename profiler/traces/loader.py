@@ -129,9 +129,7 @@ def _fit_context(
 def trace_format(path: str | Path, fmt: TraceFormat = TraceFormat.AUTO) -> TraceFormat:
     """The format of a trace file: fmt, or detected from its first record (auto)."""
     path = Path(path)
-    records = iter_records(path)
-    first = next(records, None)
-    records.close()
+    first = next(iter_records(path), None)  # the generator (and its file) go with it
     if first is None:
         raise TraceFileError(f"{path} holds no records")
     if fmt is TraceFormat.AUTO:
