@@ -3,8 +3,8 @@
 Candidates (layout, policy) are ranked by SLO attainment (mean over the seeds each ran), then
 turn-2+ TTFT p90, then TPOT p90; those run on every seed (confirmed) before those screened on
 one, so a lucky draw cannot put a screened candidate first. Goodput (turns that met the SLO
-per second) is shown, not ranked on: the runs carry the same traffic, so at equal attainment
-it differs only by when the last turn ended. The recommendation names the first and its
+per second of the arrival window) is shown, not ranked on: the runs carry the same traffic,
+so it follows attainment. The recommendation names the first and its
 margin over the runner-up. The ranking is called too close to call when the first two's
 attainment ranges over seeds overlap (a range is min..max over the seeds; a candidate run on
 one seed has none), and too small a sample when a run holds fewer than MIN_CONVERSATIONS

@@ -71,11 +71,19 @@ def run_task(task: RunTask) -> dict[str, Any]:
     row: dict[str, Any] = {"layout": task.full_layout, "policy": task.candidate.policy,
                            "simulated_layout": task.candidate.layout, "seed": task.spec.seed}
     row.update({key: summary.get(key) for key in SUMMARY_KEYS})
-    row.update(slo_summary(result.records, result.wall_time_s, task.idle, task.slo))
+    row.update(slo_summary(result.records, arrival_window_s(task.spec), task.idle, task.slo))
     if row["goodput_turns_s"] is not None:  # one slice's goodput -> the cluster's
         row["goodput_turns_s"] *= task.slices
     row["cpu_s"] = time.perf_counter() - started
     return row
+
+
+def arrival_window_s(spec: RunSpec) -> float:
+    """Seconds over which the run's traffic arrived: its duration, a timed trace's window
+    divided by its time scale (RunSpec.qps)."""
+    from profiler.simulator.workload import is_timed_dataset
+
+    return spec.duration_s / spec.qps if is_timed_dataset(spec.dataset) else spec.duration_s
 
 
 def _reference(spec: RunSpec) -> tuple[int, dict[tuple[str, int], float]]:

@@ -73,14 +73,15 @@ def meets(record: RequestRecord, idle: IdleTtfts, slo: Slo) -> bool:
     return record.tpot_s is None or record.tpot_s * 1000.0 <= slo.tpot_ms
 
 
-def slo_summary(records: Sequence[RequestRecord], wall_time_s: float, idle: IdleTtfts,
+def slo_summary(records: Sequence[RequestRecord], window_s: float, idle: IdleTtfts,
                 slo: Slo) -> dict[str, float | int | None]:
     """slo_attainment (share of all turns that met it, None without turns), slo_met (count)
-    and goodput_turns_s (turns that met it per second of the run)."""
+    and goodput_turns_s: turns that met it per second of the window the traffic arrived in
+    (not of the run's wall time, which one long conversation's last turn can stretch)."""
     met = sum(1 for record in records if meets(record, idle, slo))
     return {"slo_met": met,
             "slo_attainment": met / len(records) if records else None,
-            "goodput_turns_s": met / wall_time_s if wall_time_s > 0 else None}
+            "goodput_turns_s": met / window_s if window_s > 0 else None}
 
 
 def idle_ttfts(spec: RunSpec) -> dict[tuple[str, int], float]:
