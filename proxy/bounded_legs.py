@@ -50,9 +50,24 @@ class BoundedResponse:
             parts.append(chunk)
         return b"".join(parts)
 
+    @property
+    def inner(self) -> LegResponse:
+        """The response this one bounds (`proxy.forward.UpstreamStream` reads a stream from
+        it directly and calls `check_event` per chunk: one coroutine layer less a chunk)."""
+        return self._inner
+
     async def read_chunk(self) -> bytes:
         chunk = await self._inner.read_chunk()
-        end = chunk.rfind(b"\n\n")  # vLLM's; the others only when it is not there
+        self.check_event(chunk)
+        return chunk
+
+    def check_event(self, chunk: bytes) -> None:
+        """Count a stream chunk's bytes since the last event boundary; UpstreamTooLarge past
+        --max-stream-event-bytes."""
+        if chunk.endswith(b"\n\n"):  # vLLM writes whole events: nothing pending
+            self._pending = 0
+            return
+        end = chunk.rfind(b"\n\n")  # the other boundaries only when this one is not there
         if end < 0:
             end = max(chunk.rfind(b"\r\n\r\n"), chunk.rfind(b"\r\r"))
         self._pending = self._pending + len(chunk) if end < 0 else len(chunk) - end
@@ -60,7 +75,6 @@ class BoundedResponse:
             raise UpstreamTooLarge(
                 f"backend {self._url} sent a stream event over "
                 f"{self._limits.max_stream_event_bytes} bytes (--max-stream-event-bytes)")
-        return chunk
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy import tracing
+from proxy.bounded_legs import BoundedResponse
 from proxy.errors import UpstreamProtocol, UpstreamRunaway, UpstreamStatus
 from proxy.json_codec import dumps, exact_loads, loads
 from proxy.legs import LegResponse, Legs
@@ -199,6 +200,7 @@ class UpstreamStream:
     response: LegResponse
     first: bytes
     span: tracing.LegSpan | None = None  # the leg's span when traced, ended by aclose
+    bounds: BoundedResponse | None = None  # counts each chunk's bytes of an unfinished event
 
     @property
     def status(self) -> int:
@@ -220,7 +222,10 @@ class UpstreamStream:
         if first:
             self.first = b""
             return first
-        return await self.response.read_chunk()
+        chunk = await self.response.read_chunk()
+        if self.bounds is not None:
+            self.bounds.check_event(chunk)
+        return chunk
 
     @property
     def at_end(self) -> bool:
@@ -260,4 +265,6 @@ async def open_stream(legs: Legs, base_url: str, endpoint: Endpoint,
         if span is not None:
             span.end(response.status, exc)
         raise
+    if isinstance(response, BoundedResponse):  # its checks without its coroutine layer
+        return UpstreamStream(response.inner, first, span, response)
     return UpstreamStream(response, first, span)
