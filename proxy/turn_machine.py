@@ -5,14 +5,15 @@
 it sends, in order (`legs`: P's /tokenize and P's leg before a readback's D leg, P's leg
 before a P->D D leg, one leg otherwise); it takes the fallbacks between them - a readback
 whose kept blocks the book no longer has (`kept`), or too few of whose tokens are the new
-prompt's (`tokenized`, the readback-mismatch rule), runs P->D and says why; it says whether
-D keeps a leg's blocks for a later readback (`keeps`, the keep-blocks rule), which node a
-pick takes (`take`), records the session's home once nodes served it (`served`), and labels
-the decision with the route that served the turn (`decision`).
+prompt's (`tokenized`, the readback-mismatch rule), or that P declined to read
+(`declined`), runs P->D and says why; it says whether D keeps a leg's blocks for a later
+readback (`keeps`, the keep-blocks rule), which node a pick takes (`take`), records the
+session's home once nodes served it (`served`), and labels the decision with the route that
+served the turn (`decision`).
 
 The machine neither sends nor waits: `proxy.router.Router` carries each leg out over HTTP
 (with `proxy.failover` trying the nodes of a role in turn) and the simulator
-(`profiler.simulator.sim_proxy`, `profiler.simulator.virtual_cluster`) on engines in
+(`profiler.simulator.sim_proxy`, `profiler.simulator.node_protocol`) on engines in
 virtual time; both ask it at each step and feed back what happened, so each rule here holds
 in both and the simulator cannot drift from the proxy it models.
 """
