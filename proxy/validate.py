@@ -210,9 +210,10 @@ def validate_body(endpoint: Endpoint, body: dict[str, Any],
         prompt = body.get("prompt")
         if not isinstance(prompt, str | list):
             raise BadRequest("'prompt' must be a string or a list", param="prompt")
-        if isinstance(prompt, list) and len(prompt) > max_messages and not all(
-                isinstance(item, int) for item in prompt):
-            # A batch of prompts costs like messages; a list of token ids is one prompt.
+        if isinstance(prompt, list) and len(prompt) > max_messages \
+                and not isinstance(prompt[0], int):
+            # A batch of prompts costs like messages; a list of token ids is one prompt (vLLM
+            # takes no mixed list: the first item says which).
             raise BadRequest(f"'prompt' is a batch of {len(prompt)} prompts, over the limit of "
                              f"{max_messages} (--max-messages)", param="prompt")
     if "stream" in body and not isinstance(body["stream"], bool):
