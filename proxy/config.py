@@ -125,7 +125,7 @@ def _check_policy(config: Any) -> None:
         spec.check(config)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if spec.needs.table is Need.REQUIRED and config.table is None:
+    if spec.needs.table is Need.REQUIRED and registry.table_path(config) is None:
         raise ConfigError(f"policy {spec.name} needs --table PATH (a decision table, CSV or "
                           "Parquet)")
 
@@ -276,7 +276,7 @@ class ProxyConfig:
                 raise ConfigError(f"node {node.url} is listed with two roles "
                                   f"({roles[node.url]} and {node.role})")
         spec = registry.get(self.policy.kind)
-        if spec.needs.costs is Need.REQUIRED and self.policy.live_costs is None:
+        if spec.needs.costs is Need.REQUIRED and registry.costs_path(self.policy) is None:
             raise ConfigError(f"policy {spec.name} needs --live-costs PATH (a step-cost file): "
                               f"{live_costs_hint(None)}")
         if self.discovery is not None and not self.discovery.startswith("tcp://"):
@@ -313,8 +313,13 @@ def _check_scale_out(store: str, workers: int, discovery: str | None) -> None:
 
 
 _NODE_KEYS = {role.value: role for role in Role}
-# Relative paths in a config file are relative to the file.
-_PATH_KEYS = {"table", "tokenizer", "cluster", "live_costs"}
+
+
+def _path_keys() -> set[str]:
+    """Keys whose relative paths in a config file are relative to the file: `cluster` and
+    every option that is a path (the policies' files among them, whichever declares them)."""
+    return {"cluster", *(o.key for o in (*option_fields(PolicyConfig),
+                                          *option_fields(ProxyConfig)) if o.convert is Path)}
 
 
 def _scalar_options() -> dict[str, Callable[[Any], Any]]:
@@ -386,7 +391,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
                 raise ConfigError(f"config key {key!r} in {path}: {exc}") from None
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"config key {key!r}: bad value {value!r}") from exc
-            if name in _PATH_KEYS and not out[name].is_absolute():
+            if name in _path_keys() and not out[name].is_absolute():
                 out[name] = path.parent / out[name]
         else:
             known = ", ".join(sorted([*scalars, *_NODE_KEYS]))
@@ -500,7 +505,7 @@ def config_from_namespace(args: argparse.Namespace) -> ProxyConfig:
     except LimitError as exc:
         raise ConfigError(str(exc)) from None
     spec = registry.get(policy.kind)
-    if spec.needs.costs is Need.REQUIRED and policy.live_costs is None:
+    if spec.needs.costs is Need.REQUIRED and registry.costs_path(policy) is None:
         raise ConfigError(f"policy {spec.name} needs --live-costs PATH (a step-cost file): "
                           f"{live_costs_hint(cluster)}")
     return ProxyConfig(nodes=unique, policy=policy, kv_events=kv_sources.merge(kv_events),

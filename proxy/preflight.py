@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from proxy.config import PolicyConfig, ProxyConfig, config_from_args
 from proxy.live import StepCosts
+from proxy.policies import registry
 from proxy.policies.routing import RoutingPolicy
 from proxy.table import DecisionTable
 
@@ -20,8 +21,9 @@ from proxy.table import DecisionTable
 def load_policy(config: PolicyConfig) -> RoutingPolicy:
     """The routing policy of `config`, its decision table and step costs loaded (their
     errors - a missing or malformed file - raise here)."""
-    table = DecisionTable.load(config.table) if config.table else None
-    costs = StepCosts.load(config.live_costs) if config.live_costs else None
+    table_path, costs_path = registry.table_path(config), registry.costs_path(config)
+    table = DecisionTable.load(table_path) if table_path else None
+    costs = StepCosts.load(costs_path) if costs_path else None
     return RoutingPolicy(config, table, costs)
 
 

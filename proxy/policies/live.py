@@ -71,6 +71,12 @@ class Flags(ppd.Flags):
         metavar="PATH")
 
 
+def costs_path(config: Any) -> Path | None:
+    """The step-cost file the configuration names (`--live-costs`)."""
+    path: Path | None = config.live_costs
+    return path
+
+
 def remember(config: Any) -> LiveScorer:
     """The running means live starts from."""
     return LiveScorer(config.w_ttft, config.w_tpot)

@@ -49,6 +49,13 @@ WEIGHTS_LABEL = r"(?:-wtpot(?P<tpot>[\d.]+))?$"
 _LABEL = re.compile(rf"^{NAME}{WEIGHTS_LABEL}")
 
 
+def table_path(config: Any) -> Path | None:
+    """The decision table the configuration names (`--table`), whichever policy runs: the
+    proxy loads it for any (its model warning), ppd and live decide with it."""
+    path: Path | None = config.table
+    return path
+
+
 def check_flags(config: Any) -> None:
     """The table's weights and margin, whichever policy is chosen."""
     for name in ("w_ttft", "w_tpot"):

@@ -91,18 +91,26 @@ class PolicySpec:
 
 
 @functools.cache
-def policies() -> dict[str, PolicySpec]:
-    """Every policy module of the package, by name (sorted)."""
+def _modules() -> tuple[ModuleType, ...]:
+    """Every policy module of the package (those that set NAME), by file name."""
     # The package's directory: the policy modules are found by file name, and the package's
     # own machinery is never imported from here (`routing` imports this module: a loop).
-    found: dict[str, PolicySpec] = {}
+    modules = []
     for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]),
                        key=lambda i: i.name):
         if info.name in _MACHINERY:
             continue
         module = importlib.import_module(f"{_PACKAGE}.{info.name}")
-        if not hasattr(module, "NAME"):
-            continue  # a module the policies share, not a policy
+        if hasattr(module, "NAME"):  # else a module the policies share, not a policy
+            modules.append(module)
+    return tuple(modules)
+
+
+@functools.cache
+def policies() -> dict[str, PolicySpec]:
+    """Every policy module of the package, by name (sorted)."""
+    found: dict[str, PolicySpec] = {}
+    for module in _modules():
         spec = PolicySpec.of(module)
         if spec.name in found:
             raise ValueError(f"two policy modules are named {spec.name!r}")
@@ -116,6 +124,25 @@ def default_name() -> str:
     if len(chosen) != 1:
         raise ValueError(f"exactly one policy module sets DEFAULT = True, not {chosen}")
     return chosen[0]
+
+
+def table_path(config: Any) -> Path | None:
+    """The decision table a configuration names, as the policy module that declares the flag
+    reads it (its `table_path`); None: none named."""
+    return _first_path("table_path", config)
+
+
+def costs_path(config: Any) -> Path | None:
+    """The step-cost file a configuration names (the declaring module's `costs_path`)."""
+    return _first_path("costs_path", config)
+
+
+def _first_path(hook: str, config: Any) -> Path | None:
+    for module in _modules():
+        read = getattr(module, hook, None)
+        if read is not None and (path := read(config)) is not None:
+            return Path(path)
+    return None
 
 
 def names() -> tuple[str, ...]:

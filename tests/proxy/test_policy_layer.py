@@ -1,7 +1,7 @@
 """The shared policy layer names no policy: `proxy.policies.base`, `routing`, `registry` and
 `proxy.config` import no policy module and read no policy's flags; what a policy needs
-loaded (ppd's verdicts at its weights) and `--policy`'s default come from the modules'
-own declarations, through the registry."""
+loaded (ppd's verdicts at its weights, the files its flags name) and `--policy`'s default
+come from the modules' own declarations, through the registry."""
 
 from __future__ import annotations
 
@@ -35,14 +35,16 @@ def test_no_shared_module_imports_a_policy_module() -> None:
             assert not named & policies, f"{path} imports {sorted(named & policies)}"
 
 
-def test_routing_and_base_read_no_policys_flags() -> None:
+def test_the_shared_layer_reads_no_policys_flags() -> None:
+    """Not `config.table`, `self.policy.live_costs`...: the declaring module's hook says
+    (`registry.table_path`, `registry.costs_path`, ppd's `inputs`)."""
     flags = {name for cls in registry.flag_classes()
              for name in cls.__dataclass_fields__}  # type: ignore[attr-defined]
-    for path in ("proxy/policies/base.py", "proxy/policies/routing.py"):
+    for path in (*SHARED, "proxy/preflight.py"):
         tree = ast.parse((ROOT / path).read_text())
-        # `config.X` / `self.config.X`: a flag read off the policy's configuration
+        # `config.X` / `self.config.X` / `policy.X`: a flag read off the policy's configuration
         read = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
-                and ast.unparse(node.value).split(".")[-1] == "config"}
+                and ast.unparse(node.value).split(".")[-1] in ("config", "policy")}
         assert not read & flags, f"{path} reads {sorted(read & flags)}"
 
 
@@ -50,3 +52,10 @@ def test_the_default_policy_is_the_one_module_that_says_so() -> None:
     defaults = [spec.name for spec in registry.policies().values() if spec.default]
     assert defaults == [registry.default_name()] == ["pd"]
     assert PolicyConfig().kind == "pd"
+
+
+def test_the_files_a_configuration_names_are_read_by_their_policy_modules() -> None:
+    config = PolicyConfig(kind="live", table=Path("t.csv"), live_costs=Path("c.json"))
+    assert (registry.table_path(config), registry.costs_path(config)) == (
+        Path("t.csv"), Path("c.json"))
+    assert registry.table_path(PolicyConfig()) is None
