@@ -26,6 +26,9 @@ and, when it needs them (the registry fills in the defaults):
     def inputs(config, table, costs) -> Inputs # what decide is given, loaded once (default:
                                                # Inputs(config, table, costs=costs))
     DEFAULT = True                             # `--policy`'s default (one policy: pd)
+    def table_path(config) -> Path | None      # the file its flags name, for the proxy and
+    def costs_path(config) -> Path | None      # the simulator to load (ppd: --table, live:
+                                               # --live-costs): registry.table_path/costs_path
 
 `decide` returns a `Decision`: the route, and optionally the nodes that serve it
 (`Decision.decode`, `Decision.prefill`: URLs a policy read from `turn.view`; None leaves the
