@@ -178,7 +178,8 @@ def _table(path: str) -> DecisionTable:
 
 def routing_policy(config: PolicyConfig, costs: StepCosts | None = None) -> RoutingPolicy:
     """The proxy's policy object for a config (its table loaded once per process)."""
-    table = _table(str(config.table)) if config.table is not None else None
+    path = registry.table_path(config)  # the file the declaring policy module reads
+    table = _table(str(path)) if path is not None else None
     return RoutingPolicy(config, table, costs)
 
 
@@ -186,8 +187,9 @@ def live_costs(spec: RunSpec) -> StepCosts | None:
     """A policy's step costs (live's): its --live-costs file, else fitted to the run's preset."""
     if registry.get(spec.policy.kind).needs.costs is Need.NO:
         return None
-    if spec.policy.live_costs is not None:
-        return StepCosts.load(spec.policy.live_costs)
+    path = registry.costs_path(spec.policy)
+    if path is not None:
+        return StepCosts.load(path)
     return step_costs_for(spec.cost, spec.link, spec.model_name)
 
 
@@ -298,7 +300,8 @@ def write_sim_run(out_dir: Path, spec: RunSpec, result: SimResult, summary: dict
 
 def simulated_setup(spec: RunSpec) -> SimulatedSetup:
     """What a run simulated: preset (with its vLLM version), link, model, layout, table."""
-    tables = {spec.layout: spec.policy.table} if spec.policy.table is not None else {}
+    table = registry.table_path(spec.policy)
+    tables = {spec.layout: table} if table is not None else {}
     return describe(spec.cost, spec.link, spec.model_name, [spec.layout], tables)
 
 
