@@ -68,3 +68,16 @@ def test_the_idle_reference_is_no_slower_than_the_loaded_run() -> None:
     first = [ttft for (_, turn), ttft in idle.items() if turn == 1]
     second = [ttft for (_, turn), ttft in idle.items() if turn == 2]
     assert max(second) < min(first)
+
+
+def test_the_fast_reference_is_the_exact_one_or_a_few_ms_above_it() -> None:
+    # Replies cut to their first token, the rest sent back as the next turn's new tokens:
+    # P->D unchanged, local prefills the reply it would have found cached on D.
+    spec = RunSpec(layout="1P1D", dataset="synthetic:multi-4", qps=2.0, duration_s=3.0)
+    fast, exact = idle_ttfts(spec), idle_ttfts(spec, fast=False)
+    assert fast.keys() == exact.keys()
+    assert any(turn >= 3 for _, turn in exact)
+    for key, ttft in exact.items():  # 1 ms below: where a block boundary falls differs
+        assert ttft - 0.001 <= fast[key] <= ttft + 0.030, (key, ttft, fast[key])
+    for key in (key for key in exact if key[1] == 1):
+        assert fast[key] == pytest.approx(exact[key], abs=1e-4)  # turn 1: nothing carried
