@@ -29,7 +29,7 @@ def test_integers_beyond_64_bits_are_written_exactly() -> None:
 
 
 @pytest.mark.parametrize("text", [b"[NaN]", b"[Infinity]", b"[-Infinity]", b"[1e309]",
-                                  b"[-1e309]", b'{"a": NaN, "b": "\ud800"}'])
+                                  b"[-1e309]", b'{"a": NaN, "b": "\\ud800"}'])
 def test_what_is_no_json_number_is_refused_where_it_goes_on_to_a_node(text: bytes) -> None:
     """Issue #45: P's answer, read to pass its kv_transfer_params on to D, is JSON proper."""
     with pytest.raises(ValueError):
