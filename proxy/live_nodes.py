@@ -21,9 +21,10 @@ cached blocks are in the free pool too, so a local append needs as many). A D wh
 (1 - kv_cache_usage_perc of its capacity) is below the prompt is passed over while another
 has room; local on such a D is ruled out the same way. A node whose gauges are unknown has
 room (nothing says otherwise).
-The P is the one with the shortest queue (running + waiting), which is what P->D's TTFT
-charges; ties to the pool's order. Every count is the gauges' or the proxy's own in-flight
-count, whichever is more (`node_state`): gauges lag a burst of decisions.
+The P is the one with the least prefill work ahead (`least_prefill_work`: the KV its
+admitted requests hold, plus its queue at this turn's size); ties to the pool's order.
+Every count is the gauges' or the proxy's own in-flight count, whichever is more
+(`node_state`): gauges lag a burst of decisions.
 """
 
 from __future__ import annotations
@@ -123,12 +124,18 @@ def placement_decode(workload: Workload, view: ClusterView, prefill: NodeState,
         node.in_flight, node.picks))
 
 
-def shortest_queue(view: ClusterView) -> NodeView | None:
-    """The usable P with the fewest requests running and waiting - the gauges', or the
-    proxy's own in-flight count where that is more (None: no usable P)."""
-    def queue(node: NodeView) -> float:
+def least_prefill_work(view: ClusterView, prompt: int) -> NodeView | None:
+    """The usable P with the least prefill work ahead of this turn's: the KV tokens its
+    admitted requests hold (vLLM's kv_cache_usage_perc x its capacity) plus its queue
+    (waiting, and what the proxy sent that the gauges do not show yet), each queued request
+    taken to be this turn's size, as P->D's TTFT takes it; without KV gauges every request
+    counts so (None: no usable P). Requests differ a hundredfold in length in production
+    traffic, so a count alone says little of the wait."""
+    def work(node: NodeView) -> float:
         state = node_state(node)
-        return state.running + state.waiting
+        if node.kv_usage is None or node.kv_tokens is None:
+            return (state.running + state.waiting) * prompt
+        return node.kv_usage * node.kv_tokens + state.waiting * prompt
 
-    return min(view.usable(Role.PREFILL), key=lambda n: (queue(n), n.in_flight, n.picks),
+    return min(view.usable(Role.PREFILL), key=lambda n: (work(n), n.in_flight, n.picks),
                default=None)

@@ -11,7 +11,7 @@ is untouched) and taken when it scores above both local's score and P->D's zero.
 Live also picks the nodes (`proxy.live_nodes`, with `Turn.view`): a P->D turn - turn 1, or
 a turn 2+ the score sends there - decodes on the D its route prices best (another than the
 session's when that one lost the history, runs a heavier batch or lacks room for the
-prompt, which also rules local out), and prefills on the P with the shortest queue.
+prompt, which also rules local out), and prefills on the P with the least prefill work ahead.
 
 In a hybrid pool (R nodes beside P and D) live also places a conversation without a home
 (turn 1, or its node gone) on a replica or P->D by the same score (REPLICA_LIVE when the
@@ -39,7 +39,7 @@ from proxy.live import (
     predict,
     predict_placement,
 )
-from proxy.live_nodes import moved, node_state, placement_decode, roomy, shortest_queue
+from proxy.live_nodes import least_prefill_work, moved, node_state, placement_decode, roomy
 from proxy.options import option
 from proxy.policies import ppd
 from proxy.policies.base import PD_PAIR, Inputs, Need, Needs, Turn, disaggregated_default
@@ -124,7 +124,7 @@ def _placed(decision: Decision, turn: Turn, inputs: Inputs, scorer: LiveScorer) 
     view = turn.view
     if view is None or inputs.costs is None:
         return decision
-    prefill = shortest_queue(view)
+    prefill = least_prefill_work(view, turn.workload.n_ctx + turn.workload.n_in)
     decode = placement_decode(turn.workload, view,
                               node_state(prefill) if prefill else NodeState(), inputs.costs,
                               scorer)
@@ -165,7 +165,8 @@ def _predicted(turn: Turn, state: TurnState, inputs: Inputs,
     decode, local_fits, view = None, True, turn.view
     if view is not None:
         prediction, decode, local_fits = _best_decode(turn, view, state, base, inputs, scorer)
-    prefill = shortest_queue(view) if view is not None else None
+    prefill = (least_prefill_work(view, workload.n_ctx + workload.n_in) if view is not None
+               else None)
     prefill_url = prefill.url if prefill is not None else None
     score, scorer = scorer.scored(prediction)
     # Without residency (no KV events for this session on its D) live is blind to

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from proxy.cluster_view import ClusterView, NodeView
 from proxy.live import LiveScorer, NodeState, StepCosts
-from proxy.live_nodes import node_state, placement_decode, roomy, shortest_queue
+from proxy.live_nodes import least_prefill_work, node_state, placement_decode, roomy
 from proxy.vocabulary import Role, Workload
 
 COSTS = StepCosts(base_ms=6.0, per_prefill_token_ms=0.02, per_decode_seq_ms=0.01,
@@ -51,7 +51,7 @@ def test_equal_ds_go_to_the_pools_order_and_the_p_to_the_shortest_queue() -> Non
                         NodeView("p1", Role.PREFILL, running=2.0, waiting=0.0)))
     chosen = placement_decode(FIRST, view, NodeState(), COSTS, SCORER)
     assert chosen is not None and chosen.url == "d1"
-    queue = shortest_queue(view)
+    queue = least_prefill_work(view, 4000)
     assert queue is not None and queue.url == "p1"
     assert placement_decode(FIRST, ClusterView(()), NodeState(), COSTS, SCORER) is None
 
@@ -66,5 +66,21 @@ def test_requests_in_flight_beyond_the_gauges_join_ds_batch_and_ps_queue() -> No
     # a burst between two scrapes: both Ps read idle, the one the proxy loaded less wins
     view = ClusterView((NodeView("p0", Role.PREFILL, in_flight=3, running=0.0, waiting=0.0),
                         NodeView("p1", Role.PREFILL, in_flight=1, running=0.0, waiting=0.0)))
-    chosen = shortest_queue(view)
+    chosen = least_prefill_work(view, 4000)
     assert chosen is not None and chosen.url == "p1"
+
+
+def test_the_p_with_less_prefill_work_wins_over_the_one_with_fewer_requests() -> None:
+    # p0: one 90,000-token prompt admitted; p1: three requests holding 6,000 tokens
+    view = ClusterView((NodeView("p0", Role.PREFILL, running=1.0, waiting=0.0, kv_usage=0.9,
+                                 kv_blocks=6250, kv_block_size=16),
+                        NodeView("p1", Role.PREFILL, running=3.0, waiting=0.0, kv_usage=0.06,
+                                 kv_blocks=6250, kv_block_size=16)))
+    chosen = least_prefill_work(view, 4000)
+    assert chosen is not None and chosen.url == "p1"
+    # a queue counts at this turn's size: 24 waiting 4,000-token turns outweigh the long one
+    view = ClusterView((view.nodes[0], NodeView("p1", Role.PREFILL, running=0.0, waiting=24.0,
+                                                kv_usage=0.0, kv_blocks=6250,
+                                                kv_block_size=16)))
+    chosen = least_prefill_work(view, 4000)
+    assert chosen is not None and chosen.url == "p0"
