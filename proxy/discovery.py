@@ -48,6 +48,7 @@ REJECTION_LOG_INTERVAL_S = 60.0
 # search would leak through its timing what the constant-time comparison hides.
 MAX_HEARTBEAT_BYTES = 64 * 1024
 MAX_URL_CHARS = 2048
+MAX_FIELD_BYTES = 4096  # any string in a heartbeat: a URL, a model name, the token
 MAX_MODELS = 64
 MAX_MODEL_CHARS = 512
 DEFAULT_MAX_NODES = 512
@@ -78,7 +79,10 @@ def parse_heartbeat(payload: bytes) -> Heartbeat:
         raise HeartbeatError(f"heartbeat of {len(payload)} bytes (at most "
                              f"{MAX_HEARTBEAT_BYTES})")
     try:
-        data: Any = msgpack.unpackb(payload, raw=False)
+        # Each container and string bounded while unpacking, whatever the socket let in.
+        data: Any = msgpack.unpackb(payload, raw=False, max_str_len=MAX_FIELD_BYTES,
+                                    max_bin_len=MAX_FIELD_BYTES, max_array_len=MAX_MODELS,
+                                    max_map_len=32, max_ext_len=0)
     except Exception as exc:  # msgpack raises several unrelated exception types
         raise HeartbeatError(f"not msgpack: {exc}") from exc
     if not isinstance(data, dict):
