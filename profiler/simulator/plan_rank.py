@@ -66,6 +66,10 @@ def table_text(ranked: pd.DataFrame, limit: int = 12) -> str:
     lines[1:] = [f"{n:>2}  {line}" for n, line in enumerate(lines[1:], start=1)]
     if len(ranked) > limit:
         lines.append(f"    ... {len(ranked) - limit} more in plan.csv")
+    most = int(ranked["seeds"].max()) if len(ranked) else 0
+    if most > 1 and (ranked["seeds"] < most).any():
+        lines.append(f"    (seeds 1: screened out on the first seed; its numbers are that seed's "
+                     f"alone, the others' the mean of {most})")
     return "\n".join(lines)
 
 

@@ -69,3 +69,4 @@ def test_the_table_lists_ranks_and_ranges() -> None:
     assert lines[0].split()[:4] == ["#", "layout", "policy", "SLO"]
     assert lines[1].split()[:5] == ["1", "2P6D", "live", "96.0%", "95.0-97.0"]
     assert lines[3].split()[4] == "-"  # one seed: no range
+    assert lines[-1].strip().startswith("(seeds 1: screened out on the first seed")
