@@ -144,6 +144,12 @@ def plan_main(argv: list[str]) -> int:
     return main(argv)
 
 
+def compare_main(argv: list[str]) -> int:
+    from profiler.simulator.compare import main
+
+    return main(argv)
+
+
 def live_costs_main(argv: list[str]) -> int:
     from profiler.simulator.live_costs import main
 
@@ -222,6 +228,7 @@ SIMULATOR_COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "paper": ("the PPD paper's tables and plots from a grid", paper_main),
     "live-costs": ("the step-cost file that --policy live reads", live_costs_main),
     "plan": ("a layout and policy for N GPUs and a traffic", plan_main),
+    "compare": ("every policy on a timed trace, SLO verdict", compare_main),
 }
 
 
