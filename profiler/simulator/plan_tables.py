@@ -23,6 +23,10 @@ from proxy.discretize import Cell, context_class, workload_shape
 COVERAGE = 0.9
 MAX_CELLS = 12
 PROFILE_DURATION_S = 5.0  # seconds of arrivals per cell and route (the shipped tables: 10)
+# ... shortened at high load to about this many conversations (never under MIN_PROFILE_S): a
+# cell at 100 turns/s would otherwise simulate 250 conversations per route.
+PROFILE_CONVERSATIONS = 100
+MIN_PROFILE_S = 2.0
 Shape3 = tuple[int, int, int]  # a turn's (context, new input, output) tokens
 
 if TYPE_CHECKING:  # the simulator is imported by the workers that measure
@@ -93,11 +97,18 @@ def plan_cells(base: RunSpec) -> list[Cell]:
     return traffic_cells(conversation_turns(conversations), turn_rate(conversations, base.qps))
 
 
+def profile_duration_s(turn_rate: float) -> float:
+    """Seconds of arrivals a cell is measured over (two-turn conversations at turn_rate / 2)."""
+    return min(PROFILE_DURATION_S,
+               max(MIN_PROFILE_S, PROFILE_CONVERSATIONS / max(turn_rate / 2, 1e-9)))
+
+
 def table_task(base: RunSpec, layout: str, cell: Cell) -> tuple[RunSpec, Cell, Any]:
     """One cell's measurement for a worker (`on_simulator.measure_cell`'s argument)."""
     from profiler.profile.runner import PROFILED_ROUTES
 
-    spec = replace(base, layout=layout, duration_s=PROFILE_DURATION_S, kv_readback_ttl_s=None,
+    spec = replace(base, layout=layout, duration_s=profile_duration_s(cell.qps),
+                   kv_readback_ttl_s=None,
                    fresh_arrivals=False, forced_route=None, max_turns=None,
                    max_context_tokens=None)
     return spec, cell, PROFILED_ROUTES
@@ -110,7 +121,9 @@ def write_plan_table(rows: list[dict[str, Any]], out_csv: Path, *, layout: str, 
 
     grid = {"contexts": sorted({str(cell.context_class) for cell in cells}),
             "workloads": sorted({cell.workload for cell in cells}),
-            "qps": sorted({cell.qps for cell in cells}), "duration_s": PROFILE_DURATION_S}
+            "qps": sorted({cell.qps for cell in cells}),
+            "duration_s": max((profile_duration_s(cell.qps) for cell in cells),
+                              default=PROFILE_DURATION_S)}
     meta = build_meta(model=model, layout=layout,
                       backend=f"simulated: ppd engine model, cost preset {cost}, link {link}",
                       grid=grid, weights={"w_ttft": 1.0, "w_tpot": 1.0},
