@@ -117,16 +117,18 @@ def content_text(content: Any) -> str:
 
 def new_input_tokens(counter: TokenCounter, body: Mapping[str, Any], held_length: int, *,
                      chat: bool) -> int:
-    """n_in of a chat or completions request whose first held_length units D holds (messages
-    or characters)."""
+    """n_in of a chat or completions request whose first held_length units D holds (messages,
+    characters or token ids)."""
     if chat:
         return sum(counter.count(content_text(message.get("content")))
                    for message in body["messages"][held_length:])
     prompt = body["prompt"]
     if isinstance(prompt, str):
         return counter.count(prompt[held_length:])
-    # A list prompt is token ids (one token each) or a batch of texts; it never continues.
-    return sum(counter.count(item) if isinstance(item, str) else 1 for item in prompt)
+    # A list prompt is token ids (one token each; D holds the first held_length) or a batch of
+    # texts (it never continues: held_length is 0).
+    return sum(counter.count(item) if isinstance(item, str) else 1
+               for item in prompt[held_length:])
 
 
 def requested_output_tokens(body: Mapping[str, Any]) -> int | None:

@@ -2,14 +2,16 @@
 
 A session is found by an explicit id (`conversation_id` body field or `x-session-id` header)
 or, failing that, by a hash of the conversation's opening (chat: system prompt + first user
-message; completions: the prompt up to its first turn separator). It remembers its D and P, its
+message; completions: the prompt up to its first turn separator, or its first
+`OPENING_TOKENS` token ids). It remembers its D and P, its
 turn count, last access, and `Held`: a fingerprint of the exact text D holds in its prefix cache
 (the last prompt plus the reply the proxy streamed back) with its token count.
 
 A request is a *continuation* iff it strictly extends that text (chat: its messages start with
 the previous messages + `proxy.completion.assistant_message(reply)`, compared by role and text
 only, the reasoning of a reasoning model not included; completions: its prompt starts with the
-previous prompt + reply; docs/architecture.md, "Session tracking"). A request that extends
+previous prompt + reply; a prompt of token ids: it strictly extends the previous prompt's ids;
+docs/architecture.md, "Session tracking"). A request that extends
 no text a D holds (edited history, another user whose first message is the same) is a new
 branch and counts as turn 1. Sessions live in namespaces (the opening, with the explicit id
 if any), so two users with the same opening each continue their own conversation, and nothing
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,9 +41,16 @@ from proxy.completion import assistant_message
 TURN_SEPARATORS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "\n")
 # ... or after this many characters when the prompt has none.
 OPENING_MAX_CHARS = 64
+# A prompt of token ids opens with this many ids: about as much as 64 characters of text, and
+# shorter than a templated one-line first turn (a chat template's headers alone are ~10-30
+# ids), so every later turn shares its first turn's opening; a first turn shorter than this
+# is its own opening and its next turn is not found (as with a short string prompt). More
+# would not sort better: the ledger's work does not grow with a namespace's sessions, and a
+# shared system prompt is longer than any opening anyway.
+OPENING_TOKENS = 16
 
 
-def _digest(data: bytes) -> str:
+def _digest(data: bytes | memoryview) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
@@ -83,9 +94,9 @@ class Held:
 class Transcript:
     """A request's conversation as the ledger sees it: a sequence of units with prefix digests.
 
-    Chat: the units are messages (role + text). Completions with a string prompt: characters.
-    A list prompt (token ids or a batch) cannot be extended by a text reply, so it never
-    continues a session (every such request is turn 1).
+    Chat: the units are messages (role + text). Completions with a string prompt: characters;
+    with a prompt of token ids: tokens. A batch (a list of strings or of id lists) is several
+    conversations at once, so it never continues a session (every such request is turn 1).
     """
 
     def __init__(self, opening: str, length: int, extendable: bool) -> None:
@@ -103,6 +114,8 @@ class Transcript:
         """The transcript of a completions request."""
         if isinstance(prompt, str):
             return PromptTranscript(prompt)
+        if (token_ids := _token_array(prompt)) is not None:
+            return TokenTranscript(token_ids)
         return Transcript(_digest(json.dumps(prompt).encode()), len(prompt), extendable=False)
 
     def prefix_digest(self, length: int) -> str | None:
@@ -189,6 +202,59 @@ class PromptTranscript(Transcript):
     def held_after(self, reply: str, tokens: int) -> Held:
         text = self.prompt + reply
         return Held(len(text), _digest(text.encode()), tokens)
+
+
+def _token_array(prompt: list[Any]) -> array[int] | None:
+    """A prompt of token ids as little-endian int64s (the same bytes on every machine sharing
+    a session store), or None if it is not one: empty, a batch, a bool, an id beyond int64."""
+    if not prompt or not all(type(item) is int for item in prompt):
+        return None
+    try:
+        ids = array("q", prompt)
+    except OverflowError:
+        return None  # no vocabulary is that large; the engine will refuse it
+    if sys.byteorder == "big":
+        ids.byteswap()
+    return ids
+
+
+class TokenTranscript(Transcript):
+    """A completions request whose prompt is a flat list of token ids; units are tokens.
+
+    What D holds after a turn is known only as this prompt's ids: the reply comes back as
+    text, whose ids the proxy does not know. A client that sends them back (the prompt, the
+    reply's ids from vLLM's `return_token_ids`, then the new message's) or a replay that
+    builds each turn on its parent's ids continues; held tokens are the prompt's length, as
+    only those are checked to lead the next prompt.
+    """
+
+    def __init__(self, token_ids: array[int]) -> None:
+        self._bytes = memoryview(token_ids).cast("B")
+        self._width = token_ids.itemsize
+        # Tagged: a string prompt of the same bytes opens another namespace.
+        opening = _digest(b"tokens\x00" + self._bytes[:OPENING_TOKENS * self._width])
+        super().__init__(opening, len(token_ids), True)
+
+    def prefix_digest(self, length: int) -> str | None:
+        if not 0 <= length <= self.length:
+            return None
+        return _digest(self._bytes[:length * self._width])
+
+    def prefix_digests(self, lengths: Iterable[int]) -> dict[str, int]:
+        # One pass over the ids for all lengths, as PromptTranscript.
+        hasher = hashlib.blake2b(digest_size=16)
+        out: dict[str, int] = {}
+        done = 0
+        for length in sorted({n for n in lengths if 0 < n < self.length}):
+            hasher.update(self._bytes[done * self._width:length * self._width])
+            done = length
+            out[hasher.copy().hexdigest()] = length
+        return out
+
+    def held_after(self, reply: str, tokens: int) -> Held:
+        # Not `tokens` (vLLM's prompt + completion): the next prompt is checked to start with
+        # this prompt only, so that is all the next turn may count as D's (its n_ctx).
+        return Held(self.length, _digest(self._bytes), self.length)
 
 
 @dataclass(slots=True, eq=False)

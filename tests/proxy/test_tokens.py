@@ -59,6 +59,7 @@ def test_new_input_is_the_text_of_what_d_does_not_hold(tmp_path: Path) -> None:
     prompt = {"prompt": "hello world how are you"}
     assert new_input_tokens(counter, prompt, len("hello world"), chat=False) == 3
     assert new_input_tokens(counter, {"prompt": [1, 2, 3]}, 0, chat=False) == 3
+    assert new_input_tokens(counter, {"prompt": [1, 2, 3]}, 2, chat=False) == 1
     assert TOKEN_DEFINITION == "text-v1"
 
 

@@ -110,12 +110,13 @@ def test_completions_continue_when_the_prompt_extends_prompt_plus_reply() -> Non
     assert not ledger.resolve(t3).continuation
 
 
-def test_list_prompts_never_continue() -> None:
+def test_batch_prompts_never_continue() -> None:
+    # (A prompt of token ids does: tests/proxy/sessions/test_token_transcript.py.)
     ledger = SessionLedger(3600, 100, FakeClock(1000.0))
-    t1 = Transcript.from_prompt([1, 2, 3])
+    t1 = Transcript.from_prompt([[1, 2, 3]])
     lookup = ledger.resolve(t1)
     ledger.record_turn(lookup, t1.held_after("x", 3))
-    assert not ledger.resolve(Transcript.from_prompt([1, 2, 3, 4, 5])).continuation
+    assert not ledger.resolve(Transcript.from_prompt([[1, 2, 3, 4, 5]])).continuation
 
 
 def test_idle_sessions_expire_after_the_ttl() -> None:
