@@ -149,7 +149,8 @@ def _base_spec(args: argparse.Namespace, slices: int) -> RunSpec:
 
     load = load_of(args)  # a conversation rate, or a timed trace's time scale
     if not (math.isfinite(load) and load > 0):
-        raise ValueError(f"the load must be a finite number > 0 (got {load:g})")
+        flag = "--time-scale" if args.time_scale is not None else "--conversation-rate"
+        raise ValueError(f"{flag} must be a finite number > 0 (got {load:g})")
     slice_rate = load / slices  # a slice takes 1/slices of the traffic
     if args.duration is not None:
         duration = args.duration

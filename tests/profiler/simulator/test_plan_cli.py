@@ -53,11 +53,13 @@ def test_a_tp4_model_on_eight_gpus_ranks_the_two_instance_layouts(
     (["--gpus", "65"], "--gpus must be between 1 and 64"),
     (["--gpus", "8", "--policies", ","], "--policies names nothing"),
     (["--gpus", "8", "--slo-tpot", "0"], "TPOT bound must be a finite number > 0"),
+    (["--gpus", "8", "--conversation-rate", "-1"], "--conversation-rate must be a finite number"),
 ])
 def test_usage_errors_are_clear(argv: list[str], message: str, tmp_path: Path,
                                 capsys: pytest.CaptureFixture[str]) -> None:
-    assert ppd(["sim", "plan", *argv, "--dataset", "synthetic:small-tiny",
-                "--conversation-rate", "1", "--out", str(tmp_path / "o")]) != 0
+    rate = [] if "--conversation-rate" in argv else ["--conversation-rate", "1"]
+    assert ppd(["sim", "plan", *argv, "--dataset", "synthetic:small-tiny", *rate,
+                "--out", str(tmp_path / "o")]) != 0
     assert message in capsys.readouterr().err
 
 
