@@ -26,7 +26,7 @@ from profiler.replay.output import REQUESTS_CSV, REQUESTS_PARQUET, TABLE_ROWS, f
 if TYPE_CHECKING:
     import pandas as pd
 
-    from profiler.replay.report import Run
+    from profiler.replay.report_runs import Run
 
 REPORT_FILE = "report.html"
 COMPARE_FILE = "compare.html"

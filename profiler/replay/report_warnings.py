@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from profiler.replay.report import Run
+    from profiler.replay.report_runs import Run
 
 
 def mismatch_warnings(runs: Sequence[Run]) -> list[str]:
