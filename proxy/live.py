@@ -179,6 +179,9 @@ class Prediction:
     joins_local: Membership | None = None  # placement: the replica's batch
     joins_pd: Membership | None = None  # placement: D's batch
     ttft_readback_ms: float | None = None  # None: no blocks to read back
+    # Sum over the requests queued on D (admitted next, first token still to come) of the
+    # delay local's longer step adds to their TTFT.
+    queue_delay_ms: float = 0.0
 
 
 def predict(workload: Workload, state: TurnState, costs: StepCosts) -> Prediction:
@@ -201,7 +204,8 @@ def predict(workload: Workload, state: TurnState, costs: StepCosts) -> Predictio
     return Prediction(local.ttft_ms, _pd_ttft_ms(workload, state, n_ctx, costs, d_held=d_held),
                       local.decode_step_ms,
                       state.decode.running * local.delay_ms, missing, local.delay_ms,
-                      state.decode.tpot_sensitivity, ttft_readback_ms=readback)
+                      state.decode.tpot_sensitivity, ttft_readback_ms=readback,
+                      queue_delay_ms=state.decode.waiting * local.delay_ms)
 
 
 def _has_room(node: NodeState, tokens: int) -> bool:
@@ -366,7 +370,10 @@ class LiveScorer(NamedTuple):
         ttft_ref = _moved(self.ttft_pd_first_ms if first_turn else self.ttft_pd_ms,
                           prediction.ttft_pd_ms, alpha)
         step_ref = _moved(self.step_ms, prediction.decode_step_ms, alpha)
-        gain = (prediction.ttft_pd_ms - prediction.ttft_local_ms) / ttft_ref
+        # The requests queued on D wait out local's longer step too: their TTFTs count in
+        # the mean as this turn's does.
+        gain = (prediction.ttft_pd_ms - prediction.ttft_local_ms
+                - prediction.queue_delay_ms) / ttft_ref
         if prediction.tpot_sensitivity is not None:  # the batch's own output lengths
             delayed = prediction.delay_ms * prediction.tpot_sensitivity
         else:

@@ -291,3 +291,19 @@ def test_each_route_pays_its_front_ends_local_one_pd_two_readback_three() -> Non
     assert with_front.ttft_pd_ms - bare.ttft_pd_ms == pytest.approx(2 * one)
     assert with_front.ttft_readback_ms is not None and bare.ttft_readback_ms is not None
     assert with_front.ttft_readback_ms - bare.ttft_readback_ms == pytest.approx(3 * one)
+
+
+def test_the_requests_queued_on_d_wait_out_locals_step_too() -> None:
+    # 4,000 missing tokens re-prefilled beside a batch of 8: an 80 ms longer step, which each
+    # of the 6 requests queued on D also waits before its first token
+    workload = Workload(2, 64, 4000, 256, 4.0)
+    idle_queue = TurnState(NodeState(8.0, 0.0, 0, 16), NodeState(0.0, 0.0, None, 16))
+    queued = TurnState(NodeState(8.0, 6.0, 0, 16), NodeState(0.0, 0.0, None, 16))
+    alone, behind = predict(workload, idle_queue, COSTS), predict(workload, queued, COSTS)
+    assert alone.queue_delay_ms == 0.0
+    assert behind.queue_delay_ms == pytest.approx(6 * behind.delay_ms)
+    scorer = LiveScorer(1.0, 1.0)
+    # the same turn scores lower by the queue's delay over the reference TTFT
+    ref = behind.ttft_pd_ms
+    drop = scorer.score(replace(behind, queue_delay_ms=0.0)) - scorer.score(behind)
+    assert drop == pytest.approx(behind.queue_delay_ms / ref)
