@@ -22,6 +22,8 @@ from proxy.vocabulary import PRODUCT
 
 REPO = Path(__file__).resolve().parents[1]
 SHELL_VARIABLE = re.compile(r"\$\{?\w+\}?")
+# A line the program printed: its name and command words, then a colon.
+PROGRAM_SPEAKS = re.compile(rf"^{PRODUCT}(?: [a-z][a-z-]*)*: ")
 
 
 def documented_commands() -> list[tuple[str, str]]:
@@ -39,6 +41,8 @@ def documented_commands() -> list[tuple[str, str]]:
                 command = command.rstrip("& ").strip()
                 if not command.startswith(f"{PRODUCT} ") or "..." in command:
                     continue
+                if PROGRAM_SPEAKS.match(command):
+                    continue  # output the command printed (`ppd sim plan: warning: ...`)
                 found.append((f"{doc.relative_to(REPO)} (block from line {first_line})",
                               SHELL_VARIABLE.sub("1", command)))
     return found
