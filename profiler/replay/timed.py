@@ -7,10 +7,11 @@ traffic was recorded). There is no text: each prompt is token ids made from its 
 list of ints, with the conversation's id in `x-session-id` so the proxy files every turn of a
 conversation under one session. Its max_tokens is the recorded output length (scaled).
 
-The proxy recognises a continuation by its text extending what D holds
-(`proxy.sessions.session`); a prompt of token ids is not matched that way, so each turn reaches
-the proxy's policy as a first turn of its session: the replay measures what the nodes' prefix
-caches make of the shared blocks, not the proxy's turn-2 routing.
+A continuation's prompt is its parent's exact prompt followed by ids of its own later hashes
+(`BlockTokens.continuation`), so the proxy, which recognises a continuation by its prompt
+strictly extending the ids D holds (`proxy.sessions.session.TokenTranscript`), routes it as
+its conversation's next turn once the parent has answered (a turn that arrives before its
+parent's reply, open loop, is a first turn of a new branch).
 """
 
 from __future__ import annotations
@@ -51,14 +52,20 @@ class TimedTurn:
 
 def timed_turns(requests: Sequence[TimedRequest], tokens: BlockTokens,
                 max_tokens_cap: int | None = None) -> list[TimedTurn]:
-    """The window's requests as prompts of token ids, at most max_tokens_cap tokens out."""
+    """The window's requests as prompts of token ids, at most max_tokens_cap tokens out; a
+    continuation's prompt extends its parent's (requests in arrival order: parents first)."""
     turns = []
+    prompts: dict[int, list[int]] = {}  # file index -> prompt, for the turns after it
     for request in requests:
         max_tokens = tokens.scaled(request.record.output_length)
         if max_tokens_cap is not None:
             max_tokens = min(max_tokens, max_tokens_cap)
+        parent = prompts.get(request.parent) if request.parent is not None else None
+        prompt = (tokens.prompt(request.record) if parent is None
+                  else tokens.continuation(request.record, parent))
+        prompts[request.record.index] = prompt
         turns.append(TimedTurn(request.conversation, request.turn, request.arrival_s,
-                               tokens.prompt(request.record), max_tokens))
+                               prompt, max_tokens))
     return turns
 
 

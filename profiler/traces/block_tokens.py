@@ -10,6 +10,14 @@ Without a vocabulary (`vocab_size=None`, the simulator's: its engines only compa
 `h`'s ids are simply `DISTINCT_BASE + 512 h + position`: as exact, and made ten times faster
 than drawn ones (a 300 s window of the Mooncake trace is 12 M prompt tokens).
 
+A continuation (`continuation`) starts with its parent's exact prompt, partial last block
+included, then goes on with its own ids from there: what a real chat prompt is (the previous
+prompt, then the reply and the new message), so a proxy that matches a turn by its prompt
+extending the previous one (`proxy.sessions.session.TokenTranscript`) sees a continuation.
+Its blocks after the parent's end are its own hashes' blocks at their own positions; only the
+block that holds the parent's partial tail is a mix (that tail, then its own block's rest),
+the same for every turn that continues the same chain.
+
 `scale` shrinks every block to fit a small model's context: at 0.1 a 512-token block is 51
 tokens, a partial last block and the output length shrink alike. Keep a block a multiple of the
 engine's KV block (vLLM: 16 tokens on GPU, 128 on CPU; scale 0.25 there) or shared blocks hit
@@ -19,6 +27,7 @@ only in part, and not at all below one KV block.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from profiler.traces.mooncake import BLOCK_TOKENS, BlockRecord
@@ -85,6 +94,17 @@ class BlockTokens:
         if partial:
             ids.extend(self.block(record.hash_ids[-1])[:min(self.scaled(partial), size)])
         return ids
+
+    def continuation(self, record: BlockRecord, parent_prompt: Sequence[int]) -> list[int]:
+        """The record's prompt as the turn after one whose prompt was `parent_prompt`: those
+        ids exactly, then the record's own ids from the parent's length on (its complete blocks
+        past the parent's stay where `prompt` puts them). At least one id of its own: a turn
+        no longer than its parent once scaled (or in the trace) gets one id of its last block,
+        so it still strictly extends its parent."""
+        own = self.prompt(record)
+        start = len(parent_prompt)
+        tail = own[start:] or [self.block(record.hash_ids[-1])[start % self.block_size]]
+        return [*parent_prompt, *tail]
 
     def forget(self) -> None:
         """Drop the cached blocks (a long run keeps only what it reuses soon)."""

@@ -1,6 +1,8 @@
 """`ppd replay` of the shipped Mooncake sample through a ppd proxy in front of a real 1P1D
 vLLM-CPU cluster (NIXL): token-id prompts at their recorded (time-scaled) arrivals, every
-request answered through P->D, its conversation in x-session-id."""
+request answered through P->D, its conversation in x-session-id; and under `--policy local`
+the window's continuations (each prompt its parent's ids, then its own) are recognised as
+their conversations' next turns and served on the D that holds their history."""
 
 from __future__ import annotations
 
@@ -22,6 +24,12 @@ MAX_CONTEXT = 4000
 @pytest.fixture(scope="module")
 def pd_proxy(cluster_1p1d: Cluster, tiny_model: Path) -> Iterator[str]:
     with proxy_for(cluster_1p1d, "pd", tiny_model) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def local_proxy(cluster_1p1d: Cluster, tiny_model: Path) -> Iterator[str]:
+    with proxy_for(cluster_1p1d, "local", tiny_model) as url:
         yield url
 
 
@@ -52,3 +60,28 @@ def len_scaled(input_length: int) -> int:
     complete = input_length // 512
     partial = input_length - 512 * complete
     return 64 * complete + (min(max(round(partial * 0.125), 1), 64) if partial else 0)
+
+
+def test_continuations_of_the_sample_are_routed_local(local_proxy: str, tiny_model: Path,
+                                                      tmp_path: Path) -> None:
+    # Trace seconds 87-137, its first 6 conversations: 9 requests, 3 of them continuations
+    # (mooncake-309 turns 2 and 3, mooncake-310 turn 2), each 9+ s of trace (4.5+ s here)
+    # after the turn it continues, which has long answered by then.
+    out = tmp_path / "run"
+    code = ppd(["replay", "--target", local_proxy, "--dataset", str(SAMPLE), "--start", "87",
+                "--duration", "50", "--max-conversations", "6", "--time-scale", "2",
+                "--scale-tokens", "0.125", "--max-tokens-cap", "8",
+                "--max-context-tokens", str(MAX_CONTEXT), "--tokenizer", str(tiny_model),
+                "--out", str(out), "--no-progress"])
+    assert code == 0
+    frame = pd.read_csv(out / "requests.csv").sort_values("start_ms")
+    assert frame["success"].all(), frame["error"].dropna().tolist()
+    seen = [(c, int(t), r, int(p)) for c, t, r, p in
+            frame[["conversation_id", "turn", "route", "proxy_turn"]].itertuples(index=False)]
+    assert len(seen) == 9
+    continuations = [row for row in seen if row[1] > 1]
+    assert sorted(continuations) == [("mooncake-309", 2, "local", 2),
+                                     ("mooncake-309", 3, "local", 3),
+                                     ("mooncake-310", 2, "local", 2)]
+    assert all((route, proxy_turn) == ("pd", 1)
+               for _, turn, route, proxy_turn in seen if turn == 1)

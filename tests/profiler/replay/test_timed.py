@@ -31,8 +31,14 @@ async def test_turns_arrive_as_recorded_with_token_ids_and_the_session() -> None
     turns = timed_turns(timed_requests(parse_records(_records())), tokens)
     assert [(t.conversation, t.turn, t.max_tokens) for t in turns] == [
         ("mooncake-0", 1, 4), ("mooncake-1", 1, 2), ("mooncake-0", 2, 3)]
-    # the continuation repeats its parent's three complete blocks (51 tokens each at 0.1)
-    assert turns[2].prompt[:3 * 51] == turns[0].prompt[:3 * 51]
+    # the continuation starts with its parent's whole prompt (its three complete blocks of 51
+    # tokens at 0.1 and its partial fourth, 31 tokens), so a proxy sees it extend it; then its
+    # own ids: its scaled length, its block 5 where a turn-1 prompt with those hashes has it
+    parent, child = turns[0].prompt, turns[2].prompt
+    assert len(parent) == 3 * 51 + 31 and len(child) == 4 * 51 + 31
+    assert child[:len(parent)] == parent
+    own = tokens.prompt(parse_records(_records())[2])
+    assert child[len(parent):] == own[len(parent):] and child[4 * 51:] == tokens.block(6)[:31]
     app = FakeTimedServer(ttft_s=0.0, itl_s=0.0)
     async with serve(app) as url:
         config = ReplayConfig(target=url, qps=1.0, duration_s=1.0, api="completions")

@@ -1,4 +1,5 @@
-"""Token ids made from block hashes: equal hashes equal blocks, scaled lengths."""
+"""Token ids made from block hashes: equal hashes equal blocks, scaled lengths, and a
+continuation that extends its parent's prompt."""
 
 from __future__ import annotations
 
@@ -48,6 +49,34 @@ def test_scaled_prompts_keep_the_block_structure() -> None:
     b = tokens.prompt(record((0, 1, 9, 4)))
     assert len(a) == 2 * 51 + 26 and len(b) == 4 * 51
     assert a[:102] == b[:102] and a[102:] != b[102:128]
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.25])
+def test_a_continuation_is_its_parents_exact_prompt_then_its_own_ids(scale: float) -> None:
+    tokens = BlockTokens(vocab_size=3072, scale=scale)
+    size = tokens.block_size
+    parent = tokens.prompt(record((0, 1, 2), partial=300))  # 2 complete blocks + a partial
+    child = record((0, 1, 7, 8, 9), partial=200)  # the parent's reply lies in block 7
+    prompt = tokens.continuation(child, parent)
+    own = tokens.prompt(child)
+    assert len(prompt) == len(own) > len(parent) and prompt[:len(parent)] == parent
+    # The parent's partial tail (block 2's head) fills block 7's place up to the parent's
+    # length; block 7's own rest, and blocks 8 and 9 where any prompt with them has them.
+    assert prompt[2 * size:len(parent)] == tokens.block(2)[:len(parent) - 2 * size]
+    assert prompt[len(parent):3 * size] == tokens.block(7)[len(parent) - 2 * size:]
+    assert prompt[3 * size:4 * size] == tokens.block(8) == own[3 * size:4 * size]
+    # The turn after it extends it in turn, mixed block and all.
+    grandchild = tokens.continuation(record((0, 1, 7, 8, 9, 4)), prompt)
+    assert grandchild[:len(prompt)] == prompt and len(grandchild) == 6 * size
+
+
+def test_a_continuation_no_longer_than_its_parent_still_adds_an_id() -> None:
+    tokens = BlockTokens()
+    parent = tokens.prompt(record((0, 1, 2), partial=400))
+    child = record((0, 1, 5), partial=100)  # shorter than the parent in the trace itself
+    prompt = tokens.continuation(child, parent)
+    assert prompt[:-1] == parent and prompt[-1] in tokens.block(5)
+    assert len(prompt) == len(parent) + 1
 
 
 @pytest.mark.parametrize("kwargs, message", [({"scale": 0}, "--scale-tokens"),
