@@ -139,3 +139,16 @@ def least_prefill_work(view: ClusterView, prompt: int) -> NodeView | None:
 
     return min(view.usable(Role.PREFILL), key=lambda n: (work(n), n.in_flight, n.picks),
                default=None)
+
+
+def arrivals_delayed(workload: Workload, view: ClusterView, base: Prediction) -> Prediction:
+    """`base` with the turns that reach the session's D during local's longer step counted
+    in its queue delay: the proxy's turns arrive at `workload.qps`, spread over the usable
+    Ds; the step lasts the decode step + delta, and one arriving during it waits delta / 2
+    longer on average for D's next step (Poisson arrivals). A D shared by few others' turns
+    (many Ds, a light load) makes this small; a scarce D under load makes an append costly
+    to every turn landing there."""
+    decodes = len(view.usable(Role.DECODE)) or 1
+    step_s = (base.decode_step_ms + base.delay_ms) / 1000.0
+    arriving = workload.qps / decodes * step_s
+    return replace(base, queue_delay_ms=base.queue_delay_ms + arriving * base.delay_ms / 2)

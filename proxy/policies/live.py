@@ -39,7 +39,14 @@ from proxy.live import (
     predict,
     predict_placement,
 )
-from proxy.live_nodes import least_prefill_work, moved, node_state, placement_decode, roomy
+from proxy.live_nodes import (
+    arrivals_delayed,
+    least_prefill_work,
+    moved,
+    node_state,
+    placement_decode,
+    roomy,
+)
 from proxy.options import option
 from proxy.policies import ppd
 from proxy.policies.base import PD_PAIR, Inputs, Need, Needs, Turn, disaggregated_default
@@ -164,6 +171,7 @@ def _predicted(turn: Turn, state: TurnState, inputs: Inputs,
     base = prediction = predict(workload, state, inputs.costs)
     decode, local_fits, view = None, True, turn.view
     if view is not None:
+        base = prediction = arrivals_delayed(workload, view, base)
         prediction, decode, local_fits = _best_decode(turn, view, state, base, inputs, scorer)
     prefill = (least_prefill_work(view, workload.n_ctx + workload.n_in) if view is not None
                else None)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from proxy.cluster_view import ClusterView, NodeView
 from proxy.live import LiveScorer, NodeState, StepCosts
 from proxy.live_nodes import least_prefill_work, node_state, placement_decode, roomy
@@ -84,3 +86,19 @@ def test_the_p_with_less_prefill_work_wins_over_the_one_with_fewer_requests() ->
                                                 kv_block_size=16)))
     chosen = least_prefill_work(view, 4000)
     assert chosen is not None and chosen.url == "p0"
+
+
+def test_turns_arriving_during_an_append_wait_half_its_delay() -> None:
+    from proxy.live import Prediction
+    from proxy.live_nodes import arrivals_delayed
+
+    # a 100 ms step made 900 ms longer: over one second, 4 turns/s over 2 Ds bring 2 turns to
+    # this D, each 450 ms later on average
+    base = Prediction(500.0, 900.0, 100.0, 0.0, 0, delay_ms=900.0, queue_delay_ms=30.0)
+    two = ClusterView((_d("d0"), _d("d1")))
+    delayed = arrivals_delayed(Workload(2, 64, 8000, 256, 4.0), two, base)
+    assert delayed.queue_delay_ms == pytest.approx(30.0 + 2 * 450.0)
+    # six Ds share the same load: a third as many turns reach this one
+    six = ClusterView(tuple(_d(f"d{i}") for i in range(6)))
+    assert arrivals_delayed(Workload(2, 64, 8000, 256, 4.0), six, base).queue_delay_ms == \
+        pytest.approx(30.0 + 2 / 3 * 450.0)
