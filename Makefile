@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.ppd-installed
 
-.PHONY: install system-deps test test-fast bench fuzz soak demo lint clean paper
+.PHONY: install system-deps test test-fast bench fuzz soak demo lint clean paper production
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,6 +65,11 @@ soak: $(STAMP)
 # how that grid was made; rebuilding it is `ppd sim grid`, about 10 minutes).
 paper: $(STAMP)
 	$(VENV)/bin/ppd sim paper docs/paper-reproduction/grid.parquet --out docs/paper-reproduction
+
+# Issue #43's comparison on the Mooncake trace from its committed grid (docs/production-traffic.md
+# says how it was made; rebuilding it is `ppd sim compare TRACE --out ...`, about 20 minutes).
+production: $(STAMP)
+	$(VENV)/bin/ppd sim compare --grid docs/production-traffic/grid.parquet --out docs/production-traffic
 
 demo: $(STAMP)
 	$(VENV)/bin/ppd demo

@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Every routing policy on a timed multi-turn trace (Mooncake's format) on "
         "a simulated cluster: SLO attainment, turn-2+ TTFT, TPOT, history recomputed and KV "
         "moved per (layout, time scale), a verdict and a plot (docs/production-traffic.md).")
-    parser.add_argument("trace", help="a timed block-hash trace (Mooncake's format)")
+    parser.add_argument("trace", nargs="?",
+                        help="a timed block-hash trace (Mooncake's format); not with --grid")
     parser.add_argument("--out", type=Path, required=True,
                         help="directory for grid.parquet, table.md and attainment.png")
     parser.add_argument("--layouts", default=",".join(LAYOUTS),
@@ -86,6 +87,8 @@ def main(argv: list[str]) -> int:
         if not args.grid.is_file():
             raise ValueError(f"--grid {args.grid}: no such file")
         frame = pd.read_parquet(args.grid)
+    elif args.trace is None:
+        raise ValueError("give the trace to simulate, or --grid PARQUET to report")
     else:
         frame = simulate_compare(args, out)
     for line in write_report(frame, out):

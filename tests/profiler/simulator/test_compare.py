@@ -104,3 +104,8 @@ def test_one_small_comparison_of_the_sample_end_to_end(tmp_path: Path,
     report = write_report(grid, tmp_path / "again")  # --grid's path: the same table
     assert (tmp_path / "again" / "table.md").read_text() == (tmp_path / "table.md").read_text()
     assert report[-1].startswith("wrote")
+
+
+def test_without_a_trace_or_a_grid_there_is_nothing_to_compare(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="give the trace"):
+        compare.main(["--out", str(tmp_path)])
