@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from proxy.json_codec import loads
 
 REASONING_FIELDS = ("reasoning", "reasoning_content")
@@ -33,6 +35,7 @@ _REASONING, _REASONING_OLDER = REASONING_FIELDS
 SSE_EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 # Unparsed streamed bytes a capture keeps before it parses them (`ReplyCapture`).
 _PARSE_AT = 64 * 1024
+_orjson_loads, _OrjsonError = orjson.loads, orjson.JSONDecodeError
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,68 +189,73 @@ class ReplyCapture:
             if end < 0:
                 return
             # The complete events' lines at once: an event's blank lines hold no data.
-            for line in bytes(buffer[start:end]).split(b"\n"):
-                if line.startswith(b"data:"):
-                    self._data(line[5:])
+            self._lines(bytes(buffer[start:end]).split(b"\n"))
             start = end + 2
         else:
             while (found := _event_end(buffer, start, True))[0] >= 0:
                 end, size = found
-                self._event(bytes(buffer[start:end]))
+                self._lines(bytes(buffer[start:end]).splitlines())
                 start = end + size
         del buffer[:start]
 
-    def _event(self, event: bytes) -> None:
-        for line in event.splitlines():
-            if line.startswith(b"data:"):
-                self._data(line[5:])
-
-    def _data(self, data: bytes) -> None:
-        # parse_data and parse_payload, without a Delta per event for the common shapes; the
-        # type checks are `__class__ is`, and the reasoning fields are read only when the
-        # delta has any of them (~1.5 us less per event, 16 per 16-token reply).
-        data = data.strip()
-        if data == b"[DONE]":
-            self._done = True
-            return
-        try:
-            payload = loads(data)
-        except ValueError:
-            self._failed = True
-            return
-        if payload.__class__ is not dict or "error" in payload:
-            self._take(parse_payload(payload))
-            return
-        usage = payload.get("usage")
-        if usage and usage.__class__ is dict:
-            self._usage = usage
-        choices = payload.get("choices")
-        if choices.__class__ is not list:
-            return
-        text = reasoning = ""
-        for choice in choices:
-            if choice.__class__ is not dict or choice.get("index", 0) != 0:
+    def _lines(self, lines: list[bytes]) -> None:
+        # One loop over the events' lines, no call per event but the decode: this runs for
+        # each of a reply's events (~17 per 16-token reply).
+        for line in lines:
+            if not line.startswith(b"data:"):
                 continue
-            message = choice.get("delta", choice.get("message"))
-            if message.__class__ is dict:
-                content = message.get("content")
-                if content.__class__ is str:
-                    text += content
-                if _REASONING in message or _REASONING_OLDER in message:
-                    reasoning += (_string(message.get(_REASONING))
-                                  or _string(message.get(_REASONING_OLDER)))
-            else:
-                content = choice.get("text")
-                if content.__class__ is str:
-                    text += content
-            finish_reason = choice.get("finish_reason")
-            if finish_reason and finish_reason.__class__ is str:
-                self._finish_reason = finish_reason
-        if text or reasoning:
-            self._token_events += 1
-            self._text.append(text)
-            if reasoning:
-                self._reasoning.append(reasoning)
+            data = line[5:]
+            try:
+                # orjson skips JSON's own whitespace around a document itself.
+                payload = _orjson_loads(data)
+            except _OrjsonError:
+                # `[DONE]`, or what only Python's json reads (NaN), or bytes that are no
+                # JSON (the capture fails): as parse_data reads the stripped text.
+                data = data.strip()
+                if data == b"[DONE]":
+                    self._done = True
+                    continue
+                try:
+                    payload = loads(data)
+                except ValueError:
+                    self._failed = True
+                    continue
+            # parse_payload, without a Delta per event for the common shapes; the type
+            # checks are `__class__ is`, and the reasoning fields are read only when the
+            # delta has any of them (~1.5 us less per event, 16 per 16-token reply).
+            if payload.__class__ is not dict or "error" in payload:
+                self._take(parse_payload(payload))
+                continue
+            usage = payload.get("usage")
+            if usage and usage.__class__ is dict:
+                self._usage = usage
+            choices = payload.get("choices")
+            if choices.__class__ is not list:
+                continue
+            text = reasoning = ""
+            for choice in choices:
+                if choice.__class__ is not dict or choice.get("index", 0) != 0:
+                    continue
+                message = choice.get("delta", choice.get("message"))
+                if message.__class__ is dict:
+                    content = message.get("content")
+                    if content.__class__ is str:
+                        text += content
+                    if _REASONING in message or _REASONING_OLDER in message:
+                        reasoning += (_string(message.get(_REASONING))
+                                      or _string(message.get(_REASONING_OLDER)))
+                else:
+                    content = choice.get("text")
+                    if content.__class__ is str:
+                        text += content
+                finish_reason = choice.get("finish_reason")
+                if finish_reason and finish_reason.__class__ is str:
+                    self._finish_reason = finish_reason
+            if text or reasoning:
+                self._token_events += 1
+                self._text.append(text)
+                if reasoning:
+                    self._reasoning.append(reasoning)
 
     def _take(self, delta: Delta) -> None:
         if delta.error is not None:

@@ -33,14 +33,13 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from proxy import routes
+from proxy import metric_series, routes
 from proxy.node_gauges import NodeMetrics
 from proxy.vocabulary import Decision, Reason, Role, RouteKind
 
@@ -57,31 +56,36 @@ class ProxyMetrics:
         disable_created_metrics()  # a process-wide switch of prometheus_client; idempotent
         self.registry = CollectorRegistry(auto_describe=True)
         self.policy = policy
-        self.requests = Counter(
+        # The series every request touches are `proxy.metric_series`' (plain numbers, no lock
+        # or validation per call); the rest are prometheus_client's own.
+        self.requests = metric_series.Counter(
             "ppd_requests", "Completion requests by route and policy decision",
             ["endpoint", "route", "reason", "context_class", "workload", "qps"],
             registry=self.registry)
-        self.responses = Counter("ppd_responses", "Completion responses by HTTP status",
-                                 ["status"], registry=self.registry)
-        self.turns = Histogram("ppd_turn_index", "Turn index of each request",
-                               buckets=_TURN_BUCKETS, registry=self.registry)
-        self.ttft = Histogram("ppd_time_to_first_token_seconds",
-                              "Proxy-side time to the first streamed chunk (non-streamed: to "
-                              "the whole answer), by route",
-                              ["route"], buckets=_TTFT_BUCKETS, registry=self.registry)
-        self.tpot = Histogram("ppd_request_time_per_output_token_seconds",
-                              "Per streamed request: (E2E - TTFT) / (completion tokens - 1)",
-                              ["route"], buckets=_TPOT_BUCKETS, registry=self.registry)
-        self.followup_ttft = Histogram(
+        self.responses = metric_series.Counter(
+            "ppd_responses", "Completion responses by HTTP status", ["status"],
+            registry=self.registry)
+        self.turns = metric_series.Histogram("ppd_turn_index", "Turn index of each request", [],
+                                             buckets=_TURN_BUCKETS, registry=self.registry)
+        self.ttft = metric_series.Histogram(
+            "ppd_time_to_first_token_seconds",
+            "Proxy-side time to the first streamed chunk (non-streamed: to the whole answer), "
+            "by route", ["route"], buckets=_TTFT_BUCKETS, registry=self.registry)
+        self.tpot = metric_series.Histogram(
+            "ppd_request_time_per_output_token_seconds",
+            "Per streamed request: (E2E - TTFT) / (completion tokens - 1)",
+            ["route"], buckets=_TPOT_BUCKETS, registry=self.registry)
+        self.followup_ttft = metric_series.Histogram(
             "ppd_followup_time_to_first_token_seconds",
             "Proxy-side TTFT of turns 2+ (the turns a P/D policy decides), by route",
             ["route"], buckets=_TTFT_BUCKETS, registry=self.registry)
-        self.fallbacks = Counter(
+        self.fallbacks = metric_series.Counter(
             "ppd_fallbacks", "Turns not served by the route decided or forced for them "
             "(route), by why (reason)", ["route", "reason"], registry=self.registry)
-        self.e2e = Histogram("ppd_e2e_request_latency_seconds",
-                             "Request arrival to the last byte of a complete reply, by route",
-                             ["route"], buckets=_E2E_BUCKETS, registry=self.registry)
+        self.e2e = metric_series.Histogram(
+            "ppd_e2e_request_latency_seconds",
+            "Request arrival to the last byte of a complete reply, by route",
+            ["route"], buckets=_E2E_BUCKETS, registry=self.registry)
         self.upstream_errors = Counter("ppd_upstream_errors", "Upstream failures by role and kind",
                                        ["role", "kind"], registry=self.registry)
         self.failovers = Counter(

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for name, tree in trees.items():
             child = subprocess.run(
-                [sys.executable, __file__, "--tree", str(tree),
+                [sys.executable, "-m", "benchmarks.proxy_overhead.in_process", "--tree", str(tree),
                  "--policy", args.policy, "--turns", str(args.turns),
                  "--requests", str(args.requests)],
                 cwd=tree, check=True, capture_output=True, text=True)
