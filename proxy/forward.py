@@ -39,6 +39,7 @@ from proxy.json_codec import dumps, exact_loads, loads
 from proxy.legs import LegResponse, Legs
 from proxy.tokens import MAX_TOKEN_COUNT
 from proxy.validate import Endpoint
+from proxy.vocabulary import RouteKind
 
 # How much of a failing upstream's body to quote in the error message.
 _ERROR_SNIPPET = 200
@@ -102,7 +103,8 @@ def _answering_leg(body: dict[str, Any]) -> str:
     if "kv_transfer_params" in body:
         return "decode"
     trace = tracing.current()
-    return trace.route if trace is not None and trace.route in ("local", "replica") else "local"
+    one_node = (RouteKind.LOCAL, RouteKind.REPLICA)
+    return trace.route if trace is not None and trace.route in one_node else RouteKind.LOCAL.value
 
 
 def _answer(response: LegResponse, body: bytes, url: str) -> Answer:
@@ -181,7 +183,8 @@ async def prefill(legs: Legs, base_url: str, endpoint: Endpoint,
     """Run the P leg: P's kv_transfer_params, or P's 4xx answer for the client."""
     params = body.get("kv_transfer_params")
     # A P leg that reads the history's KV back from D names how many tokens to read.
-    leg = "readback" if isinstance(params, dict) and "remote_num_tokens" in params else "prefill"
+    reads_back = isinstance(params, dict) and "remote_num_tokens" in params
+    leg = RouteKind.READBACK.value if reads_back else "prefill"
     answer = await fetch(legs, base_url, endpoint, body, request_id, leg)
     if answer.rejected:
         return answer
