@@ -28,6 +28,7 @@ from profiler.simulator.slo import IdleTtfts, Slo, idle_ttfts, slo_summary
 from proxy.config import Policy, PolicyConfig
 from proxy.policies import ppd as ppd_policy
 from proxy.policies import registry
+from proxy.policies import replica as replica_policy
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -140,7 +141,7 @@ class PlanSearch:
         out = [Candidate(layout, label) for layout in self.space.splits
                for label in policies_for(layout, policies)]
         if self.space.replica_layout:
-            out.append(Candidate(self.space.replica_layout, "replica"))
+            out.append(Candidate(self.space.replica_layout, replica_policy.NAME))
         return out
 
     def pilot(self, candidate: Candidate) -> None:

@@ -22,13 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from proxy.policies import live as live_policy
+from proxy.policies import local as local_policy
+from proxy.policies import pd as pd_policy
+from proxy.policies import ppd as ppd_policy
 from proxy.policies import registry
 from proxy.policies import replica as replica_policy
 from proxy.vocabulary import Layout
 
 MAX_SIMULATED = 16  # instances simulated at once (a bigger cluster is simulated in slices)
 MAX_SPLITS = 8  # P:D splits screened
-DEFAULT_POLICIES = ("pd", "local", live_policy.NAME, "ppd")
+DEFAULT_POLICIES = (pd_policy.NAME, local_policy.NAME, live_policy.NAME, ppd_policy.NAME)
 HYBRID_POLICIES = (live_policy.NAME,)  # the policies that send conversations to replicas
 MAX_GPUS = 64
 
