@@ -19,6 +19,7 @@ processes forked before any cost preset is loaded (as `grid.run_grid`). Steps:
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import time
@@ -123,13 +124,19 @@ def simulate_compare(args: argparse.Namespace, out: Path) -> Any:
                        grid_cells)
         print(f"{len(tasks)} runs on {args.processes} process(es)", flush=True)
         rows = []
+        # Each row is kept as it comes: a grid stopped part way leaves what it ran.
+        partial = out / "grid.partial.jsonl"
+        partial.write_text("")
         for done, row in enumerate(pool.imap_unordered(_run, tasks, chunksize=1), start=1):
             rows.append(row)
+            with partial.open("a") as file:
+                file.write(json.dumps(row, default=float) + "\n")
             if done % 20 == 0 or done == len(tasks):
                 print(f"  {done}/{len(tasks)} runs, {time.perf_counter() - started:.0f} s",
                       flush=True)
     setup = describe(args.cost, args.link, base.model_name, layouts, tables)
     grid = write_rows(rows, out / "grid.parquet", setup)
+    partial.unlink()
     print(f"simulated {len(rows)} runs in {time.perf_counter() - started:.0f} s -> {grid}")
     import pandas as pd
 

@@ -94,6 +94,7 @@ def test_one_small_comparison_of_the_sample_end_to_end(tmp_path: Path,
     grid = pd.read_parquet(tmp_path / "grid.parquet")
     assert sorted(grid["policy"].unique()) == ["dynamo", "live", "local", "pd"]
     assert sorted(grid["window"].unique()) == [0, 1] and len(grid) == 8
+    assert not (tmp_path / "grid.partial.jsonl").exists()  # only a stopped grid leaves it
     assert grid["slo_attainment"].between(0, 1).all()
     assert (grid["n_requests"] > 0).all()
     # the same window sends the same requests under every policy
