@@ -249,6 +249,7 @@ def _merge(rounds: list[tuple[dict[str, Any], float | None, float | None]]
     cpus = [(cpu, r["requests_total"]) for r, cpu, _ in rounds if cpu is not None]
     cpu = (sum(c * n for c, n in cpus) / sum(n for _, n in cpus)
            if cpus and sum(n for _, n in cpus) else None)
+    merged["rounds_cpu_s_per_1k"] = [c for c, _ in cpus]  # each round's, for its spread
     return merged, cpu, rounds[-1][2]
 
 
