@@ -40,6 +40,9 @@ from profiler.emulate.tokenizer import Vocabulary
 from profiler.engine.transfer import Link
 from proxy.vocabulary import Role
 
+# vLLM's default NIXL side-channel port (vllm/envs.py, VLLM_NIXL_SIDE_CHANNEL_PORT).
+VLLM_NIXL_SIDE_CHANNEL_PORT = 5600
+
 
 @dataclass(frozen=True, slots=True)
 class EmulatedNodeSpec:
@@ -68,6 +71,13 @@ class EmulatedNodeSpec:
     host: str = "127.0.0.1"
     port: int = 0
     readback_ttl_s: float | None = None  # D keeps a turn's blocks for a readback (None: off)
+
+    @property
+    def side_channel_port(self) -> int:
+        """The NIXL side-channel port its kv_transfer_params name: its own port, else (a port
+        the OS chose) vLLM's default, VLLM_NIXL_SIDE_CHANNEL_PORT=5600 - never 0, which the
+        proxy refuses as implausible (proxy.readback.plausible_params)."""
+        return self.port or VLLM_NIXL_SIDE_CHANNEL_PORT
 
     def frontend_s(self, prompt_tokens: int, running: int = 0) -> float:
         return (self.frontend_request_s + self.frontend_per_token_s * prompt_tokens
@@ -261,8 +271,8 @@ class NodeService:
         blocks = math.ceil(len(job.prompt_ids) / self.node.engine.block_size)
         return {"do_remote_prefill": True, "do_remote_decode": False,
                 "remote_block_ids": list(range(blocks)), "remote_engine_id": self.engine_id,
-                "remote_host": self.spec.host, "remote_port": self.spec.port, "tp_size": 1,
-                "remote_request_id": job.id}  # fmt: skip
+                "remote_host": self.spec.host, "remote_port": self.spec.side_channel_port,
+                "tp_size": 1, "remote_request_id": job.id}  # fmt: skip
 
 
 def _kept_params(service: NodeService, job: Job, produced: int) -> dict[str, Any]:
@@ -270,7 +280,8 @@ def _kept_params(service: NodeService, job: Job, produced: int) -> dict[str, Any
     blocks = math.ceil(computed / service.node.engine.block_size)
     return {"do_remote_prefill": False, "do_remote_decode": True,
             "remote_block_ids": list(range(blocks)), "remote_engine_id": service.engine_id,
-            "remote_host": service.spec.host, "remote_port": service.spec.port, "tp_size": 1,
+            "remote_host": service.spec.host, "remote_port": service.spec.side_channel_port,
+            "tp_size": 1,
             "remote_request_id": job.id, "remote_num_tokens": computed}
 
 
