@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("profiler.replay.report:main", "compare replay runs (tables and plots)"),
     "register": ("proxy.register:main", "send node heartbeats to a proxy's discovery socket"),
     "demo": ("profiler.profile.demo:main", "end-to-end demo on a local CPU cluster"),
-    "sim": ("profiler.simulator.cli:main",
+    "sim": ("profiler.planning.cli:main",
             "cluster simulator (run, grid, paper) and its engine model"),
 }
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -138,18 +138,6 @@ def grid_main(argv: list[str]) -> int:
     return 0
 
 
-def plan_main(argv: list[str]) -> int:
-    from profiler.simulator.plan_cli import main
-
-    return main(argv)
-
-
-def compare_main(argv: list[str]) -> int:
-    from profiler.simulator.compare import main
-
-    return main(argv)
-
-
 def live_costs_main(argv: list[str]) -> int:
     from profiler.simulator.live_costs import main
 
@@ -218,17 +206,18 @@ def paper_main(argv: list[str]) -> int:
     return 0
 
 
-# Every `ppd sim` command is listed once, here and in `build_parser` (the engine model's,
-# which `profiler.engine.actions` carries out). The simulator's, each parsing its own
-# flags: name -> (its one line in --help, under 54 characters: argparse wraps longer
-# ones at 80 columns; what runs it).
-SIMULATOR_COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
+# A command that parses its own flags: name -> (its one line in --help, under 54 characters:
+# argparse wraps longer ones at 80 columns; what runs it).
+Commands = Mapping[str, tuple[str, Callable[[list[str]], int]]]
+
+# Every `ppd sim` command is listed once: here, in `build_parser` (the engine model's, which
+# `profiler.engine.actions` carries out), or - for those built on the simulator and the
+# profiler both (plan, compare) - in `profiler.planning.cli`, which hands them to `main`.
+SIMULATOR_COMMANDS: Commands = {
     "run": ("simulate one replay on a P/D cluster + the proxy", run_main),
     "grid": ("simulate layouts x workloads x loads x policies", grid_main),
     "paper": ("the PPD paper's tables and plots from a grid", paper_main),
     "live-costs": ("the step-cost file that --policy live reads", live_costs_main),
-    "plan": ("a layout and policy for N GPUs and a traffic", plan_main),
-    "compare": ("every policy on a timed trace, SLO verdict", compare_main),
 }
 
 
@@ -245,15 +234,15 @@ class _CommandsFormatter(argparse.RawDescriptionHelpFormatter):
                 self._action_max_length, longest + self._current_indent + self._indent_increment)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """`ppd sim`'s parser: every command in --help, and the flags of the engine model's
-    (presets, step, idle, fit, calibrate)."""
+def build_parser(more: Commands | None = None) -> argparse.ArgumentParser:
+    """`ppd sim`'s parser: every command in --help (`more`: commands of a layer above), and
+    the flags of the engine model's (presets, step, idle, fit, calibrate)."""
     parser = argparse.ArgumentParser(prog="ppd sim", description=__doc__,
                                      formatter_class=_CommandsFormatter)
     # One line each in --help (under 54 characters: argparse wraps longer ones at 80 columns).
     actions = parser.add_subparsers(dest="action", required=True, metavar="COMMAND",
                                     title="commands (`ppd sim COMMAND --help` for its flags)")
-    for name, (one_line, _) in SIMULATOR_COMMANDS.items():
+    for name, (one_line, _) in {**SIMULATOR_COMMANDS, **(more or {})}.items():
         actions.add_parser(name, add_help=False, help=one_line)  # parsed by its runner
     actions.add_parser("presets", help="list cost presets, KV model shapes and links")
 
@@ -323,12 +312,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str]) -> int:
-    """`ppd sim COMMAND`: the simulator's commands parse their own flags; the engine model's
-    are parsed here and carried out by `profiler.engine.actions`."""
-    if argv and argv[0] in SIMULATOR_COMMANDS:
-        return SIMULATOR_COMMANDS[argv[0]][1](argv[1:])
-    args = build_parser().parse_args(argv)
+def main(argv: list[str], more: Commands | None = None) -> int:
+    """`ppd sim COMMAND`: the simulator's commands (and `more`, those of a layer above) parse
+    their own flags; the engine model's are parsed here and carried out by
+    `profiler.engine.actions`."""
+    commands = {**SIMULATOR_COMMANDS, **(more or {})}
+    if argv and argv[0] in commands:
+        return commands[argv[0]][1](argv[1:])
+    args = build_parser(more).parse_args(argv)
     from profiler.engine import actions
 
     if args.action == "presets":

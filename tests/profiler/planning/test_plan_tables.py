@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from profiler.simulator.plan_tables import (
+from profiler.planning.plan_tables import (
     MAX_CELLS,
     conversation_turns,
     profile_duration_s,

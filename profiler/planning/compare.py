@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profiler.flags.types import positive_int
+from profiler.planning.contenders import POLICIES, PPD
 from profiler.simulator.flags import add_cluster_flags, readback_ttl
 
 if TYPE_CHECKING:
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
 
 LAYOUTS = ("2P6D", "4P4D", "6P2D")
 TIME_SCALES = (0.5, 1.0, 2.0, 4.0)
-POLICIES = ("pd", "local", "readback", "llm-d", "llm-d-sticky", "dynamo", "vllm-router",
-            "vllm-example", "ppd", "live")
 # Three disjoint windows, 15 minutes apart, from 10 minutes into the hour-long trace
 # (docs/production-traffic.md says why these and how long).
 STARTS = (600.0, 1500.0, 2400.0)
@@ -79,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from profiler.simulator.compare_report import write_report
+    from profiler.planning.compare_report import write_report
 
     out: Path = args.out
     if args.grid is not None:
@@ -144,13 +143,13 @@ def simulate_compare(args: argparse.Namespace, out: Path) -> Any:
 
 
 def _run(task: Any) -> dict[str, Any]:
-    from profiler.simulator.compare_cells import run_compare_cell
+    from profiler.planning.compare_cells import run_compare_cell
 
     return run_compare_cell(task)
 
 
 def _window_reference(spec: RunSpec) -> tuple[dict[tuple[str, int], float], int]:
-    from profiler.simulator.compare_cells import window_novel_tokens
+    from profiler.planning.compare_cells import window_novel_tokens
     from profiler.simulator.slo import idle_ttfts
     from profiler.simulator.workload import timed_workload
     from profiler.traces.mooncake import TraceWindow
@@ -169,10 +168,10 @@ def _measure(task: Any) -> dict[str, Any]:
 def _ppd_tables(pool: Any, base: RunSpec, layouts: Sequence[str], policies: Sequence[str],
                 table_dir: Path, work_dir: Path) -> dict[str, Path]:
     """Each layout's ppd table: shipped, or built as `ppd sim plan` builds one."""
-    if not any(label.startswith("ppd") for label in policies):
+    if not any(label.startswith(PPD) for label in policies):
         return {}
+    from profiler.planning.plan_tables import plan_cells, table_task, write_plan_table
     from profiler.simulator.grid import shipped_table
-    from profiler.simulator.plan_tables import plan_cells, table_task, write_plan_table
 
     tables: dict[str, Path] = {}
     cells = plan_cells(base)
@@ -197,7 +196,7 @@ def _tasks(windows: Sequence[RunSpec], references: Sequence[tuple[Any, int]],
            layouts: Sequence[str], scales: Sequence[float], policies: Sequence[str],
            tables: dict[str, Path], slo: Any, grid_cells: Callable[..., list[Any]]
            ) -> list[Any]:
-    from profiler.simulator.compare_cells import CompareCell
+    from profiler.planning.compare_cells import CompareCell
 
     tasks = []
     for index, (window, (idle, novel)) in enumerate(zip(windows, references, strict=True)):

@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from profiler.simulator.plan_space import Space, hybrids_near, p_share, policies_for
-from profiler.simulator.plan_tables import MAX_CELLS
+from profiler.planning.plan_space import Space, hybrids_near, p_share, policies_for
+from profiler.planning.plan_tables import MAX_CELLS
 from profiler.simulator.slo import IdleTtfts, Slo, idle_ttfts, slo_summary
 from proxy.config import Policy, PolicyConfig
 from proxy.policies import ppd as ppd_policy
@@ -206,8 +206,8 @@ class PlanSearch:
                        policy=PolicyConfig(kind=Policy(name), **flags))
 
     def _tables(self, layouts: Sequence[str]) -> None:
+        from profiler.planning.plan_tables import plan_cells, table_task, write_plan_table
         from profiler.simulator.grid import shipped_table
-        from profiler.simulator.plan_tables import plan_cells, table_task, write_plan_table
 
         cells = plan_cells(self.base)
         for layout in layouts:
@@ -236,7 +236,7 @@ def _is_ppd(label: str) -> bool:
 
 def _ordered(frame: pd.DataFrame) -> pd.DataFrame:
     """Best first: SLO attainment, then goodput, then turn-2+ TTFT p90 (plan_rank's order)."""
-    from profiler.simulator.plan_rank import ORDER
+    from profiler.planning.plan_rank import ORDER
 
     columns = [column for column, _ in ORDER]
     ascending = [ascending for _, ascending in ORDER]

@@ -1,4 +1,4 @@
-"""`ppd sim plan`'s ranking, recommendation and warnings (`profiler.simulator.plan_rank`)."""
+"""`ppd sim plan`'s ranking, recommendation and warnings (`profiler.planning.plan_rank`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from profiler.simulator.plan_rank import rank, recommendation, table_text, warnings
+from profiler.planning.plan_rank import rank, recommendation, table_text, warnings
 
 
 def _row(layout: str, policy: str, seed: int, slo: float, p90: float = 50.0,

@@ -1,10 +1,10 @@
-"""The layouts `ppd sim plan` searches (`profiler.simulator.plan_space`)."""
+"""The layouts `ppd sim plan` searches (`profiler.planning.plan_space`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from profiler.simulator.plan_space import (
+from profiler.planning.plan_space import (
     hybrids_near,
     p_share,
     plan_space,

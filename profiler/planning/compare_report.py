@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-ANCHORS = ("llm-d", "llm-d-sticky", "dynamo", "vllm-router", "vllm-example")
-LIVE = "live"
+from profiler.planning.contenders import ANCHORS, FIXED, LIVE, PPD
+
 BAR_TIE = 0.02  # issue #43's "within 0.02"
 BAR_MARGIN = 0.10  # its "by at least 10% (relative)"
 BAR_SHARE = 1 / 3  # its "in at least a third of the cells at time scale 1 or more"
@@ -44,7 +44,7 @@ def cell_table(grid: pd.DataFrame) -> pd.DataFrame:
 def attainment_matrix(table: pd.DataFrame) -> pd.DataFrame:
     """SLO attainment, a row per (layout, time scale), a column per policy."""
     matrix = table.pivot_table(index=CELL, columns="policy", values="slo_attainment")
-    order = [p for p in (*_fixed(table), *ANCHORS, "ppd", LIVE) if p in matrix.columns]
+    order = [p for p in (*_fixed(table), *ANCHORS, PPD, LIVE) if p in matrix.columns]
     return matrix[order + [p for p in matrix.columns if p not in order]]
 
 
@@ -116,7 +116,7 @@ def plot_attainment(table: pd.DataFrame, path: Path) -> Path:
             part = table[table["layout"] == layout]
             for policy in attainment_matrix(table).columns:
                 line = part[part["policy"] == policy].sort_values("time_scale")
-                strong = policy in (LIVE, "ppd")
+                strong = policy in (LIVE, PPD)
                 axis.plot(line["time_scale"], line["slo_attainment"], marker="o",
                           linewidth=2.4 if strong else 1.2,
                           linestyle="-" if strong or policy in ANCHORS else "--",
@@ -147,7 +147,7 @@ def write_report(grid: pd.DataFrame, out: Path) -> list[str]:
 
 
 def _fixed(table: pd.DataFrame) -> tuple[str, ...]:
-    return tuple(p for p in ("pd", "local", "readback") if p in set(table["policy"]))
+    return tuple(p for p in FIXED if p in set(table["policy"]))
 
 
 __all__ = ["ANCHORS", "attainment_matrix", "cell_table", "plot_attainment", "table_markdown",

@@ -34,7 +34,7 @@ DEFAULT_SEEDS = 2
 DEFAULT_POLICIES = "pd,local,live,ppd"  # plan_space.DEFAULT_POLICIES (not imported: startup)
 
 if TYPE_CHECKING:  # the simulator is imported once the flags are parsed
-    from profiler.simulator.plan_space import Space
+    from profiler.planning.plan_space import Space
     from profiler.simulator.run import RunSpec
     from profiler.simulator.slo import Slo
 
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from profiler.simulator.plan_space import plan_space
+    from profiler.planning.plan_space import plan_space
     from profiler.simulator.slo import Slo
 
     space = plan_space(args.gpus, args.cost)
@@ -104,9 +104,9 @@ def _search(args: argparse.Namespace, space: Space, base: RunSpec, slo: Slo,
             policies: tuple[str, ...], seeds: tuple[int, ...], out: Path) -> int:
     import pandas as pd
 
-    from profiler.simulator.plan_plot import plot_plan
-    from profiler.simulator.plan_rank import rank, recommendation, table_text, warnings
-    from profiler.simulator.plan_search import PlanSearch
+    from profiler.planning.plan_plot import plot_plan
+    from profiler.planning.plan_rank import rank, recommendation, table_text, warnings
+    from profiler.planning.plan_search import PlanSearch
     from profiler.simulator.slo import IDLE_LAYOUT
 
     started = time.perf_counter()

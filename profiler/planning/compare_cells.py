@@ -86,7 +86,7 @@ def computed_prompt_tokens(node_stats: Mapping[str, Mapping[str, Any]]) -> float
 
 def run_compare_cell(task: CompareCell) -> dict[str, Any]:
     """The cell's row (what a worker process returns)."""
-    from profiler.simulator.plan_search import arrival_window_s
+    from profiler.planning.plan_search import arrival_window_s
     from profiler.simulator.run import run_summary, simulate
 
     started = time.perf_counter()

@@ -1,4 +1,4 @@
-"""`ppd sim compare` (profiler.simulator.compare, compare_cells, compare_report): the history a
+"""`ppd sim compare` (profiler.planning.compare, compare_cells, compare_report): the history a
 window recomputes, the pooled table, issue #43's verdict, the flags' errors, and one small run
 of the shipped Mooncake sample end to end."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from profiler.simulator import compare
-from profiler.simulator.compare_cells import computed_prompt_tokens, novel_tokens
-from profiler.simulator.compare_report import cell_table, verdict_lines, write_report
+from profiler.planning import compare
+from profiler.planning.compare_cells import computed_prompt_tokens, novel_tokens
+from profiler.planning.compare_report import cell_table, verdict_lines, write_report
 
 SAMPLE = Path(__file__).resolve().parents[3] / "datasets" / "samples" / "mooncake_sample.jsonl"
 
