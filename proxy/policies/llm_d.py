@@ -74,8 +74,12 @@ def skips_prefill(uncached: int) -> bool:
     return uncached < NON_CACHED_TOKENS
 
 
-def decide(turn: Turn, inputs: Inputs) -> Decision:
-    """Decode pod by prefix and queue, P skipped under 16 uncached tokens there."""
+Pick = Callable[[Sequence[NodeView], ClusterView, Workload], NodeView | None]
+
+
+def decide_with(turn: Turn, pick: Pick) -> Decision:
+    """llm-d's P/D decision with a profile's pick: each role's pod, then P skipped when the
+    prompt's uncached suffix on the picked D is under 16 tokens (llm-d-sticky shares it)."""
     view = turn.view or ClusterView(())
     workload = turn.workload
     decode = pick(usable(view, Role.DECODE), view, workload)
@@ -83,3 +87,8 @@ def decide(turn: Turn, inputs: Inputs) -> Decision:
     uncached = (uncached_tokens(decode, view, workload) if decode is not None
                 else workload.n_in)
     return anchored(turn, decode, prefill, skips_prefill(uncached))
+
+
+def decide(turn: Turn, inputs: Inputs) -> Decision:
+    """Decode pod by prefix and queue, P skipped under 16 uncached tokens there."""
+    return decide_with(turn, pick)

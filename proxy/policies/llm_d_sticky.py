@@ -27,15 +27,13 @@ from collections.abc import Sequence
 
 from proxy.cluster_view import ClusterView, NodeView
 from proxy.policies.anchor_nodes import (
-    anchored,
     cheapest,
     uncached_tokens,
-    usable,
     used_tokens,
 )
 from proxy.policies.base import Inputs, Needs, Turn
-from proxy.policies.llm_d import prefix_score, skips_prefill
-from proxy.vocabulary import Decision, Role, Workload
+from proxy.policies.llm_d import decide_with, prefix_score
+from proxy.vocabulary import Decision, Workload
 
 NAME = "llm-d-sticky"
 NEEDS = Needs(view=True)
@@ -67,10 +65,4 @@ def pick(nodes: Sequence[NodeView], view: ClusterView, workload: Workload) -> No
 
 def decide(turn: Turn, inputs: Inputs) -> Decision:
     """Sticky until saturated on each role; P skipped under 16 uncached tokens on the D."""
-    view = turn.view or ClusterView(())
-    workload = turn.workload
-    decode = pick(usable(view, Role.DECODE), view, workload)
-    prefill = pick(usable(view, Role.PREFILL), view, workload)
-    uncached = (uncached_tokens(decode, view, workload) if decode is not None
-                else workload.n_in)
-    return anchored(turn, decode, prefill, skips_prefill(uncached))
+    return decide_with(turn, pick)
