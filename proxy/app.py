@@ -39,7 +39,7 @@ from proxy.bounded_legs import BoundedLegs
 from proxy.breaker import Breaker
 from proxy.config import ProxyConfig
 from proxy.discovery import Discovery
-from proxy.endpoints import CompletionsApp, bearer_matches
+from proxy.endpoints import CompletionsApp
 from proxy.errors import PayloadTooLarge, ProxyError, Unauthorized
 from proxy.health import HealthMonitor
 from proxy.httpx_legs import HttpxLegs, httpx_pool
@@ -60,6 +60,7 @@ from proxy.sessions.store import SessionStore, watch_store
 from proxy.tokens import token_counter
 from proxy.tracing import open_tracing
 from proxy.transport import DefaultLegs
+from proxy.validate import bearer_matches
 from proxy.vocabulary import PRODUCT
 
 log = logging.getLogger("ppd.proxy")

@@ -12,7 +12,6 @@ the relay, so the upstream response is closed and vLLM aborts the request.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -35,6 +34,7 @@ from proxy.routes import FORCIBLE
 from proxy.server import DISCONNECT_EXTENSION, HEAD_WITH_BODY_EXTENSION, DisconnectSignal
 from proxy.validate import (
     Endpoint,
+    bearer_matches,
     check_session_id,
     parse_json_object,
     refuse_many_messages,
@@ -65,13 +65,6 @@ ADMIN_FIELDS = ("priority",)
 
 class _ClientGone(Exception):
     """The client disconnected before its request body arrived."""
-
-
-def bearer_matches(header: str | None, *keys: str | None) -> bool:
-    """Whether an Authorization header carries one of the keys (constant-time compare)."""
-    token = header[7:] if header and header.lower().startswith("bearer ") else None
-    return token is not None and any(
-        k is not None and hmac.compare_digest(token.encode(), k.encode()) for k in keys)
 
 
 class CompletionsApp:

@@ -15,6 +15,7 @@ The body must be a JSON object that every later step can handle without surprise
 from __future__ import annotations
 
 import enum
+import hmac
 import json
 import math
 import re
@@ -244,3 +245,10 @@ def check_session_id(value: str, param: str) -> None:
     if _CONTROL.search(value):
         raise BadRequest(f"'{param}' holds a control character (CR, LF, NUL...), which a "
                          "response header cannot carry", param=param)
+
+
+def bearer_matches(header: str | None, *keys: str | None) -> bool:
+    """Whether an Authorization header carries one of the keys (constant-time compare)."""
+    token = header[7:] if header and header.lower().startswith("bearer ") else None
+    return token is not None and any(
+        k is not None and hmac.compare_digest(token.encode(), k.encode()) for k in keys)

@@ -12,12 +12,11 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
-from proxy.endpoints import bearer_matches
 from proxy.errors import BadRequest, Unauthorized
 from proxy.json_codec import dumps
 from proxy.responses.conversations import Conversations, list_page
 from proxy.responses.service import ResponsesService
-from proxy.validate import parse_json_object
+from proxy.validate import bearer_matches, parse_json_object
 
 
 def responses_blueprint(service: ResponsesService, conversations: Conversations,
