@@ -8,7 +8,7 @@ Rows (one run, same machine, same moment):
   one KV event batch (decode + index), which the proxy pays per published batch;
 - the reply capture and SSE framing of one streamed 16-token chat reply, fed as vLLM writes
   it (one event per chunk): what the relay pays per streamed request besides moving bytes;
-- token counting of a turn's new messages with the model's tokenizer (proxy.tokens, text-v1)
+- token counting of a turn's new messages with the model's tokenizer (proxy.shared.tokens, text-v1)
   (the other per-request cost of an exact decision);
 - a whole non-streamed chat request through the proxy (pd: P leg + D leg; local: D leg) to
   in-process fake vLLM nodes, and the same request sent straight to a fake node: the
@@ -28,15 +28,15 @@ import httpx
 import numpy as np
 
 from proxy import ProxyConfig, create_app
-from proxy.config import NodeSpec, Policy, PolicyConfig
-from proxy.discretize import WORKLOAD_SHAPES, ContextClass
-from proxy.kv_events import BlockStored, encode_batch, parse_batch
-from proxy.live import NodeState, StepCosts, TurnState
+from proxy.config.settings import NodeSpec, Policy, PolicyConfig
+from proxy.live.kv_events import BlockStored, encode_batch, parse_batch
+from proxy.live.predict import NodeState, StepCosts, TurnState
+from proxy.live.residency import NodeResidency
 from proxy.policies.routing import RoutingPolicy
-from proxy.residency import NodeResidency
-from proxy.server import running
-from proxy.table import TABLE_COLUMNS, DecisionTable
-from proxy.vocabulary import Role, Workload
+from proxy.policies.table import TABLE_COLUMNS, DecisionTable
+from proxy.serving.server import running
+from proxy.shared.discretize import WORKLOAD_SHAPES, ContextClass
+from proxy.shared.vocabulary import Role, Workload
 
 QPS_POINTS = (0.5, 1.0, 2.0)
 
@@ -135,7 +135,7 @@ def bench_residency(n: int) -> tuple[np.ndarray, np.ndarray]:
 def bench_tokens(n: int, tokenizer_dir: Path | None) -> np.ndarray | None:
     if tokenizer_dir is None:
         return None
-    from proxy.tokens import new_input_tokens, token_counter
+    from proxy.shared.tokens import new_input_tokens, token_counter
 
     counter = token_counter(tokenizer_dir)
     words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "proxy", "turns"]
@@ -196,8 +196,8 @@ async def _timed_posts(client: httpx.AsyncClient, url: str,
 def bench_capture(n: int) -> np.ndarray:
     """Frame and capture one 16-token streamed reply, chunk by chunk, as the relay does."""
     from benchmarks.proxy_overhead.backend import stream_events
-    from proxy.completion import ReplyCapture
-    from proxy.relay import SseFramer, _split_before_done
+    from proxy.shared.completion import ReplyCapture
+    from proxy.upstream.relay import SseFramer, _split_before_done
 
     chunks = stream_events(16, True)
 

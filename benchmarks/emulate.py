@@ -37,8 +37,8 @@ from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.replay.client import ReplayConfig, replay
 from profiler.traces.synthetic import named_workload
 from proxy.policies import local as local_policy
-from proxy.tokens import token_counter
-from proxy.vocabulary import RouteKind
+from proxy.shared.tokens import token_counter
+from proxy.shared.vocabulary import RouteKind
 
 ADMIN_KEY = "bench-admin"  # forcing a route needs the proxy's admin key
 

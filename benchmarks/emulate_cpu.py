@@ -36,8 +36,8 @@ from profiler.replay.metrics import summarize
 from profiler.replay.output import write_run
 from profiler.traces.synthetic import named_workload
 from proxy.policies import fixed as fixed_policy
-from proxy.tokens import token_counter
-from proxy.vocabulary import RouteKind
+from proxy.shared.tokens import token_counter
+from proxy.shared.vocabulary import RouteKind
 
 WORKLOAD = "mixed"
 

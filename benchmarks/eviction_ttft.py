@@ -42,7 +42,7 @@ from profiler.cluster.plan import ClusterConfig, Connector, parse_layout
 from profiler.models.prepare import prepare_model
 from proxy import ServerThread, config_from_args, create_app
 from proxy.policies import live as live_policy
-from proxy.vocabulary import Role, RouteKind
+from proxy.shared.vocabulary import Role, RouteKind
 
 REPO = Path(__file__).resolve().parents[1]
 LIVE_COSTS = REPO / "tables" / "tiny-cpu-1p1d.costs.json"

@@ -14,7 +14,7 @@ import time
 
 from hypothesis import HealthCheck, given, settings
 
-from proxy.config import Policy
+from proxy.config.settings import Policy
 from tests.proxy.behaviour.fuzz_cases import Case, cases, fuzz_target
 
 

@@ -51,7 +51,7 @@ def _peak_rss_bytes() -> int:
 
 def _batches(flood: str) -> list[bytes]:
     """The flood's payloads, as vLLM's publisher encodes them."""
-    from proxy.kv_events import BlockStored, KvEvent, encode_batch
+    from proxy.live.kv_events import BlockStored, KvEvent, encode_batch
 
     def stored(blocks: list[Any], parent: Any, session: str | None) -> BlockStored:
         return BlockStored(tuple(blocks), parent, len(blocks) * BLOCK, BLOCK, session)
@@ -78,9 +78,9 @@ def _batches(flood: str) -> list[bytes]:
 
 
 async def _handle_all(batches: list[bytes]) -> dict[str, Any]:
-    from proxy.kv_events import encode_seq, parse_message
-    from proxy.kv_subscriber import KvEventSource, NodeSubscriber
-    from proxy.residency import NodeResidency
+    from proxy.live.kv_events import encode_seq, parse_message
+    from proxy.live.kv_subscriber import KvEventSource, NodeSubscriber
+    from proxy.live.residency import NodeResidency
 
     index = NodeResidency()
     subscriber = NodeSubscriber(KvEventSource("http://bench-d", "tcp://127.0.0.1:1"), index)

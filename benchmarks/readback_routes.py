@@ -43,7 +43,7 @@ from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.models.prepare import prepare_model
 from proxy import ServerThread, config_from_args, create_app
 from proxy.policies import pd as pd_policy
-from proxy.vocabulary import Role, RouteKind
+from proxy.shared.vocabulary import Role, RouteKind
 
 ADMIN = "bench-admin"
 ROUTES = tuple(kind.value for kind in (RouteKind.READBACK, RouteKind.PD, RouteKind.LOCAL))

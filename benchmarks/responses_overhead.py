@@ -25,9 +25,9 @@ import httpx
 import numpy as np
 
 from proxy import ProxyConfig, create_app
-from proxy.config import NodeSpec, Policy, PolicyConfig
-from proxy.server import running
-from proxy.vocabulary import Role
+from proxy.config.settings import NodeSpec, Policy, PolicyConfig
+from proxy.serving.server import running
+from proxy.shared.vocabulary import Role
 
 OPENING = "hello there, how are you? " * 8
 

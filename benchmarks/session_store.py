@@ -40,17 +40,17 @@ import httpx
 import numpy as np
 
 from proxy import ProxyConfig, create_app
-from proxy.config import NodeSpec, Policy, PolicyConfig
+from proxy.config.settings import NodeSpec, Policy, PolicyConfig
 from proxy.policies import local as local_policy
-from proxy.readback import HeldKV
-from proxy.server import running
+from proxy.readback.protocol import HeldKV
+from proxy.serving.server import running
 from proxy.sessions.readback_book import ReadbackBook
 from proxy.sessions.readbacks import MemoryReadbacks, Readbacks
 from proxy.sessions.redis_readbacks import RedisReadbacks
 from proxy.sessions.redis_store import RedisStore
 from proxy.sessions.session import Held, Lookup, Session, Transcript
 from proxy.sessions.store import MemoryStore, SessionStore
-from proxy.vocabulary import Role, RouteKind
+from proxy.shared.vocabulary import Role, RouteKind
 from tests.fakes.redis_server import RedisServer, free_port
 
 TURNS = 4

@@ -12,7 +12,7 @@ import importlib
 import sys
 from importlib import metadata
 
-from proxy.vocabulary import PRODUCT
+from proxy.shared.vocabulary import PRODUCT
 
 # name -> ("module:function", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -25,7 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("profiler.profile.cli:main", "measure x=0 vs x=1 per workload cell into a table"),
     "table": ("profiler.tables.cli:main", "show or plot a decision table"),
     "report": ("profiler.replay.report:main", "compare replay runs (tables and plots)"),
-    "register": ("proxy.register:main", "send node heartbeats to a proxy's discovery socket"),
+    "register": ("proxy.upstream.register:main",
+                 "send node heartbeats to a proxy's discovery socket"),
     "demo": ("profiler.profile.demo:main", "end-to-end demo on a local CPU cluster"),
     "sim": ("profiler.planning.cli:main",
             "cluster simulator (run, grid, paper) and its engine model"),

@@ -4,7 +4,7 @@
     with ServerThread(create_app(config)) as server: ...  # server.url
 
 The names below are imported on first use (PEP 562), not with the package: a tool that needs
-one small module (`proxy.vocabulary`, `proxy.config`) does not pay for the web stack
+one small module (`proxy.shared.vocabulary`, `proxy.config.settings`) does not pay for the web stack
 (Quart, aiohttp) that `create_app` pulls in - `ppd COMMAND --help` stays fast.
 """
 
@@ -14,8 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from proxy.app import create_app, serve
-    from proxy.config import (
+    from proxy.config.settings import (
         ConfigError,
         NodeSpec,
         Policy,
@@ -23,31 +22,32 @@ if TYPE_CHECKING:
         ProxyConfig,
         config_from_args,
     )
-    from proxy.errors import ProxyError
-    from proxy.server import Server, ServerThread, running
-    from proxy.table import TABLE_COLUMNS, DecisionTable, TableError
-    from proxy.vocabulary import Role, RouteKind, Workload
+    from proxy.policies.table import TABLE_COLUMNS, DecisionTable, TableError
+    from proxy.serving.app import create_app, serve
+    from proxy.serving.server import Server, ServerThread, running
+    from proxy.shared.errors import ProxyError
+    from proxy.shared.vocabulary import Role, RouteKind, Workload
 
 # exported name -> the module that defines it
 _SOURCES = {
-    "ConfigError": "proxy.config",
-    "DecisionTable": "proxy.table",
-    "NodeSpec": "proxy.config",
-    "Policy": "proxy.config",
-    "PolicyConfig": "proxy.config",
-    "ProxyConfig": "proxy.config",
-    "ProxyError": "proxy.errors",
-    "Role": "proxy.vocabulary",
-    "RouteKind": "proxy.vocabulary",
-    "Server": "proxy.server",
-    "ServerThread": "proxy.server",
-    "TABLE_COLUMNS": "proxy.table",
-    "TableError": "proxy.table",
-    "Workload": "proxy.vocabulary",
-    "config_from_args": "proxy.config",
-    "create_app": "proxy.app",
-    "running": "proxy.server",
-    "serve": "proxy.app",
+    "ConfigError": "proxy.config.settings",
+    "DecisionTable": "proxy.policies.table",
+    "NodeSpec": "proxy.config.settings",
+    "Policy": "proxy.config.settings",
+    "PolicyConfig": "proxy.config.settings",
+    "ProxyConfig": "proxy.config.settings",
+    "ProxyError": "proxy.shared.errors",
+    "Role": "proxy.shared.vocabulary",
+    "RouteKind": "proxy.shared.vocabulary",
+    "Server": "proxy.serving.server",
+    "ServerThread": "proxy.serving.server",
+    "TABLE_COLUMNS": "proxy.policies.table",
+    "TableError": "proxy.policies.table",
+    "Workload": "proxy.shared.vocabulary",
+    "config_from_args": "proxy.config.settings",
+    "create_app": "proxy.serving.app",
+    "running": "proxy.serving.server",
+    "serve": "proxy.serving.app",
 }
 
 __all__ = [

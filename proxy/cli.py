@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from proxy.config import config_from_args
+from proxy.config.settings import config_from_args
 
 if TYPE_CHECKING:
-    from proxy.server import Server
+    from proxy.serving.server import Server
 
 log = logging.getLogger("ppd.proxy")
 
@@ -18,11 +18,11 @@ def main(argv: list[str]) -> int:
     config = config_from_args(argv)
     # The web stack (Quart, aiohttp, uvicorn) once the flags are good: --help and usage
     # errors return without it.
-    from proxy.app import create_app
-    from proxy.logs import configure
-    from proxy.server import serve_app
-    from proxy.startup_line import startup_line
-    from proxy.workers import serve_workers
+    from proxy.config.startup_line import startup_line
+    from proxy.observability.logs import configure
+    from proxy.serving.app import create_app
+    from proxy.serving.server import serve_app
+    from proxy.serving.workers import serve_workers
 
     configure(config.log_level, config.log_format)
     app = create_app(config)  # loads the table and tokenizer: their errors surface here

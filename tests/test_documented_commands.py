@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from profiler.cli import main as ppd
-from proxy.vocabulary import PRODUCT
+from proxy.shared.vocabulary import PRODUCT
 
 REPO = Path(__file__).resolve().parents[1]
 SHELL_VARIABLE = re.compile(r"\$\{?\w+\}?")

@@ -1,4 +1,5 @@
-"""One node record (`proxy.vocabulary.Node`: URL and role) under every layer's own: the proxy's
+"""One node record (`proxy.shared.vocabulary.Node`: URL and role) under every layer's own: the
+proxy's
 configured nodes and pool, the launcher's, the emulator's and the simulator's running nodes."""
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ import pytest
 from profiler.cluster.launcher import LaunchedNode
 from profiler.emulate.serve import HostedNode
 from profiler.simulator.layout import SimNode, sim_nodes
-from proxy.backends import Backend, BackendPool
-from proxy.config import ConfigError, NodeSpec
-from proxy.vocabulary import Layout, Node, Role
+from proxy.config.settings import ConfigError, NodeSpec
+from proxy.shared.vocabulary import Layout, Node, Role
+from proxy.upstream.backends import Backend, BackendPool
 
 
 @pytest.mark.parametrize("record", [NodeSpec, LaunchedNode, HostedNode, SimNode])

@@ -28,8 +28,8 @@ _PROXY_SCRIPT = '''
 import asyncio, json, sys
 import httpx
 from proxy import create_app, running
-from proxy.config import config_from_args
-from proxy.startup_line import startup_line
+from proxy.config.settings import config_from_args
+from proxy.config.startup_line import startup_line
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import chat_body
 

@@ -21,7 +21,7 @@ OWN = ROOT / "proxy" / "policies"
 # (file, string): spelt like a policy label, meaning something else.
 ALLOWED = {
     # The product's name, declared once (`PRODUCT`); the policy `ppd` is another word.
-    ("proxy/vocabulary.py", "ppd"),
+    ("proxy/shared/vocabulary.py", "ppd"),
     # The vLLM project's router binary, a peer the proxy benchmark runs; the policy of that
     # name follows its rule.
     *((f"benchmarks/proxy_overhead/{name}", "vllm-router")

@@ -38,7 +38,7 @@ def _app(policy: str) -> Any:
         stream_events,
     )
     from proxy import create_app
-    from proxy.config import config_from_args
+    from proxy.config.settings import config_from_args
     from proxy.policies import registry
     from proxy.policies.base import Need
 

@@ -4,8 +4,10 @@
 
 `default` runs `proxy.cli.main` (what `ppd proxy` runs); `workers2` and `workers4` the same
 with `--workers 2` / `--workers 4` (and their embedded session store). The other stacks serve
-the same app with chosen legs (`proxy.legs`; `httpx`: httpx's own pool, `proxy.httpx_legs`;
-`aiohttp`: `proxy.aiohttp_legs`), ASGI server and event loop, so the parts can be compared in
+the same app with chosen legs (`proxy.upstream.legs`; `httpx`: httpx's own pool,
+`proxy.upstream.httpx_legs`;
+`aiohttp`: `proxy.upstream.aiohttp_legs`), ASGI server and event loop, so the parts can be compared
+in
 one run:
 `TRANSPORT+SERVER[+asyncio]` (the loop is uvloop unless `+asyncio`), or `aiohttp+granian`.
 `floor` is not ppd: the same parts relaying with no logic at all (`floor.py`), the cost of the
@@ -27,9 +29,9 @@ STACKS = ("default", "workers2", "workers4", "httpx+hypercorn+asyncio", "httpx+u
 
 
 def _legs(name: str) -> Any:
-    """The legs' factory (`proxy.legs.LegsFactory`) a stack names."""
-    from proxy.aiohttp_legs import AiohttpLegs
-    from proxy.httpx_legs import HttpxLegs, httpx_pool
+    """The legs' factory (`proxy.upstream.legs.LegsFactory`) a stack names."""
+    from proxy.upstream.aiohttp_legs import AiohttpLegs
+    from proxy.upstream.httpx_legs import HttpxLegs, httpx_pool
 
     if name == "aiohttp":
         return AiohttpLegs
@@ -37,7 +39,7 @@ def _legs(name: str) -> Any:
 
 
 async def _serve(app: Any, host: str, port: int, server: str) -> None:
-    from proxy.server import ServerKind, running
+    from proxy.serving.server import ServerKind, running
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -76,15 +78,15 @@ def main(argv: list[str] | None = None) -> int:
 
         workers = args.stack.removeprefix("workers")
         return proxy_main([*proxy_args, "--workers", workers] if workers.isdigit() else proxy_args)
-    from proxy.app import create_app
-    from proxy.config import config_from_args
+    from proxy.config.settings import config_from_args
+    from proxy.serving.app import create_app
 
     config = config_from_args(proxy_args)
     if args.stack.startswith("floor"):
         import uvloop
 
         from benchmarks.proxy_overhead.floor import FloorApp
-        from proxy.vocabulary import Role
+        from proxy.shared.vocabulary import Role
 
         first = {node.role: node.url.rstrip("/") for node in reversed(config.nodes)}
         floor = FloorApp(first[Role.PREFILL], first[Role.DECODE], str(config.policy.kind))

@@ -24,7 +24,7 @@ from profiler.cluster.plan import (
     parse_layout,
 )
 from profiler.models.prepare import ModelName, default_model_dir, is_ready
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 
 # The launcher (httpx, the emulator's engine) is imported by the actions that start or stop
 # something, after the flags are parsed: a usage error or --help returns at once.
@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _policy_arg(text: str) -> str:
-    from proxy.config import ConfigError, parse_policy_name
+    from proxy.config.settings import ConfigError, parse_policy_name
 
     try:
         return parse_policy_name(text).value

@@ -51,8 +51,8 @@ from profiler.models.prepare import (
     prepare_model,
     serving_dtype,
 )
-from proxy import vocabulary
-from proxy.vocabulary import Role
+from proxy.shared import vocabulary
+from proxy.shared.vocabulary import Role
 
 PROXY_FILE = "proxy.json"
 PROXY_LOG = "proxy.log"

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from profiler.emulate.node_kv_events import REPLAY_PORT_OFFSET, kv_event_keys, kv_events_args
-from proxy.readback import VLLM_DECODER_BLOCKS_TTL_S
-from proxy.vocabulary import Layout, LayoutError, Role
+from proxy.readback.protocol import VLLM_DECODER_BLOCKS_TTL_S
+from proxy.shared.vocabulary import Layout, LayoutError, Role
 
 DEFAULT_STATE_DIR = Path(".ppd-cluster")
 DEFAULT_BASE_PORT = 8100
@@ -57,7 +57,7 @@ class ClusterError(Exception):
 
 
 def parse_layout(text: str) -> Layout:
-    """`1P1D`, `1P2D`, `2R`, hybrids `1R1P2D`... (`proxy.vocabulary.Layout`'s rules) as a
+    """`1P1D`, `1P2D`, `2R`, hybrids `1R1P2D`... (`proxy.shared.vocabulary.Layout`'s rules) as a
     Layout that fits one host."""
     try:
         layout = Layout.parse(text)

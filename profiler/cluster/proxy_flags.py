@@ -1,6 +1,6 @@
 """The `ppd proxy` flags a cluster's launcher starts its proxy with, and their check before any
 node starts (`ppd cluster up --with-proxy`): the proxy's configuration is built from the same
-flags, by the proxy's own code (`proxy.preflight`), against a provisional cluster.json of the
+flags, by the proxy's own code (`proxy.config.preflight`), against a provisional cluster.json of the
 planned nodes - so a misspelt policy or a missing table costs a second, not a start-up.
 """
 
@@ -23,7 +23,7 @@ from profiler.cluster.plan import (
 )
 
 if TYPE_CHECKING:
-    from proxy.config import ProxyConfig
+    from proxy.config.settings import ProxyConfig
 
 
 def proxy_arguments(cluster_file: Path, policy: str | None, port: int, host: str,
@@ -42,7 +42,9 @@ def check_proxy(config: ClusterConfig, policy: str | None, port: int,
     """The configuration of the proxy `start_proxy` would start in front of `config`'s nodes;
     ClusterError if it would refuse its flags or files, or its port is taken. Nothing is
     started."""
-    from proxy.preflight import check_proxy_args  # the proxy's config code: only with a proxy
+    from proxy.config.preflight import (
+        check_proxy_args,  # the proxy's config code: only with a proxy
+    )
 
     if not procs.port_free(config.host, port):
         raise ClusterError(f"proxy port {port} is in use; choose another --proxy-port "

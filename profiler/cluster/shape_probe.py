@@ -39,7 +39,7 @@ from pathlib import Path
 
 import httpx
 
-from proxy.vocabulary import RouteKind
+from proxy.shared.vocabulary import RouteKind
 
 DEFAULT_LENGTHS = (128, 512, 1024, 2048, 3072)
 DEFAULT_APPEND = 256

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import httpx
 
 from profiler.cluster.procs import ManagedProcess
-from proxy.pd_protocol import decode_body, prefill_body
+from proxy.upstream.pd_protocol import decode_body, prefill_body
 
 # A prompt of ~512 tokens: well past the GEMM size at which oneDNN switches to AMX.
 WARMUP_PROMPT = "warm " * 512

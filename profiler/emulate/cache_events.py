@@ -1,10 +1,10 @@
 """An emulated node's prefix-cache changes as vLLM's KV cache events, one step's worth at a time.
 
 The engine model tells a `profiler.engine.CacheObserver` of every block it stores and evicts;
-`CacheEvents` is that observer. It turns them into `proxy.kv_events` events the way vLLM's
+`CacheEvents` is that observer. It turns them into `proxy.live.kv_events` events the way vLLM's
 scheduler does: the new full blocks one request filled in a step become one `BlockStored`
 (their hashes, the parent of the first, their token ids, the block size), tagged with the
-request's `session_id` body field as vLLM >= 0.32 tags them (`proxy.residency` joins a
+request's `session_id` body field as vLLM >= 0.32 tags them (`proxy.live.residency` joins a
 session's chain by that tag); an eviction becomes a `BlockRemoved`. `take()` hands the
 step's events to the publisher (`kv_publisher.py`), in the order they happened.
 
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from profiler.engine.prefix_cache import ROOT_HASH
-from proxy.kv_events import BlockRemoved, BlockStored, KvEvent
+from proxy.live.kv_events import BlockRemoved, BlockStored, KvEvent
 
 
 @dataclass(slots=True)

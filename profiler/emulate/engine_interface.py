@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from proxy.kv_events import KvEvent
+from proxy.live.kv_events import KvEvent
 
 
 class JobRejected(ValueError):

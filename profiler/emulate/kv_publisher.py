@@ -2,7 +2,7 @@
 
 The publishing socket sends one message per engine step that changed the cache: `[topic, seq,
 payload]`, seq an 8-byte big-endian counter from 0, payload msgpack of `[ts, events]`
-(`proxy.kv_events` encodes it; `proxy.kv_subscriber` reads it). The last REPLAY_BUFFER
+(`proxy.live.kv_events` encodes it; `proxy.live.kv_subscriber` reads it). The last REPLAY_BUFFER
 batches are kept for the replay ROUTER socket, which answers `[b"", start_seq]` with
 `[b"", topic, seq, payload]` per buffered batch from start_seq on, then `[b"", b"", END_SEQ,
 b""]` - what a subscriber asks for when it saw a gap in the sequence.
@@ -32,7 +32,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from proxy.kv_events import END_SEQ, KvEvent, encode_batch, encode_seq
+from proxy.live.kv_events import END_SEQ, KvEvent, encode_batch, encode_seq
 
 log = logging.getLogger("ppd.emulate")
 

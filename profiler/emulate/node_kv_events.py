@@ -4,7 +4,7 @@ Each D/R node publishes vLLM's KV cache events (`--kv-events-config`): a ZMQ PUB
 its HTTP port + 2000 and a replay ROUTER on + 3000 (+ 1000 is the node's NIXL side channel,
 `profiler.cluster.plan`), so the endpoints follow from the node's
 URL alone and cluster.json can name them (`kv_events`, `kv_events_replay`; read by
-`proxy.kv_sources`). vLLM binds its PUB socket only for an endpoint with a wildcard
+`proxy.live.kv_sources`). vLLM binds its PUB socket only for an endpoint with a wildcard
 (`tcp://*:PORT`; anything else it connects to), so the PUB listens on every interface; the
 replay socket is bound on the node's own host. P nodes publish nothing: residency is about
 what a session's D (or R) still holds.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from urllib.parse import urlsplit
 
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 
 EVENTS_PORT_OFFSET = 2000
 REPLAY_PORT_OFFSET = 3000

@@ -21,7 +21,7 @@ from profiler.engine import Engine, EngineConfig, LinearCost, load_cost
 from profiler.engine.batch import BatchShape
 from profiler.engine.cost import CostModel
 from profiler.engine.transfer import Link, ModelShape, load_link, load_model_shape
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 
 
 class PresetError(ValueError):

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from profiler.emulate.engine_interface import Job, NodeEngine, Tick
-from proxy.kv_events import KvEvent
+from proxy.live.kv_events import KvEvent
 
 # How long P keeps a prompt's KV for a D that never pulls it (vLLM's
 # VLLM_NIXL_ABORT_REQUEST_TIMEOUT is 480 s; shorter here, as nothing real is held).

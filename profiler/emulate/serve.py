@@ -30,8 +30,8 @@ from profiler.emulate.presets import Preset, resolve
 from profiler.emulate.service import EmulatedNodeSpec, NodeService, Peers
 from profiler.emulate.tokenizer import Vocabulary, tokenizer_dir
 from profiler.engine.host import host_of
-from proxy.server import running
-from proxy.vocabulary import Node, Role
+from proxy.serving.server import running
+from proxy.shared.vocabulary import Node, Role
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ from profiler.emulate.openai_format import DONE, Envelope, Parsed, RequestError,
 from profiler.emulate.runtime import EmulatedNode, EngineFailed, Stream
 from profiler.emulate.tokenizer import Vocabulary
 from profiler.engine.transfer import Link
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 
 # vLLM's default NIXL side-channel port (vllm/envs.py, VLLM_NIXL_SIDE_CHANNEL_PORT).
 VLLM_NIXL_SIDE_CHANNEL_PORT = 5600
@@ -76,7 +76,7 @@ class EmulatedNodeSpec:
     def side_channel_port(self) -> int:
         """The NIXL side-channel port its kv_transfer_params name: its own port, else (a port
         the OS chose) vLLM's default, VLLM_NIXL_SIDE_CHANNEL_PORT=5600 - never 0, which the
-        proxy refuses as implausible (proxy.readback.plausible_params)."""
+        proxy refuses as implausible (proxy.readback.protocol.plausible_params)."""
         return self.port or VLLM_NIXL_SIDE_CHANNEL_PORT
 
     def frontend_s(self, prompt_tokens: int, running: int = 0) -> float:

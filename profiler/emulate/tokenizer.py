@@ -32,7 +32,7 @@ from typing import Any
 
 from profiler.models.prepare import CHATML_TEMPLATE, train_tiny_tokenizer
 from profiler.models.prepare import cache_dir as ppd_cache_dir
-from proxy.tokens import content_text
+from proxy.shared.tokens import content_text
 
 TOKENIZER_VERSION = 1
 _READY = ".ppd-emulator-tokenizer"

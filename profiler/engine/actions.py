@@ -26,7 +26,7 @@ from profiler.engine.transfer import LINKS, MODEL_SHAPES
 
 if TYPE_CHECKING:
     from profiler.engine.calibrate import Calibration
-    from proxy.vocabulary import RouteKind
+    from proxy.shared.vocabulary import RouteKind
 
 # A replay run simulated again on a preset: (run, preset, KV model, replies retokenized,
 # route) -> median real minus simulated TTFT of that route's turns 2+ in ms, or None.
@@ -192,7 +192,7 @@ def _settle_on_runs(args: argparse.Namespace, result: Calibration,
     first pass."""
     from dataclasses import replace
 
-    from proxy.vocabulary import RouteKind
+    from proxy.shared.vocabulary import RouteKind
 
     cost, lines = result.cost, ""
     for route, term, label in ((RouteKind.LOCAL, "frontend_request_ms", "front end"),

@@ -51,8 +51,8 @@ import pandas as pd
 from profiler.engine.cost import LinearCost
 from profiler.engine.fit import _mean_overlap, numeric_column, read_frame, read_runs
 from profiler.engine.host import HostedCost, HostModel
-from proxy.prometheus_text import sample_sums
-from proxy.vocabulary import Role, RouteKind
+from proxy.observability.prometheus_text import sample_sums
+from proxy.shared.vocabulary import Role, RouteKind
 
 HISTOGRAMS = ("time_to_first_token_seconds", "request_queue_time_seconds",
               "request_prefill_time_seconds", "inter_token_latency_seconds")

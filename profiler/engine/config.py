@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 
 
 class SchedulePolicy(enum.StrEnum):

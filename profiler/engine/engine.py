@@ -24,7 +24,7 @@ from profiler.engine.host import host_of
 from profiler.engine.prefix_cache import CacheObserver, block_hashes
 from profiler.engine.requests import Phase, Request, RequestRejected, Sequence
 from profiler.engine.scheduler import ScheduledItem, Scheduler
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 
 
 @dataclass(frozen=True, slots=True)

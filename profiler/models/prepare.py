@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler.models.packaged import packaged_file
-from proxy.vocabulary import PRODUCT
+from proxy.shared.vocabulary import PRODUCT
 
 READY_MARKER = ".ppd-model-ready"
 MARKER_VERSION = 2  # 2: the marker says which dtype vLLM should serve the model in

@@ -27,7 +27,7 @@ from proxy.policies import pd as pd_policy
 from proxy.policies import ppd as ppd_policy
 from proxy.policies import registry
 from proxy.policies import replica as replica_policy
-from proxy.vocabulary import Layout
+from proxy.shared.vocabulary import Layout
 
 MAX_SIMULATED = 16  # instances simulated at once (a bigger cluster is simulated in slices)
 MAX_SPLITS = 8  # P:D splits screened

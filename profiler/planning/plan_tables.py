@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from proxy.discretize import Cell, context_class, workload_shape
+from proxy.shared.discretize import Cell, context_class, workload_shape
 
 COVERAGE = 0.9
 MAX_CELLS = 12

@@ -19,11 +19,11 @@ import httpx
 from profiler.cli import HelpFormatter, base_url
 from profiler.flags.types import output_file, positive_int, weight
 from profiler.profile.grid import ProfileGrid, grid_from_mapping, read_grid_file
-from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES
-from proxy.redact import redacted_command, redacted_url, rerun_note
-from proxy.table import MEASURED, STATUS_COLUMN
-from proxy.tokens import TokenCounter, token_counter
-from proxy.vocabulary import PRODUCT, Role
+from proxy.policies.table import MEASURED, STATUS_COLUMN
+from proxy.shared.discretize import TURN1_PROFILES, WORKLOAD_SHAPES
+from proxy.shared.redact import redacted_command, redacted_url, rerun_note
+from proxy.shared.tokens import TokenCounter, token_counter
+from proxy.shared.vocabulary import PRODUCT, Role
 
 INTERRUPTED_EXIT = 130
 FAILED_EXIT = 1

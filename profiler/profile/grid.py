@@ -12,7 +12,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from proxy.discretize import PAPER_CONTEXTS, TURN1_PROFILES, WORKLOAD_SHAPES, Cell, ContextClass
+from proxy.shared.discretize import (
+    PAPER_CONTEXTS,
+    TURN1_PROFILES,
+    WORKLOAD_SHAPES,
+    Cell,
+    ContextClass,
+)
 
 GRID_KEYS = frozenset(
     {"contexts", "workloads", "qps", "duration_s", "warmup_conversations", "timeout_s",

@@ -20,7 +20,7 @@ from profiler.cluster.procs import sigterm_as_interrupt
 from profiler.profile.runner import PROFILED_ROUTES, WITH_READBACK, ProfileGrid, Profiler
 from profiler.tables.io import build_meta, local_vllm_backend
 from proxy.policies import pd as pd_policy
-from proxy.tokens import TokenCounter, token_counter
+from proxy.shared.tokens import TokenCounter, token_counter
 
 # The proxy sits above the node ports; its policy is irrelevant (turn 2 is forced per request).
 PROXY_PORT_OFFSET = 90

@@ -29,11 +29,11 @@ from profiler.profile.runner import (
 )
 from profiler.simulator.run import RunSpec, simulate
 from profiler.tables.io import build_meta, write_table
-from proxy.config import Policy, PolicyConfig
-from proxy.discretize import Cell
-from proxy.readback import VLLM_DECODER_BLOCKS_TTL_S
-from proxy.tokens import TOKEN_DEFINITION
-from proxy.vocabulary import RouteKind
+from proxy.config.settings import Policy, PolicyConfig
+from proxy.readback.protocol import VLLM_DECODER_BLOCKS_TTL_S
+from proxy.shared.discretize import Cell
+from proxy.shared.tokens import TOKEN_DEFINITION
+from proxy.shared.vocabulary import RouteKind
 
 
 def _spec(base: RunSpec, cell: Cell, route: RouteKind) -> RunSpec:

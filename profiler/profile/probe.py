@@ -14,8 +14,8 @@ from __future__ import annotations
 import httpx
 
 from profiler.replay.request_bodies import error_message
-from proxy.redact import redacted_url
-from proxy.vocabulary import RouteKind
+from proxy.shared.redact import redacted_url
+from proxy.shared.vocabulary import RouteKind
 
 # pd: a turn 1 can always take it (local needs a session on a decode node).
 PROBE_ROUTE = RouteKind.PD

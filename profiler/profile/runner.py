@@ -50,9 +50,9 @@ from profiler.replay.client import ReplayConfig, replay
 from profiler.tables.io import KEY_COLUMNS, meta_path, normalize, read_table, write_table
 from profiler.traces.request_records import RequestRecord
 from profiler.traces.synthetic import two_turn_conversations
-from proxy.discretize import TURN1_PROFILES, Cell
-from proxy.tokens import TOKEN_DEFINITION, EstimateTokenCounter, TokenCounter
-from proxy.vocabulary import RouteKind
+from proxy.shared.discretize import TURN1_PROFILES, Cell
+from proxy.shared.tokens import TOKEN_DEFINITION, EstimateTokenCounter, TokenCounter
+from proxy.shared.vocabulary import RouteKind
 
 PROFILED_ROUTES: tuple[RouteKind, ...] = (RouteKind.PD, RouteKind.LOCAL)
 WITH_READBACK: tuple[RouteKind, ...] = (*PROFILED_ROUTES, RouteKind.READBACK)

@@ -36,9 +36,9 @@ from profiler.traces.formats import TraceFormat
 from profiler.traces.loader import TraceFilter
 from profiler.traces.request_records import RequestRecord
 from profiler.traces.synthetic import synthetic_names
-from proxy.redact import redacted_command, redacted_url, rerun_note
-from proxy.tokens import token_counter
-from proxy.vocabulary import PRODUCT, RouteKind
+from proxy.shared.redact import redacted_command, redacted_url, rerun_note
+from proxy.shared.tokens import token_counter
+from proxy.shared.vocabulary import PRODUCT, RouteKind
 
 INTERRUPTED_EXIT = 130
 FAILED_EXIT = 1

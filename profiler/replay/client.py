@@ -36,8 +36,8 @@ from profiler.replay.request_bodies import (
 from profiler.traces.arrivals import arrival_times
 from profiler.traces.conversation import Conversation
 from profiler.traces.request_records import RequestRecord
-from proxy.completion import parse_data, parse_payload
-from proxy.redact import redacted_url
+from proxy.shared.completion import parse_data, parse_payload
+from proxy.shared.redact import redacted_url
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from profiler.traces.conversation import Conversation
 from profiler.traces.formats import TraceFormat
 from profiler.traces.loader import TraceFilter, load_trace, sharegpt_package_file
 from profiler.traces.synthetic import named_workload, synthetic_names
-from proxy.tokens import TokenCounter
+from proxy.shared.tokens import TokenCounter
 
 SYNTHETIC_PREFIX = "synthetic:"
 

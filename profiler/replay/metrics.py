@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from profiler.traces.request_records import RequestRecord
-from proxy.vocabulary import RouteKind
+from proxy.shared.vocabulary import RouteKind
 
 PERCENTILES = (50, 90, 99)
 

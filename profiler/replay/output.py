@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from profiler.replay.client import ReplayConfig, ReplayResult
 from profiler.traces.request_records import RequestRecord
-from proxy.redact import redacted_url
+from proxy.shared.redact import redacted_url
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import httpx
 
-from proxy.redact import redacted_url
+from proxy.shared.redact import redacted_url
 
 RETRY_FOR_S = 20.0  # P holds a finished prompt's KV until D pulls it (or its lease ends)
 RETRY_EVERY_S = 0.5

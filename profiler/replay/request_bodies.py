@@ -3,7 +3,8 @@
 `History` keeps one conversation's state between turns. The text sent with turn k+1 holds the
 model's *actual* reply to turn k - never the dataset's reference answer - so the decode node's
 prefix cache (and the proxy's session fingerprint) can match the history exactly. Replies are
-read with `proxy.completion` and go back into the history by its rule (the reply text, not the
+read with `proxy.shared.completion` and go back into the history by its rule (the reply text, not
+the
 reasoning), the rule the proxy's continuation check expects. Through the Responses API
 (`--api responses`) a turn sends only its new user text and names the previous response
 (`previous_response_id`): the server holds the history (docs/responses.md).
@@ -16,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.completion import assistant_message
+from proxy.shared.completion import assistant_message
 
 # Completions API rendering: a plain-text transcript. Turn k+1's prompt is turn k's prompt +
 # the reply + the next user block, the proxy's completions continuation rule.

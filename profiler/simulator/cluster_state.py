@@ -1,13 +1,14 @@
 """What policies see of a simulated cluster: the proxy's view, read off the engines.
 
-The proxy learns a node's batch and queue from its `/metrics` (`proxy.node_gauges`) and what it
-still holds of a session from its KV cache events (`proxy.residency`). A simulated node is an
+The proxy learns a node's batch and queue from its `/metrics` (`proxy.observability.node_gauges`)
+and what it
+still holds of a session from its KV cache events (`proxy.live.residency`). A simulated node is an
 engine model, so the same numbers are read from it directly, at the decision's instant: the
 running and waiting counts and the KV room vLLM's gauges report, the leading tokens of the
 session's history its prefix cache (the LRU the events describe) holds, and the output
 lengths of its running batch (which a proxy knows of the requests it sent). The D, P and
 (hybrid pools) replica a turn would use are the ones the pool would pick: the session's own
-if usable, else the least busy. `EngineView.cluster` is `Turn.view` (`proxy.cluster_view`) of a
+if usable, else the least busy. `EngineView.cluster` is `Turn.view` (`proxy.live.cluster_view`) of a
 policy that asks for it: every usable node, with the same fields the proxy fills.
 """
 
@@ -17,11 +18,11 @@ from collections.abc import Callable, Mapping
 
 from profiler.engine.engine import Engine
 from profiler.engine.prefix_cache import ROOT_HASH, hash_block
-from proxy.backends import BackendPool
-from proxy.cluster_view import ClusterView, NodeView
-from proxy.live import NodeState, TurnState
+from proxy.live.cluster_view import ClusterView, NodeView
+from proxy.live.predict import NodeState, TurnState
 from proxy.sessions.session import Session
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
+from proxy.upstream.backends import BackendPool
 
 # Histories whose chains are kept for extension: more than the sessions in flight at once.
 MAX_HELD_LISTS = 256
@@ -104,7 +105,7 @@ class EngineView:
 
     def cluster(self, session: Session) -> ClusterView:
         """Every usable node with the gauges vLLM would report and, on D and R nodes, the
-        session's history its prefix cache holds (`proxy.live_view.LiveView.cluster`'s
+        session's history its prefix cache holds (`proxy.live.view.LiveView.cluster`'s
         fields, read off the engines)."""
         chain = self._chain(session)
         nodes = []

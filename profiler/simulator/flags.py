@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
-from proxy.readback import VLLM_DECODER_BLOCKS_TTL_S
+from proxy.live.load_meter import DEFAULT_LOAD_WINDOW_S
+from proxy.readback.protocol import VLLM_DECODER_BLOCKS_TTL_S
 
 # Here, not in run.py: the parsers need them before the simulator (numpy, pandas) is imported.
 DEFAULT_COST = "h100:llama-3.1-8b"

@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 from profiler.flags.types import output_file, positive_int, refuse_both
 from profiler.simulator.flags import add_cluster_flags, readback_ttl
 from profiler.simulator.provenance import METADATA_KEY, SimulatedSetup, describe, sidecar_path
-from proxy.config import Policy, PolicyConfig
-from proxy.discretize import PAPER_CONTEXTS, WORKLOAD_SHAPES
+from proxy.config.settings import Policy, PolicyConfig
 from proxy.policies import registry
 from proxy.policies import replica as replica_policy
-from proxy.vocabulary import Layout
+from proxy.shared.discretize import PAPER_CONTEXTS, WORKLOAD_SHAPES
+from proxy.shared.vocabulary import Layout
 
 if TYPE_CHECKING:  # the simulator (numpy, the engine model) is imported when a grid runs
     from profiler.simulator.run import RunSpec

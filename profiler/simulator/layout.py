@@ -1,4 +1,4 @@
-"""The simulator's nodes of a layout (`proxy.vocabulary.Layout`): `1P3D`, `4R`, `1P2D1R`.
+"""The simulator's nodes of a layout (`proxy.shared.vocabulary.Layout`): `1P3D`, `4R`, `1P2D1R`.
 
 The node names (`p0`, `d1`, `r0`) double as the backend URLs the proxy's pool keys nodes by,
 so a simulated record's `x-ppd-decode` column names the node that served it just as a real
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.vocabulary import Layout, Node, Role
+from proxy.shared.vocabulary import Layout, Node, Role
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@
     ppd sim live-costs --cost h100:llama-3.1-8b --link nvlink --out costs/h100-8b.json
 
 The policy needs a model of one engine step it can evaluate in microseconds
-(`proxy.live.StepCosts`, linear in the batch's features); the cost presets are aiconfigurator's
+(`proxy.live.predict.StepCosts`, linear in the batch's features); the cost presets are
+aiconfigurator's
 kernel data (docs/engine-model.md), evaluated per batch shape. This samples a preset over the
 shapes a turn decision asks about - prefill chunks of 16..8192 tokens after 0..16k cached
 tokens, decode batches of 1..256 requests at 256..16k tokens of context, and both mixed - and
@@ -29,7 +30,7 @@ from profiler.engine.cost import BatchShape, CostModel, LinearCost
 from profiler.engine.host import HostedCost
 from profiler.engine.presets import cached_cost
 from profiler.engine.transfer import Link, load_link, load_model_shape
-from proxy.live import StepCosts
+from proxy.live.predict import StepCosts
 
 # vLLM's default --block-size, the simulator's too (`EngineConfig`).
 DEFAULT_BLOCK_SIZE = EngineConfig().block_size

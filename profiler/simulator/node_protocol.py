@@ -7,7 +7,7 @@ asked, allocates the blocks it does not already cache and pulls the rest over P'
 when the transfer ends D decodes and P frees its blocks. A readback turn first asks P to
 tokenize the new prompt, then moves the history's KV that P lacks from the D that keeps it
 over D's own link (as many tokens of the new prompt as the ids D's blocks hold - the turn
-machine's rule, `proxy.turn_machine` - less P's own prefix-cache hits), then runs P->D with
+machine's rule, `proxy.routing.turn_machine` - less P's own prefix-cache hits), then runs P->D with
 P computing only the rest (`Request.preloaded`). D keeps a finished turn's blocks pinned
 until P reads them or the TTL passes. `NodeProtocol` is a part of
 `profiler.simulator.virtual_cluster.Simulator`: it reads the run's state the simulator owns.
@@ -69,7 +69,7 @@ class NodeProtocol:
 
     def _tokenize_at_prefill(self, turn: TurnRun) -> None:
         """A readback first asks P's API server to tokenize the new prompt (the proxy's
-        `/tokenize` round trip, proxy.readback): one pass through its front end, queued
+        `/tokenize` round trip, proxy.readback.protocol): one pass through its front end, queued
         behind the requests that reached it first; then the read."""
         assert turn.plan.prefill is not None
         prefill = self._nodes[turn.plan.prefill.url]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from profiler.simulator.run import RunSpec, SimResult, simulate
-from proxy.vocabulary import RouteKind
+from proxy.shared.vocabulary import RouteKind
 
 
 def forced_route(run: Path) -> RouteKind:

@@ -53,15 +53,15 @@ from profiler.simulator.workload import (
     timed_workload,
 )
 from profiler.traces.mooncake import TraceWindow
-from proxy.config import Policy, PolicyConfig
-from proxy.live import StepCosts
-from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
+from proxy.config.settings import Policy, PolicyConfig
+from proxy.live.load_meter import DEFAULT_LOAD_WINDOW_S
+from proxy.live.predict import StepCosts
 from proxy.policies import registry
 from proxy.policies.base import Need
 from proxy.policies.routing import RoutingPolicy
-from proxy.readback import VLLM_DECODER_BLOCKS_TTL_S
-from proxy.table import DecisionTable
-from proxy.vocabulary import Layout, Role, RouteKind
+from proxy.policies.table import DecisionTable
+from proxy.readback.protocol import VLLM_DECODER_BLOCKS_TTL_S
+from proxy.shared.vocabulary import Layout, Role, RouteKind
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from profiler.engine.requests import Request
 from profiler.simulator.sim_events import SEND_WAITING, TIMEOUT, TurnRun
 from profiler.simulator.workload import SimConversation
 from profiler.traces.request_records import RequestRecord
-from proxy.turn_machine import Leg
+from proxy.routing.turn_machine import Leg
 
 if TYPE_CHECKING:
     from profiler.simulator.sim_setup import SimSetup

@@ -1,12 +1,13 @@
 """The proxy's routing on a virtual clock: its own pool, session ledger, policy and load meter.
 
-`SimProxy` does what `proxy.router.Router` does for one turn, minus HTTP: the session ledger
+`SimProxy` does what `proxy.routing.router.Router` does for one turn, minus HTTP: the session ledger
 (`proxy.sessions.session`) finds the conversation and whether this turn continues it, the load meter
-(`proxy.load_meter`) measures turns per second, the configured `proxy.policies.RoutingPolicy`
-decides the route (ppd reads its `proxy.table.DecisionTable` through `proxy.discretize`), and
-the backend pool (`proxy.backends`) picks nodes - the session's own first, else the least
-loaded - with in-flight slots held through `proxy.lease` exactly as the router holds them.
-Nothing here decides a route or picks a node by itself: `proxy.turn_plan.plan_turn`, which
+(`proxy.live.load_meter`) measures turns per second, the configured `proxy.policies.RoutingPolicy`
+decides the route (ppd reads its `proxy.policies.table.DecisionTable` through
+`proxy.shared.discretize`), and
+the backend pool (`proxy.upstream.backends`) picks nodes - the session's own first, else the least
+loaded - with in-flight slots held through `proxy.upstream.lease` exactly as the router holds them.
+Nothing here decides a route or picks a node by itself: `proxy.routing.turn_plan.plan_turn`, which
 the router calls too, gives the decision and the nodes to try; this runs them on the clock.
 
 The readback route (docs/readback.md) keeps the proxy's books too: a `ReadbackBook` entry per
@@ -28,21 +29,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy import turn_plan
-from proxy.backends import Backend, BackendPool
-from proxy.cluster_view import ClusterView
-from proxy.completion import assistant_message
-from proxy.lease import Admission, Lease
-from proxy.live import TurnState
-from proxy.load_meter import DEFAULT_LOAD_WINDOW_S, RateMeter
+from proxy.live.cluster_view import ClusterView
+from proxy.live.load_meter import DEFAULT_LOAD_WINDOW_S, RateMeter
+from proxy.live.predict import TurnState
 from proxy.policies.routing import RoutingPolicy
-from proxy.readback import EXPIRY_MARGIN_S, HeldKV
+from proxy.readback.protocol import EXPIRY_MARGIN_S, HeldKV
+from proxy.routing import turn_plan
+from proxy.routing.turn_machine import TurnMachine, take
+from proxy.routing.turn_plan import Pick
 from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, SessionLedger
 from proxy.sessions.readback_book import ReadbackBook, readback_status, take_readback
 from proxy.sessions.session import Lookup, Session, Transcript
-from proxy.turn_machine import TurnMachine, take
-from proxy.turn_plan import Pick
-from proxy.vocabulary import Decision, Node, RouteKind, Workload
+from proxy.shared.completion import assistant_message
+from proxy.shared.vocabulary import Decision, Node, RouteKind, Workload
+from proxy.upstream.backends import Backend, BackendPool
+from proxy.upstream.lease import Admission, Lease
 
 
 @dataclass(slots=True)

@@ -14,10 +14,10 @@ from profiler.engine.config import EngineConfig
 from profiler.engine.cost import CostModel
 from profiler.engine.transfer import Link
 from profiler.traces.request_records import RequestRecord
-from proxy.load_meter import DEFAULT_LOAD_WINDOW_S
+from proxy.live.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.policies.routing import RoutingPolicy
-from proxy.readback import VLLM_DECODER_BLOCKS_TTL_S
-from proxy.vocabulary import Layout, RouteKind
+from proxy.readback.protocol import VLLM_DECODER_BLOCKS_TTL_S
+from proxy.shared.vocabulary import Layout, RouteKind
 
 DEFAULT_TIMEOUT_S = 30.0
 

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from proxy.vocabulary import RouteKind
+from proxy.shared.vocabulary import RouteKind
 
 if TYPE_CHECKING:  # the simulator (numpy, the engine model) is imported when a reference runs
     from profiler.simulator.run import RunSpec
@@ -101,7 +101,7 @@ def idle_ttfts(spec: RunSpec, *, fast: bool = True) -> dict[tuple[str, int], flo
     from profiler.simulator.run import setup_for
     from profiler.simulator.virtual_cluster import Simulator
     from profiler.simulator.workload import Arrival, is_timed_dataset
-    from proxy.config import Policy, PolicyConfig
+    from proxy.config.settings import Policy, PolicyConfig
 
     timed = is_timed_dataset(spec.dataset)
     started, rename = _timed_alone(spec) if timed else (_conversations_alone(spec), None)

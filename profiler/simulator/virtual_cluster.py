@@ -50,7 +50,7 @@ from profiler.simulator.sim_proxy import Plan, SimProxy
 from profiler.simulator.sim_setup import DEFAULT_TIMEOUT_S, SimResult, SimSetup
 from profiler.simulator.workload import Arrival, SimConversation
 from profiler.traces.request_records import RequestRecord
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 
 # User-message token ids start here: far above any vocabulary, so they never equal a sampled
 # output token, and every (conversation, turn) gets its own range (no cross-conversation hits).
@@ -173,8 +173,8 @@ class Simulator(ReplayClient, NodeProtocol):
         self._record(turn, success=True, ttft=first - turn.start, end=end,
                      n_output=len(outputs), error=None, status=200)
         # D keeps the KV of the prompt and all but the last output (never computed); the
-        # proxy keeps a local turn's too (its leg asks D to: proxy.readback.KEEP_BLOCKS).
-        # (the keep-blocks rule: `proxy.turn_machine.keeps_blocks`)
+        # proxy keeps a local turn's too (its leg asks D to: proxy.readback.protocol.KEEP_BLOCKS).
+        # (the keep-blocks rule: `proxy.routing.turn_machine.keeps_blocks`)
         kept = turn.prompt + outputs[:-1] if turn.plan.machine.keeps() else None
         self.proxy.end(turn.plan, True, len(turn.prompt), len(outputs), kept)
         history = self._history[turn.conversation.id]

@@ -33,7 +33,7 @@ from profiler.traces.loader import TraceFilter, load_trace, sharegpt_package_fil
 from profiler.traces.mooncake import BlockRecord, TimedRequest, TraceWindow, load_timed_trace
 from profiler.traces.request_records import RequestRecord
 from profiler.traces.synthetic import named_workload
-from proxy.tokens import EstimateTokenCounter, TokenCounter
+from proxy.shared.tokens import EstimateTokenCounter, TokenCounter
 
 SYNTHETIC_PREFIX = "synthetic:"
 # The replay's default cap on max_tokens (ppd replay --max-tokens-cap).

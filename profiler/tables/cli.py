@@ -1,6 +1,7 @@
 """`ppd table show|plot`: what a decision table decides for given weights.
 
-The decision itself comes from proxy.table, the very code the proxy runs, so what `show` prints
+The decision itself comes from proxy.policies.table, the very code the proxy runs, so what `show`
+prints
 is what the proxy will do with the same table and weights. Load points are request rates
 (requests, i.e. turns, per second: the unit of the proxy's load meter).
 """
@@ -15,9 +16,9 @@ import pandas as pd
 from profiler.cli import HelpFormatter
 from profiler.flags.types import weight
 from profiler.tables.io import read_table
-from proxy.discretize import WORKLOAD_SHAPES, Cell, ContextClass
-from proxy.table import TABLE_ROUTES, DecisionTable
-from proxy.vocabulary import RouteKind
+from proxy.policies.table import TABLE_ROUTES, DecisionTable
+from proxy.shared.discretize import WORKLOAD_SHAPES, Cell, ContextClass
+from proxy.shared.vocabulary import RouteKind
 
 
 def decision_frame(path: Path, *, w_ttft: float, w_tpot: float) -> pd.DataFrame:

@@ -1,8 +1,10 @@
 """Decision tables on disk: CSV and Parquet via pandas, plus the informative NAME.meta.json.
 
-The proxy reads tables with its own light loader (proxy.table, no pandas); this module is the
+The proxy reads tables with its own light loader (proxy.policies.table, no pandas); this module is
+the
 profiler's side: it writes what the proxy reads, and reads it back for `ppd table` and for resuming
-a profile run. Columns are proxy.table.TABLE_COLUMNS, in that order (docs/architecture.md, "Table
+a profile run. Columns are proxy.policies.table.TABLE_COLUMNS, in that order (docs/architecture.md,
+"Table
 format"), followed by the extras the profiler also measures (p99s and per-route request counts) so
 nothing measured is thrown away.
 """
@@ -20,8 +22,14 @@ from typing import Any
 
 import pandas as pd
 
-from proxy.table import MEASURED, READBACK_COLUMNS, STATUS_COLUMN, TABLE_COLUMNS, UNMEASURED
-from proxy.vocabulary import PRODUCT
+from proxy.policies.table import (
+    MEASURED,
+    READBACK_COLUMNS,
+    STATUS_COLUMN,
+    TABLE_COLUMNS,
+    UNMEASURED,
+)
+from proxy.shared.vocabulary import PRODUCT
 
 EXTRA_COLUMNS: tuple[str, ...] = (
     "pd_ttft_p99_ms",

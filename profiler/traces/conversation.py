@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from proxy.tokens import TokenCounter
+from proxy.shared.tokens import TokenCounter
 
 
 @dataclass(frozen=True, slots=True)

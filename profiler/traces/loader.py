@@ -22,7 +22,7 @@ from profiler.traces.conversation import (
 )
 from profiler.traces.formats import TraceFormat, check_format, detect_format, raw_conversations
 from profiler.traces.records import ReadStats, TraceFileError, iter_records
-from proxy.tokens import EstimateTokenCounter, TokenCounter
+from proxy.shared.tokens import EstimateTokenCounter, TokenCounter
 
 log = logging.getLogger(__name__)
 

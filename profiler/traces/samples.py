@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler.traces.synthetic import exact_text
-from proxy.tokens import EstimateTokenCounter
+from proxy.shared.tokens import EstimateTokenCounter
 
 SAMPLE_FILES = ("sharegpt_sample.json", "wildchat_sample.jsonl", "lmsys_sample.jsonl",
                 "openai_sample.json")

@@ -4,13 +4,15 @@ Prompts are random English words, seeded per conversation, so every conversation
 different from its first token on (prefix caches never cross-hit between conversations) and the
 same seed always gives the same workload. With a tokenizer, each user message has exactly the
 requested number of tokens of that tokenizer: the turn's n_in under the token definition the
-proxy counts with (proxy.tokens, text-v1), so the cell a turn is made for is the cell the proxy
+proxy counts with (proxy.shared.tokens, text-v1), so the cell a turn is made for is the cell the
+proxy
 files it under.
 
 Named workloads for `ppd replay --dataset synthetic:NAME`:
 - `small-mid_bal`, `large-huge_paste`, `huge-tiny`, ...: a turn-1 profile (small 128/128,
-  large 1024/1024, huge 8192/1024; proxy.discretize.TURN1_PROFILES) and one of the nine turn-2
-  shapes (proxy.discretize.WORKLOAD_SHAPES);
+  large 1024/1024, huge 8192/1024; proxy.shared.discretize.TURN1_PROFILES) and one of the nine
+  turn-2
+  shapes (proxy.shared.discretize.WORKLOAD_SHAPES);
 - `mixed`: the paper's two profiles (small, large) and all nine shapes, drawn per conversation;
 - `multi-N` (e.g. `multi-4`): N turns, turn 1 from small or large, each later turn a random
   shape;
@@ -26,14 +28,14 @@ from collections.abc import Sequence
 
 from profiler.traces.conversation import Conversation, Turn
 from profiler.traces.wildchat_style import conversation_shapes
-from proxy.discretize import (
+from proxy.shared.discretize import (
     PAPER_CONTEXTS,
     TURN1_PROFILES,
     WORKLOAD_SHAPES,
     ContextClass,
     Shape,
 )
-from proxy.tokens import EstimateTokenCounter, TokenCounter
+from proxy.shared.tokens import EstimateTokenCounter, TokenCounter
 
 # Common short words: natural enough that real tokenizers give about one token per word.
 _WORD_TEXT = (

@@ -38,7 +38,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from proxy.discretize import Shape
+from proxy.shared.discretize import Shape
 
 # WildChat-1M (Zhao et al., ICLR 2024, Table 1): conversations and turns.
 WILDCHAT_CONVERSATIONS = 1_039_785

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from proxy.cluster_view import ClusterView, NodeView
+from proxy.live.cluster_view import ClusterView, NodeView
 from proxy.policies.base import Turn
-from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
+from proxy.shared.vocabulary import Decision, Reason, Role, RouteKind, Workload
 
 # vLLM's default --block-size, for a node whose events have not said theirs.
 DEFAULT_BLOCK_SIZE = 16

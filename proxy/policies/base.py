@@ -7,7 +7,7 @@ A policy is one module of this package (`proxy.policies.registry` finds it by it
 
 and, when it needs them (the registry fills in the defaults):
 
-    @dataclass(frozen=True)                    # its own flags: `proxy.options.option` fields
+    @dataclass(frozen=True)                    # its own flags: `proxy.shared.options.option` fields
     class Flags: x: float | None = option(None, "help", metavar="F")
     NEEDS = Needs(table=Need.REQUIRED)         # default: nothing beyond the turn
                                                # (Needs(view=True): turn.view, the cluster now)
@@ -34,7 +34,7 @@ and, when it needs them (the registry fills in the defaults):
 (`Decision.decode`, `Decision.prefill`: URLs a policy read from `turn.view`; None leaves the
 pick to the pool - the session's node, else the least busy).
 
-`decide` reads no clock and does no I/O: the proxy (`proxy.router`) and the simulator
+`decide` reads no clock and does no I/O: the proxy (`proxy.routing.router`) and the simulator
 (`profiler.simulator.sim_proxy`) call the same function through `RoutingPolicy`.
 """
 
@@ -44,11 +44,11 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.cluster_view import ClusterView
-from proxy.discretize import Cell
-from proxy.live import StepCosts, TurnState
-from proxy.table import DecisionTable
-from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
+from proxy.live.cluster_view import ClusterView
+from proxy.live.predict import StepCosts, TurnState
+from proxy.policies.table import DecisionTable
+from proxy.shared.discretize import Cell
+from proxy.shared.vocabulary import Decision, Reason, Role, RouteKind, Workload
 
 PD_PAIR: tuple[Role, ...] = (Role.PREFILL, Role.DECODE)
 
@@ -65,12 +65,12 @@ class Need(enum.Enum):
 class Needs:
     """What a policy reads besides the turn: a decision table (`--table`), a step-cost model
     (`--live-costs`, or in the simulator one fitted to the run's preset), the cluster's
-    state now (`proxy.live_view`: KV events and /metrics; the engines in the simulator), and
+    state now (`proxy.live.view`: KV events and /metrics; the engines in the simulator), and
     whether the session's D keeps blocks for a readback now (`Turn.can_readback`, or a
     `readback` decision that needs them): the router asks its readback book - a Redis round
     trip when the sessions are shared - only for such a policy, or a turn forced to readback;
     and `view`: every usable node with its gauges and what it caches of the turn
-    (`Turn.view`, a `proxy.cluster_view.ClusterView`), built for such a policy only."""
+    (`Turn.view`, a `proxy.live.cluster_view.ClusterView`), built for such a policy only."""
 
     table: Need = Need.NO
     costs: Need = Need.NO
@@ -108,7 +108,7 @@ class Inputs:
     table and its verdicts per cell at the configured weights (between pd and local, and,
     when the table measured the third route, among all three), and the step costs."""
 
-    config: Any  # proxy.config.PolicyConfig (built from every policy's FLAGS)
+    config: Any  # proxy.config.settings.PolicyConfig (built from every policy's FLAGS)
     table: DecisionTable | None = None
     verdicts: dict[Cell, RouteKind] | None = None
     costs: StepCosts | None = None

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy.cluster_view import ClusterView, NodeView
+from proxy.live.cluster_view import ClusterView, NodeView
 from proxy.policies.anchor_nodes import (
     anchored,
     block_size,
@@ -36,7 +36,7 @@ from proxy.policies.anchor_nodes import (
     used_blocks,
 )
 from proxy.policies.base import Inputs, Needs, Turn
-from proxy.vocabulary import Decision, Role, Workload
+from proxy.shared.vocabulary import Decision, Role, Workload
 
 NAME = "dynamo"
 NEEDS = Needs(view=True)

@@ -7,9 +7,9 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.options import option
 from proxy.policies.base import Inputs, Turn, disaggregated_default
-from proxy.vocabulary import Decision, Reason, RouteKind
+from proxy.shared.options import option
+from proxy.shared.vocabulary import Decision, Reason, RouteKind
 
 NAME = "fixed"
 LABEL_HELP = "x=F"

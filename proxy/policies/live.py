@@ -1,6 +1,6 @@
 """`--policy live --live-costs PATH`: the routes predicted from the cluster's state now.
 
-`proxy.live` predicts each route (what D still holds, the nodes' batches and queues, a
+`proxy.live.predict` predicts each route (what D still holds, the nodes' batches and queues, a
 step-cost model) and scores the prediction as the decision table would (`LiveScorer`, the
 running means it learns: passed in and handed back, so `decide` stays pure). A table, when
 given, decides while D holds the whole history (the state it measured). P->D for a session D
@@ -8,7 +8,7 @@ partly evicted has reason EVICTED. When the session's D keeps the history's bloc
 readback (docs/readback.md), the readback is priced too (its TTFT gain over P->D; D's batch
 is untouched) and taken when it scores above both local's score and P->D's zero.
 
-Live also picks the nodes (`proxy.live_nodes`, with `Turn.view`): a P->D turn - turn 1, or
+Live also picks the nodes (`proxy.live.nodes`, with `Turn.view`): a P->D turn - turn 1, or
 a turn 2+ the score sends there - decodes on the D its route prices best (another than the
 session's when that one lost the history, runs a heavier batch or lacks room for the
 prompt, which also rules local out), and prefills on the P with the least prefill work ahead.
@@ -29,8 +29,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from proxy.cluster_view import ClusterView
-from proxy.live import (
+from proxy.live.cluster_view import ClusterView
+from proxy.live.nodes import (
+    arrivals_delayed,
+    least_prefill_work,
+    moved,
+    node_state,
+    placement_decode,
+    roomy,
+)
+from proxy.live.predict import (
     LiveScorer,
     NodeState,
     Prediction,
@@ -39,15 +47,6 @@ from proxy.live import (
     predict,
     predict_placement,
 )
-from proxy.live_nodes import (
-    arrivals_delayed,
-    least_prefill_work,
-    moved,
-    node_state,
-    placement_decode,
-    roomy,
-)
-from proxy.options import option
 from proxy.policies import ppd
 from proxy.policies.base import PD_PAIR, Inputs, Need, Needs, Turn, disaggregated_default
 from proxy.policies.ppd import (
@@ -57,7 +56,8 @@ from proxy.policies.ppd import (
     table_decision,
     weights_label,
 )
-from proxy.vocabulary import Decision, Reason, Role, RouteCost, RouteKind
+from proxy.shared.options import option
+from proxy.shared.vocabulary import Decision, Reason, Role, RouteCost, RouteKind
 
 NAME = "live"
 NEEDS = Needs(table=Need.OPTIONAL, costs=Need.REQUIRED, live_view=True, readback=True,
@@ -127,7 +127,7 @@ def decide(turn: Turn, inputs: Inputs, scorer: LiveScorer) -> tuple[Decision, Li
 
 def _placed(decision: Decision, turn: Turn, inputs: Inputs, scorer: LiveScorer) -> Decision:
     """A homeless P->D turn on the D its route prices best and the P with the shortest queue
-    (`proxy.live_nodes`); the pool's default pick without a view."""
+    (`proxy.live.nodes`); the pool's default pick without a view."""
     view = turn.view
     if view is None or inputs.costs is None:
         return decision
@@ -141,7 +141,7 @@ def _placed(decision: Decision, turn: Turn, inputs: Inputs, scorer: LiveScorer) 
 
 def _best_decode(turn: Turn, view: ClusterView, state: TurnState, base: Prediction,
                  inputs: Inputs, scorer: LiveScorer) -> tuple[Prediction, str | None, bool]:
-    """P->D's best D for a turn 2+ (`proxy.live_nodes`): its prediction, its URL (None: the
+    """P->D's best D for a turn 2+ (`proxy.live.nodes`): its prediction, its URL (None: the
     session's own), and whether local can run (the session's D has room for the prompt, or
     no D has)."""
     assert inputs.costs is not None
@@ -192,7 +192,7 @@ def _predicted(turn: Turn, state: TurnState, inputs: Inputs,
 
 
 def _predicted_costs(prediction: Prediction) -> tuple[RouteCost, ...]:
-    """The TTFTs live weighed (x-ppd-costs, `proxy.explain`); the turn decodes in D's batch
+    """The TTFTs live weighed (x-ppd-costs, `proxy.shared.explain`); the turn decodes in D's batch
     either way, so its TPOT is not what tells the routes apart."""
     costs: tuple[RouteCost, ...] = (RouteCost(RouteKind.PD, prediction.ttft_pd_ms),
                                     RouteCost(RouteKind.LOCAL, prediction.ttft_local_ms))

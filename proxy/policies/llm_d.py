@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from proxy.cluster_view import ClusterView, NodeView
+from proxy.live.cluster_view import ClusterView, NodeView
 from proxy.policies.anchor_nodes import (
     anchored,
     best,
@@ -35,7 +35,7 @@ from proxy.policies.anchor_nodes import (
     usable,
 )
 from proxy.policies.base import Inputs, Needs, Turn
-from proxy.vocabulary import Decision, Role, Workload
+from proxy.shared.vocabulary import Decision, Role, Workload
 
 NAME = "llm-d"
 NEEDS = Needs(view=True)

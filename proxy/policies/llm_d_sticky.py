@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy.cluster_view import ClusterView, NodeView
+from proxy.live.cluster_view import ClusterView, NodeView
 from proxy.policies.anchor_nodes import (
     cheapest,
     uncached_tokens,
@@ -33,7 +33,7 @@ from proxy.policies.anchor_nodes import (
 )
 from proxy.policies.base import Inputs, Needs, Turn
 from proxy.policies.llm_d import decide_with, prefix_score
-from proxy.vocabulary import Decision, Workload
+from proxy.shared.vocabulary import Decision, Workload
 
 NAME = "llm-d-sticky"
 NEEDS = Needs(view=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proxy.policies.base import Inputs, Turn, disaggregated_default
-from proxy.vocabulary import Decision, Reason, RouteKind
+from proxy.shared.vocabulary import Decision, Reason, RouteKind
 
 NAME = "local"
 LOCAL_SHARE = 1.0  # every turn 2+ that can: the paper's x=1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proxy.policies.base import Inputs, Turn, disaggregated_default
-from proxy.vocabulary import Decision, Reason, RouteKind
+from proxy.shared.vocabulary import Decision, Reason, RouteKind
 
 NAME = "pd"
 LOCAL_SHARE = 0.0  # no turn local: the paper's x=0

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proxy.discretize import classify
-from proxy.live import StepCosts
-from proxy.options import option
+from proxy.live.predict import StepCosts
 from proxy.policies.base import Inputs, Need, Needs, Turn, disaggregated_default
-from proxy.table import DEFAULT_SUCCESS_MARGIN, TABLE_ROUTES, DecisionTable, TableRow
-from proxy.vocabulary import Decision, Reason, RouteCost, RouteKind, Workload
+from proxy.policies.table import DEFAULT_SUCCESS_MARGIN, TABLE_ROUTES, DecisionTable, TableRow
+from proxy.shared.discretize import classify
+from proxy.shared.options import option
+from proxy.shared.vocabulary import Decision, Reason, RouteCost, RouteKind, Workload
 
 NAME = "ppd"
 LABEL_HELP = f"{NAME}, {NAME}-wtpotW"
@@ -131,7 +131,7 @@ def table_decision(workload: Workload, inputs: Inputs, can_readback: bool = Fals
 
 
 def _measured(row: TableRow | None) -> tuple[RouteCost, ...]:
-    """What the table measured for each route of the cell (x-ppd-costs, `proxy.explain`)."""
+    """What the table measured for each route of the cell (x-ppd-costs, `proxy.shared.explain`)."""
     if row is None:
         return ()
     return tuple(RouteCost(route, getattr(row, f"{route}_ttft_ms"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proxy.policies.base import Inputs, Turn
-from proxy.vocabulary import Decision, Reason, Role, RouteKind
+from proxy.shared.vocabulary import Decision, Reason, Role, RouteKind
 
 NAME = "replica"
 ROLES = ((Role.REPLICA,),)

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.cluster_view import ClusterView
-from proxy.live import StepCosts, TurnState
+from proxy.live.cluster_view import ClusterView
+from proxy.live.predict import StepCosts, TurnState
 from proxy.policies import registry
 from proxy.policies.base import Inputs, Need, Turn
-from proxy.table import DecisionTable
-from proxy.vocabulary import Decision, Role, Workload
+from proxy.policies.table import DecisionTable
+from proxy.shared.vocabulary import Decision, Role, Workload
 
 
 class RoutingPolicy:
-    """The configured policy (`config`: a `proxy.config.PolicyConfig`), with its inputs
+    """The configured policy (`config`: a `proxy.config.settings.PolicyConfig`), with its inputs
     loaded once (its module's `inputs` hook: ppd precomputes its table's verdicts)."""
 
     def __init__(self, config: Any, table: DecisionTable | None = None,
@@ -38,7 +38,7 @@ class RoutingPolicy:
 
     @property
     def kind(self) -> Any:
-        """The configured policy (a `proxy.config.Policy`)."""
+        """The configured policy (a `proxy.config.settings.Policy`)."""
         return self.config.kind
 
     @property

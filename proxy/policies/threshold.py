@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.options import option
 from proxy.policies.base import Inputs, Turn, disaggregated_default
-from proxy.vocabulary import Decision, Reason, RouteKind
+from proxy.shared.options import option
+from proxy.shared.vocabulary import Decision, Reason, RouteKind
 
 NAME = "threshold"
 _LABEL = "threshold-"

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from proxy.cluster_view import ClusterView, NodeView
+from proxy.live.cluster_view import ClusterView, NodeView
 from proxy.policies.anchor_nodes import url, usable
 from proxy.policies.base import Inputs, Needs, Turn
-from proxy.vocabulary import Decision, Reason, Role, RouteKind
+from proxy.shared.vocabulary import Decision, Reason, Role, RouteKind
 
 NAME = "vllm-example"
 NEEDS = Needs(view=True, readback=True)

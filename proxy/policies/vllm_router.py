@@ -24,10 +24,10 @@ import bisect
 import functools
 import hashlib
 
-from proxy.cluster_view import ClusterView, NodeView
+from proxy.live.cluster_view import ClusterView, NodeView
 from proxy.policies.anchor_nodes import anchored, uncached_tokens, usable
 from proxy.policies.base import Inputs, Needs, Turn
-from proxy.vocabulary import Decision, Role
+from proxy.shared.vocabulary import Decision, Role
 
 NAME = "vllm-router"
 NEEDS = Needs(view=True)

@@ -14,7 +14,7 @@ a `previous_response_id`) as a system message, then every earlier item, then the
 A function call joins the assistant message before it (one assistant turn with text and
 tool calls, as chat completions returns it), a `function_call_output` is a `tool` message.
 The assistant message of a text reply is `{"role": "assistant", "content": text}` -
-`proxy.completion.assistant_message`, the history rule the session fingerprint checks - so
+`proxy.shared.completion.assistant_message`, the history rule the session fingerprint checks - so
 a turn naming its previous response extends exactly what the D of that session holds.
 """
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from proxy.errors import BadRequest
 from proxy.responses.items import new_id, normalize_input
 from proxy.responses.service import ResponseNotFound
 from proxy.responses.store import ResponseStore
+from proxy.shared.errors import BadRequest
 
 MAX_LIST_LIMIT = 100
 

@@ -2,7 +2,7 @@
 
 Each reads and checks the request (API key, strict JSON; the app's `--max-body-bytes` gives
 413), calls `ResponsesService` or `Conversations`, and answers JSON or the event stream.
-Errors are the proxy's (`proxy.errors`), answered in OpenAI's shape by the app's handlers.
+Errors are the proxy's (`proxy.shared.errors`), answered in OpenAI's shape by the app's handlers.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
-from proxy.errors import BadRequest, Unauthorized
-from proxy.json_codec import dumps
 from proxy.responses.conversations import Conversations, list_page
 from proxy.responses.service import ResponsesService
-from proxy.validate import bearer_matches, parse_json_object
+from proxy.shared.errors import BadRequest, Unauthorized
+from proxy.shared.json_codec import dumps
+from proxy.shared.validate import bearer_matches, parse_json_object
 
 
 def responses_blueprint(service: ResponsesService, conversations: Conversations,

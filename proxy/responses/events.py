@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.json_codec import dumps
 from proxy.responses.items import ResponseRequest
 from proxy.responses.objects import Output, ToolCall, response_object
+from proxy.shared.json_codec import dumps
 
 
 class EventWriter:

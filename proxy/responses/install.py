@@ -8,12 +8,12 @@ from collections.abc import Callable
 
 from quart import Quart
 
-from proxy.config import ProxyConfig
+from proxy.config.settings import ProxyConfig
 from proxy.responses.conversations import Conversations
 from proxy.responses.endpoints import responses_blueprint
 from proxy.responses.service import ResponsesService
 from proxy.responses.store import Bounds, MemoryResponses, ResponseStore
-from proxy.router import Router
+from proxy.routing.router import Router
 from proxy.sessions.store import MEMORY
 
 

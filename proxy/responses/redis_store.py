@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from proxy.json_codec import dumps, loads
-from proxy.redact import redacted_url
 from proxy.responses.store import Bounds, RecordTooLarge, ResponseStore, StoreUnavailable, encode
+from proxy.shared.json_codec import dumps, loads
+from proxy.shared.redact import redacted_url
 
 PREFIX = "ppd:resp:"
 COMMAND_TIMEOUT_S = 2.0

@@ -5,7 +5,7 @@ earlier turn's input and output), or the conversation's - and sent whole as one 
 (`proxy.responses.chain`). Its session is named by identity, not by transcript: a turn that
 names a previous response continues that response's session, a turn in a conversation the
 conversation's, a new turn starts one named by its own id. The router
-(`proxy.router.Router.handle`) then routes it like any other turn of that session: turn 2+
+(`proxy.routing.router.Router.handle`) then routes it like any other turn of that session: turn 2+
 by the policy (local on the D that holds it, P->D, readback), with the session's fingerprint
 check as for chat. Only the first turn that names a response continues its session (the
 store's claim); a second one is a fork, a session of its own (turn 1, P->D), so two branches
@@ -23,16 +23,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.errors import NotFound, ProxyError
-from proxy.json_codec import dumps, loads
-from proxy.relay import Relay
 from proxy.responses.chain import chat_body
 from proxy.responses.events import EventWriter
 from proxy.responses.items import ResponseRequest, new_id
 from proxy.responses.objects import Output, response_object
 from proxy.responses.store import RecordTooLarge, ResponseStore, encode
-from proxy.router import Incoming, Reply, Router
-from proxy.validate import Endpoint, validate_body
+from proxy.routing.router import Incoming, Reply, Router
+from proxy.shared.errors import NotFound, ProxyError
+from proxy.shared.json_codec import dumps, loads
+from proxy.shared.validate import Endpoint, validate_body
+from proxy.upstream.relay import Relay
 
 log = logging.getLogger("ppd.proxy")
 

@@ -23,13 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.config import (
+from proxy.config.settings import (
     DEFAULT_MAX_RESPONSE_BYTES,
     DEFAULT_MAX_RESPONSES,
     DEFAULT_RESPONSE_TTL_S,
 )
-from proxy.errors import PayloadTooLarge, ProxyError
-from proxy.json_codec import dumps, loads
+from proxy.shared.errors import PayloadTooLarge, ProxyError
+from proxy.shared.json_codec import dumps, loads
 
 
 class RecordTooLarge(PayloadTooLarge):

@@ -1,11 +1,12 @@
-"""Which blocks each session's D keeps for a readback (`proxy.readback`), read at most once.
+"""Which blocks each session's D keeps for a readback (`proxy.readback.protocol`), read at most
+once.
 
 One entry per (session, held text): the `HeldKV` D named in its answer to the turn that made
 that text, kept only from a D's own answer (a client's kv_transfer_params never reach it). An
 entry is taken, not read: once P has read D's blocks, D frees them (vLLM frees them when P's
 notification arrives), so a second reader - a concurrent turn of the session, a fork of an
 older point, a retry - could read blocks D has since given to another request. It expires
-with D's TTL, less a margin (`proxy.readback.EXPIRY_MARGIN_S`).
+with D's TTL, less a margin (`proxy.readback.protocol.EXPIRY_MARGIN_S`).
 
 `ReadbackBook` keeps the entries in this process, bounded like the in-memory ledger (least
 recently written first): the book of the default memory session store, and of the simulator's
@@ -22,9 +23,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from proxy.readback import HeldKV
+from proxy.readback.protocol import HeldKV
 from proxy.sessions.session import Lookup
-from proxy.vocabulary import Reason
+from proxy.shared.vocabulary import Reason
 
 # The book's byte bound by default (--readback-book-bytes): a 128k-token turn's entry is
 # ~1 MB (its token ids), so this holds 64 of the longest and thousands of ordinary ones.

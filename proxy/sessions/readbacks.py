@@ -5,7 +5,7 @@ replicas on one `--session-store redis://...` the turn after a readback-keeping 
 any process, and finds its entry only if every process reads the same book
 (`proxy.sessions.redis_readbacks.RedisReadbacks`, beside the sessions). `MemoryReadbacks` wraps
 this process's `ReadbackBook`, the book of the default memory session store (whose sessions no
-other process sees either). `proxy.app` picks one from the session store.
+other process sees either). `proxy.serving.app` picks one from the session store.
 
 Every implementation answers as the memory book does: an entry only for the text the session's
 D holds now, taken at most once (D frees the blocks once P has read them), expired by the
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from proxy.readback import HeldKV
+from proxy.readback.protocol import HeldKV
 from proxy.sessions.readback_book import ReadbackBook, readback_status, take_readback
 from proxy.sessions.session import Lookup
-from proxy.vocabulary import Reason
+from proxy.shared.vocabulary import Reason
 
 
 class Readbacks(ABC):

@@ -34,14 +34,14 @@ from typing import Any
 from redis.client import NEVER_DECODE
 from redis.exceptions import RedisError
 
-from proxy.json_codec import dumps, exact_loads
-from proxy.readback import HeldKV, plausible_params
-from proxy.redact import redacted_url as redacted
+from proxy.readback.protocol import HeldKV, plausible_params
 from proxy.sessions.readback_book import held_digest, on_sessions_decode
 from proxy.sessions.readbacks import Readbacks
 from proxy.sessions.redis_store import RedisStore
 from proxy.sessions.session import Lookup
-from proxy.vocabulary import Reason
+from proxy.shared.json_codec import dumps, exact_loads
+from proxy.shared.redact import redacted_url as redacted
+from proxy.shared.vocabulary import Reason
 
 log = logging.getLogger("ppd.proxy")
 

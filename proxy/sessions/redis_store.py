@@ -43,7 +43,6 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from proxy.redact import redacted_url as redacted
 from proxy.sessions.ledger import SessionLedger, branch_id, fork, new_session
 from proxy.sessions.redis_records import RecordError, decode_record
 from proxy.sessions.session import (
@@ -56,6 +55,7 @@ from proxy.sessions.session import (
     namespace,
 )
 from proxy.sessions.store import SessionStore
+from proxy.shared.redact import redacted_url as redacted
 
 log = logging.getLogger("ppd.proxy")
 

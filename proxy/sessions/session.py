@@ -8,7 +8,8 @@ turn count, last access, and `Held`: a fingerprint of the exact text D holds in 
 (the last prompt plus the reply the proxy streamed back) with its token count.
 
 A request is a *continuation* iff it strictly extends that text (chat: its messages start with
-the previous messages + `proxy.completion.assistant_message(reply)`, compared by role and text
+the previous messages + `proxy.shared.completion.assistant_message(reply)`, compared by role and
+text
 only, the reasoning of a reasoning model not included; completions: its prompt starts with the
 previous prompt + reply; a prompt of token ids: it strictly extends the previous prompt's ids;
 docs/architecture.md, "Session tracking"). A request that extends
@@ -35,7 +36,7 @@ from typing import Any
 
 import orjson
 
-from proxy.completion import assistant_message
+from proxy.shared.completion import assistant_message
 
 # Completions fallback key: the prompt's opening ends after the first of these separators ...
 TURN_SEPARATORS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 from benchmarks.cpu_validation import main
 from profiler.replay.metrics import summarize
 from profiler.simulator.replay_twin import simulate_twin
-from proxy.vocabulary import RouteKind
+from proxy.shared.vocabulary import RouteKind
 from tests.profiler.engine.test_calibrate import make_run
 
 TRUTH = "test-calibrate-truth"  # the preset test_calibrate registers and makes its runs with

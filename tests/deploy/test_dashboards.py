@@ -13,11 +13,11 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy import ProxyConfig, create_app
-from proxy.config import NodeSpec, Policy, PolicyConfig
-from proxy.kv_events import BlockStored
-from proxy.kv_subscriber import KvEventSource
-from proxy.server import running
-from proxy.vocabulary import Role
+from proxy.config.settings import NodeSpec, Policy, PolicyConfig
+from proxy.live.kv_events import BlockStored
+from proxy.live.kv_subscriber import KvEventSource
+from proxy.serving.server import running
+from proxy.shared.vocabulary import Role
 from tests.deploy.promql import DASHBOARD, alert_expressions, dashboard_queries, metric_names
 from tests.fakes.fake_kv_publisher import FakeKvPublisher
 from tests.fakes.fake_vllm import FakeVLLM

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from profiler.cluster.launcher import Cluster, cluster_status
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 from tests.e2e.support import (
     EXTERNAL_HITS,
     KV_LEASE_S,

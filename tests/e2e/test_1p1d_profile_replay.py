@@ -25,10 +25,10 @@ from profiler.replay.client import ReplayConfig, replay
 from profiler.tables.io import read_table, write_table
 from profiler.traces.synthetic import multi_turn_conversations
 from proxy import ServerThread, config_from_args, create_app
-from proxy.discretize import TURN1_PROFILES, Cell, ContextClass
-from proxy.table import DecisionTable
-from proxy.tokens import token_counter
-from proxy.vocabulary import Role, RouteKind
+from proxy.policies.table import DecisionTable
+from proxy.shared.discretize import TURN1_PROFILES, Cell, ContextClass
+from proxy.shared.tokens import token_counter
+from proxy.shared.vocabulary import Role, RouteKind
 from tests.e2e.support import Conversation, filler, proxy_for
 
 GRID = ProfileGrid(contexts=(ContextClass.SMALL,), workloads=("tiny", "huge_paste"), qps=(1.0,),

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 
 from profiler.cluster.launcher import Cluster
-from proxy.readback import EXPIRY_MARGIN_S, MIN_READBACK_TOKENS
-from proxy.vocabulary import Role
+from proxy.readback.protocol import EXPIRY_MARGIN_S, MIN_READBACK_TOKENS
+from proxy.shared.vocabulary import Role
 from tests.e2e.support import (
     KV_READBACK_TTL_S,
     Conversation,

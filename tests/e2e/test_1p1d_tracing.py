@@ -15,7 +15,8 @@ from profiler.cluster.launcher import Cluster
 from tests.e2e.support import Conversation, filler, proxy_for, start_e2e_cluster
 from tests.fakes.otlp_collector import OtlpCollector, ReceivedSpan
 
-# vLLM and the proxy both read it (vllm/tracing/otel.py, proxy/tracing.py): OTLP over HTTP,
+# vLLM and the proxy both read it (vllm/tracing/otel.py, proxy/observability/tracing.py): OTLP over
+# HTTP,
 # which the fake collector speaks.
 PROTOCOL = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
 

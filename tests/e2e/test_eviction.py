@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from profiler.cluster.launcher import Cluster
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 from tests.e2e.support import (
     Conversation,
     block_size,

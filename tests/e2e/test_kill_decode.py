@@ -25,7 +25,7 @@ import pytest
 
 from profiler.cluster.launcher import Cluster
 from proxy import ServerThread, config_from_args, create_app
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 from tests.e2e.support import filler, start_e2e_cluster
 
 CONVERSATIONS = 6

@@ -17,7 +17,7 @@ from profiler.replay import ReplayConfig
 from profiler.replay.timed import TimedTurn, replay_timed, timed_turns
 from profiler.traces.block_tokens import BlockTokens
 from profiler.traces.mooncake import BLOCK_TOKENS, parse_records, timed_requests
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 from tests.e2e.support import PREFIX_HITS, block_size, counters, start_e2e_cluster
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from profiler.cli import main as ppd
 from profiler.cluster.launcher import Cluster
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 from tests.e2e.support import proxy_for, start_e2e_cluster
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from profiler.cluster.launcher import Cluster
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 from tests.e2e.support import REQUESTS, counters, delta, filler, proxy_for, start_e2e_cluster
 
 MAX_TOKENS = 12

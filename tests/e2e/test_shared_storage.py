@@ -11,7 +11,7 @@ import pytest
 
 from profiler.cluster.launcher import Cluster
 from profiler.cluster.plan import Connector
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 from tests.e2e.support import (
     EXTERNAL_HITS,
     PREFIX_HITS,

@@ -13,7 +13,7 @@ import time
 
 import zmq
 
-from proxy.kv_events import END_SEQ, KvEvent, encode_batch, encode_seq
+from proxy.live.kv_events import END_SEQ, KvEvent, encode_batch, encode_seq
 
 TOPIC = b"kv"
 

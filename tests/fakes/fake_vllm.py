@@ -21,7 +21,7 @@ from typing import Any
 from quart import Quart, Response, request
 
 from profiler.emulate.openai_format import DONE, Envelope, usage
-from proxy.server import running
+from proxy.serving.server import running
 
 
 @dataclass(frozen=True, slots=True)

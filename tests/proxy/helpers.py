@@ -13,8 +13,8 @@ import httpx
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role, create_app, running
-from proxy.app import ProxyState
-from proxy.config import Policy
+from proxy.config.settings import Policy
+from proxy.serving.app import ProxyState
 from tests.fakes.fake_vllm import FakeVLLM
 
 

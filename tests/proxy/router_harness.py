@@ -8,20 +8,20 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.backends import BackendPool
-from proxy.breaker import Breaker
-from proxy.config import NodeSpec, Policy, PolicyConfig
-from proxy.httpx_legs import HttpxLegs
-from proxy.legs import LegTimeouts
-from proxy.load_meter import RateMeter
-from proxy.metrics import ProxyMetrics
+from proxy.config.settings import NodeSpec, Policy, PolicyConfig
+from proxy.live.load_meter import RateMeter
+from proxy.observability.metrics import ProxyMetrics
 from proxy.policies.routing import RoutingPolicy
-from proxy.relay import Relay
-from proxy.router import Incoming, Reply, Router
+from proxy.routing.router import Incoming, Reply, Router
 from proxy.sessions.store import MemoryStore
-from proxy.tokens import token_counter
-from proxy.validate import Endpoint
-from proxy.vocabulary import Role, RouteKind
+from proxy.shared.tokens import token_counter
+from proxy.shared.validate import Endpoint
+from proxy.shared.vocabulary import Role, RouteKind
+from proxy.upstream.backends import BackendPool
+from proxy.upstream.breaker import Breaker
+from proxy.upstream.httpx_legs import HttpxLegs
+from proxy.upstream.legs import LegTimeouts
+from proxy.upstream.relay import Relay
 from tests.fakes.mock_vllm import MockCluster
 from tests.proxy.helpers import FakeClock
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 
 import proxy
-from proxy.config import Policy
-from proxy.table import TABLE_COLUMNS
+from proxy.config.settings import Policy
+from proxy.policies.table import TABLE_COLUMNS
 from tests.exports import assert_exports
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import chat_body, config_for, make_tokenizer, reply_text, serve_proxy
@@ -174,7 +174,7 @@ def test_public_api_is_small_and_sorted() -> None:
 
 async def test_tokenizer_dir_counts_the_new_messages_exactly(
         cluster: dict[str, FakeVLLM], tmp_path: Path) -> None:
-    from proxy.tokens import EstimateTokenCounter, HFTokenCounter
+    from proxy.shared.tokens import EstimateTokenCounter, HFTokenCounter
 
     directory = make_tokenizer(tmp_path / "tok")
     new = "how are you today"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import httpx
 
-from proxy.backends import BackendPool
-from proxy.breaker import Breaker
-from proxy.health import TIMEOUTS_BEFORE_DOWN, HealthMonitor
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
+from proxy.upstream.backends import BackendPool
+from proxy.upstream.breaker import Breaker
+from proxy.upstream.health import TIMEOUTS_BEFORE_DOWN, HealthMonitor
 from tests.proxy.helpers import FakeClock
 
 

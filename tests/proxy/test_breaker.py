@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.breaker import CLOSED, Breaker, Circuit, CircuitState
+from proxy.upstream.breaker import CLOSED, Breaker, Circuit, CircuitState
 
 
 def test_opens_after_n_consecutive_failures_and_a_success_clears_the_count() -> None:

@@ -1,17 +1,17 @@
-"""`Turn.view` in the proxy (`proxy.live_view.LiveView.cluster`): the usable nodes, the
+"""`Turn.view` in the proxy (`proxy.live.view.LiveView.cluster`): the usable nodes, the
 proxy's in-flight and pick counts, the /metrics gauges while fresh, residency on D and R
 nodes, and the session's home."""
 
 from __future__ import annotations
 
-from proxy.backends import BackendPool
-from proxy.cluster_view import ClusterView, NodeView
-from proxy.kv_events import BlockStored
-from proxy.live_view import LiveView
-from proxy.node_gauges import NodeGauges, NodeMetrics
-from proxy.residency import Residency
+from proxy.live.cluster_view import ClusterView, NodeView
+from proxy.live.kv_events import BlockStored
+from proxy.live.residency import Residency
+from proxy.live.view import LiveView
+from proxy.observability.node_gauges import NodeGauges, NodeMetrics
 from proxy.sessions.session import Session
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
+from proxy.upstream.backends import BackendPool
 
 
 def test_the_view_reads_the_pool_fresh_gauges_and_residency() -> None:

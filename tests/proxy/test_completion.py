@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.completion import (
+from proxy.shared.completion import (
     Captured,
     ReplyCapture,
     assistant_message,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import ConfigError, Policy, config_from_args
+from proxy.config.settings import ConfigError, Policy, config_from_args
 from proxy.policies import registry
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 
 NODES = ["--prefill", "http://127.0.0.1:8100", "--decode", "http://127.0.0.1:8200"]
 

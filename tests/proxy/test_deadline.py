@@ -1,4 +1,4 @@
-"""`proxy.deadline`: one timer per request that only ever cancels a guarded wait."""
+"""`proxy.upstream.deadline`: one timer per request that only ever cancels a guarded wait."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from proxy.deadline import Deadline, DeadlineExceeded, guarded
+from proxy.upstream.deadline import Deadline, DeadlineExceeded, guarded
 
 
 async def test_a_guarded_wait_past_the_deadline_raises_deadline_exceeded() -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import Policy
-from proxy.explain import parse_costs
+from proxy.config.settings import Policy
+from proxy.shared.explain import parse_costs
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import chat_body, config_for, reply_text, serve_proxy
 from tests.proxy.test_app import write_table

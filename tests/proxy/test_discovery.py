@@ -10,10 +10,16 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from proxy.backends import BackendPool, Source
-from proxy.config import ProxyConfig
-from proxy.discovery import Discovery, HeartbeatError, heartbeat, parse_heartbeat, send_heartbeats
-from proxy.vocabulary import Role
+from proxy.config.settings import ProxyConfig
+from proxy.shared.vocabulary import Role
+from proxy.upstream.backends import BackendPool, Source
+from proxy.upstream.discovery import (
+    Discovery,
+    HeartbeatError,
+    heartbeat,
+    parse_heartbeat,
+    send_heartbeats,
+)
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import FakeClock, chat_body, serve_proxy
 
@@ -139,7 +145,7 @@ async def test_legacy_registered_nodes_get_the_legacy_request_id() -> None:
 
 async def test_ppd_register_main_sends_count_heartbeats(
         capsys: pytest.CaptureFixture[str]) -> None:
-    from proxy.register import main as register_main
+    from proxy.upstream.register import main as register_main
 
     pool = BackendPool()
     discovery = Discovery(pool, "tcp://127.0.0.1:0", heartbeat_timeout=60, clock=FakeClock(),

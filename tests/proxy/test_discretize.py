@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.discretize import (
+from proxy.shared.discretize import (
     PAPER_CONTEXTS,
     TURN1_PROFILES,
     WORKLOAD_SHAPES,

@@ -1,4 +1,4 @@
-"""`proxy.endpoints`: the completion endpoints served ahead of Quart, at the HTTP level."""
+"""`proxy.serving.endpoints`: the completion endpoints served ahead of Quart, at the HTTP level."""
 
 from __future__ import annotations
 

@@ -1,17 +1,17 @@
-"""proxy.explain: which turns fell back and why, and the costs header's text."""
+"""proxy.shared.explain: which turns fell back and why, and the costs header's text."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.explain import (
+from proxy.shared.explain import (
     Fallback,
     costs_text,
     decision_headers,
     fallback,
     parse_costs,
 )
-from proxy.vocabulary import Decision, Reason, RouteCost, RouteKind
+from proxy.shared.vocabulary import Decision, Reason, RouteCost, RouteKind
 
 PD, LOCAL, READBACK, REPLICA = RouteKind.PD, RouteKind.LOCAL, RouteKind.READBACK, RouteKind.REPLICA
 

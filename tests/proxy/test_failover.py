@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from proxy import NodeSpec, Role
-from proxy.config import Policy
+from proxy.config.settings import Policy
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import ProxyUnderTest, chat_body, config_for, serve_proxy
 
@@ -111,7 +111,7 @@ async def test_client_disconnect_closes_the_upstream_stream(
 async def test_a_client_leaving_while_p_prefills_cancels_the_p_leg(
         cluster: dict[str, FakeVLLM]) -> None:
     # No byte of the answer has been sent yet: only the server sees the client go (its
-    # protocol's connection_lost, passed to the app as proxy.server's DisconnectSignal).
+    # protocol's connection_lost, passed to the app as proxy.serving.server's DisconnectSignal).
     p1 = FakeVLLM("slow-p")
     p1.faults.hang = True
     async with p1:
@@ -283,6 +283,6 @@ async def test_the_request_timeout_bounds_legs_that_each_answer_in_time() -> Non
 
 
 def test_request_timeout_help_says_it_bounds_the_whole_request() -> None:
-    from proxy.config import build_parser
+    from proxy.config.settings import build_parser
 
     assert "whole request" in " ".join(build_parser().format_help().split())

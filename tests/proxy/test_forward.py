@@ -1,15 +1,14 @@
 """The HTTP legs: each request is sent once (no error proves a node never received it), 4xx
 come back as answers, 5xx and broken bodies as errors, non-streamed bodies read whole.
 
-Through the tests' seam: `proxy.httpx_legs.HttpxLegs` over an `httpx.MockTransport`."""
+Through the tests' seam: `proxy.upstream.httpx_legs.HttpxLegs` over an `httpx.MockTransport`."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from proxy import forward
-from proxy.errors import (
+from proxy.shared.errors import (
     ProxyError,
     UpstreamBroken,
     UpstreamError,
@@ -18,9 +17,10 @@ from proxy.errors import (
     UpstreamStatus,
     UpstreamTimeout,
 )
-from proxy.httpx_legs import HttpxLegs
-from proxy.legs import LegTimeouts
-from proxy.validate import Endpoint
+from proxy.shared.validate import Endpoint
+from proxy.upstream import forward
+from proxy.upstream.httpx_legs import HttpxLegs
+from proxy.upstream.legs import LegTimeouts
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -1,4 +1,4 @@
-"""`proxy.http1`: the legs' HTTP/1.1 client, against raw TCP servers doing one thing each.
+"""`proxy.upstream.http1`: the legs' HTTP/1.1 client, against raw TCP servers doing one thing each.
 
 The failure moments shared with the other legs are in test_legs.py; these are the pool's
 own promises: exact request bytes, connection reuse and its limits, framing, flow control.
@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from proxy.errors import UpstreamBroken, UpstreamTimeout
-from proxy.http1 import Http1Pool, Http1Response
-from proxy.legs import LegTimeouts
+from proxy.shared.errors import UpstreamBroken, UpstreamTimeout
+from proxy.upstream.http1 import Http1Pool, Http1Response
+from proxy.upstream.legs import LegTimeouts
 from tests.proxy.raw_http import read_request
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

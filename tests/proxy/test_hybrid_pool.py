@@ -10,16 +10,16 @@ import pytest
 
 import proxy
 from proxy import NodeSpec, ProxyConfig
-from proxy.backends import BackendPool
-from proxy.config import Policy, PolicyConfig
-from proxy.live import LiveScorer, NodeState, StepCosts, TurnState, predict_placement
-from proxy.live_view import LiveView
-from proxy.node_gauges import NodeGauges
+from proxy.config.settings import Policy, PolicyConfig
+from proxy.live.predict import LiveScorer, NodeState, StepCosts, TurnState, predict_placement
+from proxy.live.residency import Residency
+from proxy.live.view import LiveView
+from proxy.observability.node_gauges import NodeGauges
 from proxy.policies.routing import RoutingPolicy
-from proxy.residency import Residency
+from proxy.routing.turn_plan import Attempt, Pick, TurnPlan, plan_turn
 from proxy.sessions.session import Lookup, Session
-from proxy.turn_plan import Attempt, Pick, TurnPlan, plan_turn
-from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
+from proxy.shared.vocabulary import Decision, Reason, Role, RouteKind, Workload
+from proxy.upstream.backends import BackendPool
 from tests.fakes.mock_vllm import MockCluster
 from tests.proxy.helpers import chat_body
 from tests.proxy.router_harness import chat, router_over, text_of

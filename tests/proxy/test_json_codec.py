@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.json_codec import dumps, exact_loads, loads, may_hold_huge_integer
+from proxy.shared.json_codec import dumps, exact_loads, loads, may_hold_huge_integer
 
 
 def test_dumps_is_compact_utf8_json_that_reads_back() -> None:

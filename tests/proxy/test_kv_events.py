@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from proxy.kv_events import (
+from proxy.live.kv_events import (
     END_SEQ,
     AllBlocksCleared,
     BlockRemoved,
@@ -38,7 +38,7 @@ def test_both_encodings_decode_to_the_same_events(positional: bool) -> None:
 
 def test_a_publisher_with_token_ids_sends_them_and_a_reader_keeps_their_count() -> None:
     # An emulated node knows its blocks' ids and sends them as vLLM does; the proxy reads
-    # only how many there are (proxy.residency says why).
+    # only how many there are (proxy.live.residency says why).
     stored = BlockStored((-5, 7), 3, 4, 2, "s1", (10, 11, 12, 13))
     raw = msgpack.unpackb(encode_batch(0.0, [stored]), raw=False)
     assert raw[1][0]["token_ids"] == [10, 11, 12, 13]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config import ConfigError, config_from_args
-from proxy.kv_sources import KvSourceError, parse_flag
+from proxy.config.settings import ConfigError, config_from_args
+from proxy.live.kv_sources import KvSourceError, parse_flag
 
 
 def test_flag_with_and_without_replay_and_wildcard_host() -> None:

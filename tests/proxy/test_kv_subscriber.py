@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 import zmq.asyncio
 
-from proxy.kv_events import BlockRemoved, BlockStored
-from proxy.kv_subscriber import KvEventSource, KvEventSubscribers, NodeSubscriber
-from proxy.residency import NodeResidency
+from proxy.live.kv_events import BlockRemoved, BlockStored
+from proxy.live.kv_subscriber import KvEventSource, KvEventSubscribers, NodeSubscriber
+from proxy.live.residency import NodeResidency
 from tests.fakes.fake_kv_publisher import FakeKvPublisher
 
 
@@ -128,7 +128,7 @@ async def test_a_dead_replay_endpoint_forgets_instead_of_hanging() -> None:
     sub = NodeSubscriber(KvEventSource("http://d0", publisher.endpoint, "tcp://127.0.0.1:9"),
                          index)
     try:
-        from proxy.kv_events import parse_batch, encode_batch  # noqa: I001
+        from proxy.live.kv_events import parse_batch, encode_batch  # noqa: I001
         first = parse_batch(0, encode_batch(0.0, [stored([1], None)]))
         await sub.handle(first, ctx)
         later = parse_batch(5, encode_batch(0.0, [stored([2], 1)]))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.backends import BackendPool
-from proxy.errors import Overloaded
-from proxy.lease import Admission
-from proxy.vocabulary import Role
+from proxy.shared.errors import Overloaded
+from proxy.shared.vocabulary import Role
+from proxy.upstream.backends import BackendPool
+from proxy.upstream.lease import Admission
 from tests.proxy.helpers import FakeClock
 
 

@@ -1,8 +1,8 @@
-"""Every `proxy.legs.Legs` over real sockets: the same request out, the same answer in, and
+"""Every `proxy.upstream.legs.Legs` over real sockets: the same request out, the same answer in, and
 each failure moment the same proxy error, whichever implementation sends the leg.
 
 Each failure is provoked by a raw TCP server doing the wrong thing at one moment, and must
-come out as the error `proxy.failover` reads by what it means for a retry: refused (never
+come out as the error `proxy.routing.failover` reads by what it means for a retry: refused (never
 sent), timed out, or broken (the node may have run the request).
 """
 
@@ -15,12 +15,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from proxy.aiohttp_legs import AiohttpLegs
-from proxy.errors import ProxyError, UpstreamBroken, UpstreamRefused, UpstreamTimeout
-from proxy.http1 import Http1Pool
-from proxy.httpx_legs import HttpxLegs, httpx_pool
-from proxy.legs import LegResponse, Legs, LegsFactory, LegTimeouts
-from proxy.transport import DefaultLegs
+from proxy.shared.errors import ProxyError, UpstreamBroken, UpstreamRefused, UpstreamTimeout
+from proxy.upstream.aiohttp_legs import AiohttpLegs
+from proxy.upstream.http1 import Http1Pool
+from proxy.upstream.httpx_legs import HttpxLegs, httpx_pool
+from proxy.upstream.legs import LegResponse, Legs, LegsFactory, LegTimeouts
+from proxy.upstream.transport import DefaultLegs
 from tests.proxy.raw_http import read_request
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import ConfigError, NodeSpec, Policy, PolicyConfig, ProxyConfig
-from proxy.live import (
+from proxy.config.settings import ConfigError, NodeSpec, Policy, PolicyConfig, ProxyConfig
+from proxy.live.predict import (
     LiveScorer,
     NodeState,
     StepCosts,
@@ -18,7 +18,7 @@ from proxy.live import (
     predict_placement,
 )
 from proxy.policies.routing import RoutingPolicy
-from proxy.vocabulary import Reason, Role, RouteKind, Workload
+from proxy.shared.vocabulary import Reason, Role, RouteKind, Workload
 
 # Round numbers: a step is 6 ms + 0.02 ms per prompt token + 0.01 ms per decoding request.
 COSTS = StepCosts(base_ms=6.0, per_prefill_token_ms=0.02, per_decode_seq_ms=0.01,
@@ -125,12 +125,12 @@ def test_the_batch_own_output_lengths_price_local_when_known() -> None:
 
 
 def test_live_view_trusts_fresh_metrics_else_the_proxy_in_flight() -> None:
-    from proxy.backends import BackendPool
-    from proxy.kv_events import BlockStored
-    from proxy.live_view import LiveView
-    from proxy.node_gauges import NodeGauges, NodeMetrics
-    from proxy.residency import Residency
+    from proxy.live.kv_events import BlockStored
+    from proxy.live.residency import Residency
+    from proxy.live.view import LiveView
+    from proxy.observability.node_gauges import NodeGauges, NodeMetrics
     from proxy.sessions.session import Session
+    from proxy.upstream.backends import BackendPool
 
     now = [10.0]
     pool = BackendPool(clock=lambda: now[0])

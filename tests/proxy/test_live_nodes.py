@@ -1,14 +1,15 @@
-"""Which D and P a live turn uses (`proxy.live_nodes`): nodes read from the view, priced by
-`proxy.live`'s model; a D without room for the prompt is passed over while another has it."""
+"""Which D and P a live turn uses (`proxy.live.nodes`): nodes read from the view, priced by
+`proxy.live.predict`'s model; a D without room for the prompt is passed over while another has
+it."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.cluster_view import ClusterView, NodeView
-from proxy.live import LiveScorer, NodeState, StepCosts
-from proxy.live_nodes import least_prefill_work, node_state, placement_decode, roomy
-from proxy.vocabulary import Role, Workload
+from proxy.live.cluster_view import ClusterView, NodeView
+from proxy.live.nodes import least_prefill_work, node_state, placement_decode, roomy
+from proxy.live.predict import LiveScorer, NodeState, StepCosts
+from proxy.shared.vocabulary import Role, Workload
 
 COSTS = StepCosts(base_ms=6.0, per_prefill_token_ms=0.02, per_decode_seq_ms=0.01,
                   per_decode_kv_ktoken_ms=0.01, transfer_ms_per_ktoken=0.3)
@@ -89,8 +90,8 @@ def test_the_p_with_less_prefill_work_wins_over_the_one_with_fewer_requests() ->
 
 
 def test_turns_arriving_during_an_append_wait_half_its_delay() -> None:
-    from proxy.live import Prediction
-    from proxy.live_nodes import arrivals_delayed
+    from proxy.live.nodes import arrivals_delayed
+    from proxy.live.predict import Prediction
 
     # a 100 ms step made 900 ms longer: over one second, 4 turns/s over 2 Ds bring 2 turns to
     # this D, each 450 ms later on average

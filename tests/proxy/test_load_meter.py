@@ -1,8 +1,8 @@
-"""proxy.load_meter: the turns-per-second meter and the running mean of output lengths."""
+"""proxy.live.load_meter: the turns-per-second meter and the running mean of output lengths."""
 
 from __future__ import annotations
 
-from proxy.load_meter import RateMeter, RunningMean
+from proxy.live.load_meter import RateMeter, RunningMean
 from tests.proxy.helpers import FakeClock
 
 

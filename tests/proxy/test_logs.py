@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.config import ConfigError, NodeSpec, Policy, config_from_args
-from proxy.health import HealthMonitor
-from proxy.logs import ACCESS_LOGGER, AccessEntry, LogFormat, configure
-from proxy.server import serve_app
-from proxy.vocabulary import Role
+from proxy.config.settings import ConfigError, NodeSpec, Policy, config_from_args
+from proxy.observability.logs import ACCESS_LOGGER, AccessEntry, LogFormat, configure
+from proxy.serving.server import serve_app
+from proxy.shared.vocabulary import Role
+from proxy.upstream.health import HealthMonitor
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import chat_body, config_for, reply_text, serve_proxy
 
@@ -123,7 +123,7 @@ def test_a_base_url_ending_in_v1_is_refused_with_the_fix(url: str) -> None:
 
 async def test_node_state_changes_are_logged_with_their_reason(
         caplog: pytest.LogCaptureFixture) -> None:
-    from proxy.backends import BackendPool
+    from proxy.upstream.backends import BackendPool
 
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
@@ -225,7 +225,7 @@ def test_the_direct_access_line_is_the_line_the_logging_module_writes(
         fmt: LogFormat, monkeypatch: pytest.MonkeyPatch) -> None:
     import re
 
-    from proxy import logs
+    from proxy.observability import logs
 
     def entry() -> AccessEntry:
         return AccessEntry("/v1/chat/completions", stream=True, session="s1", turn=2,

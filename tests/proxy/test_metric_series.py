@@ -1,4 +1,5 @@
-"""proxy.metric_series: the same /metrics text as prometheus_client's own Counter and Histogram."""
+"""proxy.observability.metric_series: the same /metrics text as prometheus_client's own Counter and
+Histogram."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import prometheus_client
 import pytest
 from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
 
-from proxy import metric_series
+from proxy.observability import metric_series
 
 BUCKETS = (0.01, 0.1, 1.0, 10.0)
 VALUES = (0.0, 0.01, 0.010001, 0.5, 1.0, 9.99, 10.0, 11.0, 1e9, math.inf, -1.0, math.nan)

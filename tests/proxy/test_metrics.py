@@ -1,4 +1,4 @@
-"""proxy.metrics: the /stats counters beside the Prometheus registry."""
+"""proxy.observability.metrics: the /stats counters beside the Prometheus registry."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import enum
 
 import pytest
 
-from proxy import routes
-from proxy.metrics import ProxyMetrics
-from proxy.routes import ROUTES, RouteSpec
-from proxy.vocabulary import Decision, Reason, Role, RouteKind
+from proxy.observability.metrics import ProxyMetrics
+from proxy.shared import routes
+from proxy.shared.routes import ROUTES, RouteSpec
+from proxy.shared.vocabulary import Decision, Reason, Role, RouteKind
 
 
 def test_stats_local_share_and_errors() -> None:
@@ -38,7 +38,7 @@ def test_every_declared_route_has_latency_series_before_its_first_request() -> N
 
 def test_a_new_route_and_its_fallback_reason_show_up_without_editing_metrics(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # A route and a reason that proxy.vocabulary does not have: metrics must take both from
+    # A route and a reason that proxy.shared.vocabulary does not have: metrics must take both from
     # the declaration, not from a list of its own.
     echo = enum.StrEnum("TestRoute", {"ECHO": "echo"}).ECHO  # type: ignore[attr-defined]
     gone = enum.StrEnum("TestReason", {"ECHO_GONE": "echo_gone"}).ECHO_GONE  # type: ignore[attr-defined]
@@ -132,7 +132,7 @@ def test_usable_nodes_by_role_read_zero_for_a_role_with_none() -> None:
 
 
 def test_node_load_is_what_each_nodes_metrics_said_and_how_old_that_is() -> None:
-    from proxy.node_gauges import NodeMetrics
+    from proxy.observability.node_gauges import NodeMetrics
 
     now = [100.0]
     latest = {"http://d1": NodeMetrics(running=7, waiting=2, kv_usage=0.25, at=97.5),

@@ -1,5 +1,5 @@
 """Policies that name nodes (`Decision.decode` / `prefill`) and read `Turn.view`:
-`proxy.turn_plan.plan_turn` puts a named node first, drops one that is not usable (reason
+`proxy.routing.turn_plan.plan_turn` puts a named node first, drops one that is not usable (reason
 node_unusable), keeps a local turn on the session's D, and builds the view only for a policy
 that declares `Needs(view=True)`."""
 
@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from proxy.backends import BackendPool
-from proxy.cluster_view import ClusterView, NodeView
-from proxy.config import Policy, PolicyConfig
+from proxy.config.settings import Policy, PolicyConfig
+from proxy.live.cluster_view import ClusterView, NodeView
 from proxy.policies.base import Inputs, Needs, Turn
 from proxy.policies.routing import RoutingPolicy
+from proxy.routing.turn_plan import Attempt, Pick, plan_turn
 from proxy.sessions.session import Lookup, Session
-from proxy.turn_plan import Attempt, Pick, plan_turn
-from proxy.vocabulary import Decision, Reason, Role, RouteKind, Workload
+from proxy.shared.vocabulary import Decision, Reason, Role, RouteKind, Workload
+from proxy.upstream.backends import BackendPool
 
 WORK = Workload(2, 20, 100, 10, 1.0)
 HOME = Lookup(Session("s", "opening", False, "http://d0", "http://p0", turns=1), True)

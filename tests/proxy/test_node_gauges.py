@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 
-from proxy.node_gauges import NodeGauges, parse_metrics
+from proxy.observability.node_gauges import NodeGauges, parse_metrics
 
 # The shape of vLLM 0.32's page: HELP/TYPE lines, an engine label, histograms around.
 VLLM_METRICS = """\

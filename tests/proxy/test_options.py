@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import PolicyConfig, ProxyConfig, build_parser, config_from_args
-from proxy.options import add_flags, option, option_fields
+from proxy.config.settings import PolicyConfig, ProxyConfig, build_parser, config_from_args
+from proxy.shared.options import add_flags, option, option_fields
 
 
 class Color(enum.StrEnum):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from proxy.pd_protocol import decode_body, local_body, prefill_body, request_id
+from proxy.upstream.pd_protocol import decode_body, local_body, prefill_body, request_id
 
 
 def test_prefill_body() -> None:

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from proxy.config import Policy, PolicyConfig
-from proxy.discretize import Cell, ContextClass
+from proxy.config.settings import Policy, PolicyConfig
 from proxy.policies.fixed import stable_fraction
 from proxy.policies.routing import RoutingPolicy
-from proxy.table import DecisionTable
-from proxy.vocabulary import Reason, RouteKind, Workload
+from proxy.policies.table import DecisionTable
+from proxy.shared.discretize import Cell, ContextClass
+from proxy.shared.vocabulary import Reason, RouteKind, Workload
 
 
 def work(turn: int = 2, n_in: int = 16, n_ctx: int = 300, n_out: int = 32,

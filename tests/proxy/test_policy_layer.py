@@ -1,5 +1,5 @@
 """The shared policy layer names no policy: `proxy.policies.base`, `routing`, `registry` and
-`proxy.config` import no policy module and read no policy's flags; what a policy needs
+`proxy.config.settings` import no policy module and read no policy's flags; what a policy needs
 loaded (ppd's verdicts at its weights, the files its flags name) and `--policy`'s default
 come from the modules' own declarations, through the registry."""
 
@@ -8,12 +8,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from proxy.config import PolicyConfig
+from proxy.config.settings import PolicyConfig
 from proxy.policies import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ("proxy/policies/base.py", "proxy/policies/routing.py", "proxy/policies/registry.py",
-          "proxy/config.py")
+          "proxy/config/settings.py")
 
 
 def _policy_modules() -> set[str]:
@@ -40,7 +40,7 @@ def test_the_shared_layer_reads_no_policys_flags() -> None:
     (`registry.table_path`, `registry.costs_path`, ppd's `inputs`)."""
     flags = {name for cls in registry.flag_classes()
              for name in cls.__dataclass_fields__}  # type: ignore[attr-defined]
-    for path in (*SHARED, "proxy/preflight.py"):
+    for path in (*SHARED, "proxy/config/preflight.py"):
         tree = ast.parse((ROOT / path).read_text())
         # `config.X` / `self.config.X` / `policy.X`: a flag read off the policy's configuration
         read = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)

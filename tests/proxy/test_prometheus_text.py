@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.prometheus_text import families, label_ints, sample_sums
+from proxy.observability.prometheus_text import families, label_ints, sample_sums
 
 PAGE = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -1,4 +1,5 @@
-"""proxy.readback: what D's answer says it keeps, what P is told to read, what the client sees."""
+"""proxy.readback.protocol: what D's answer says it keeps, what P is told to read, what the client
+sees."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.readback import (
+from proxy.readback.protocol import (
     EXPIRY_MARGIN_S,
     client_answer,
     held_kv,
@@ -17,7 +18,7 @@ from proxy.readback import (
     tokenize_body,
     tokenized_ids,
 )
-from proxy.validate import Endpoint
+from proxy.shared.validate import Endpoint
 
 D_PARAMS = {"do_remote_prefill": False, "do_remote_decode": True, "remote_block_ids": [[5, 6]],
             "remote_engine_id": "d-engine", "remote_request_id": "chatcmpl-1",

@@ -1,4 +1,4 @@
-"""proxy.redact: no secret of a command line or a URL survives, nothing else is touched."""
+"""proxy.shared.redact: no secret of a command line or a URL survives, nothing else is touched."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from proxy.redact import MASK, SECRET_FLAGS, redacted_argv, redacted_command, redacted_url
+from proxy.shared.redact import MASK, SECRET_FLAGS, redacted_argv, redacted_command, redacted_url
 
 
 @pytest.mark.parametrize("flag", sorted(SECRET_FLAGS))
@@ -49,7 +49,7 @@ def test_the_command_is_shell_quoted() -> None:
 
 
 def test_a_bad_session_store_url_is_refused_without_its_password() -> None:
-    from proxy.config import ConfigError, ProxyConfig
+    from proxy.config.settings import ConfigError, ProxyConfig
 
     with pytest.raises(ConfigError) as refused:
         ProxyConfig(session_store="http://:pw0rd@127.0.0.1:6379/0")

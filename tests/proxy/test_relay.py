@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from proxy.completion import Captured, ReplyCapture
-from proxy.errors import UpstreamError
-from proxy.relay import Relay, SseFramer, _split_before_done, error_event
+from proxy.shared.completion import Captured, ReplyCapture
+from proxy.shared.errors import UpstreamError
+from proxy.upstream.relay import Relay, SseFramer, _split_before_done, error_event
 
 
 def test_framer_passes_whole_events_and_holds_a_partial_one() -> None:
@@ -131,8 +131,8 @@ async def test_done_before_the_upstreams_end_is_not_the_last_chunk() -> None:
 
 
 async def _sent_by_stream(ends_with_last: bool) -> list[tuple[bytes, bool]]:
-    from proxy.endpoints import _stream
-    from proxy.router import Reply
+    from proxy.routing.router import Reply
+    from proxy.serving.endpoints import _stream
 
     event = b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n'
     relay = Relay(_Chunks([event, b"data: [DONE]\n\n"], ends_with_last), None,  # type: ignore[arg-type]

@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
-from proxy.residency import (
+from proxy.live.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from proxy.live.residency import (
     BLOCK_BYTES,
     MAX_BLOCK_SIZE,
     SESSION_BYTES,

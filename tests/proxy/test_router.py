@@ -11,12 +11,12 @@ import json
 
 import pytest
 
-from proxy.config import Policy
-from proxy.errors import NoBackend, Overloaded, UpstreamError
-from proxy.pd_protocol import P_KV_TRANSFER_PARAMS
-from proxy.relay import Relay
-from proxy.validate import Endpoint
-from proxy.vocabulary import RouteKind
+from proxy.config.settings import Policy
+from proxy.shared.errors import NoBackend, Overloaded, UpstreamError
+from proxy.shared.validate import Endpoint
+from proxy.shared.vocabulary import RouteKind
+from proxy.upstream.pd_protocol import P_KV_TRANSFER_PARAMS
+from proxy.upstream.relay import Relay
 from tests.fakes.mock_vllm import Fault
 from tests.proxy.router_harness import chat, read, router_over, text_of
 

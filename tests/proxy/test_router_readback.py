@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from proxy.config import Policy
-from proxy.pd_protocol import P_KV_TRANSFER_PARAMS
-from proxy.readback import EXPIRY_MARGIN_S, MIN_READBACK_TOKENS
+from proxy.config.settings import Policy
+from proxy.readback.protocol import EXPIRY_MARGIN_S, MIN_READBACK_TOKENS
 from proxy.sessions.readback_book import ReadbackBook
 from proxy.sessions.readbacks import MemoryReadbacks
-from proxy.vocabulary import RouteKind
+from proxy.shared.vocabulary import RouteKind
+from proxy.upstream.pd_protocol import P_KV_TRANSFER_PARAMS
 from tests.fakes.mock_vllm import fake_chat_ids, fake_ids
 from tests.proxy.router_harness import Harness, chat, router_over, text_of
 

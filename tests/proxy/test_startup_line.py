@@ -1,11 +1,11 @@
-"""proxy.startup_line: what an operator reads when the proxy comes up."""
+"""proxy.config.startup_line: what an operator reads when the proxy comes up."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.config import config_from_args
-from proxy.startup_line import startup_line
+from proxy.config.settings import config_from_args
+from proxy.config.startup_line import startup_line
 from tests.proxy.test_app import write_table
 
 

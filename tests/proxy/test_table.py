@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from proxy.discretize import Cell, ContextClass
-from proxy.table import TABLE_COLUMNS, DecisionTable, TableError
-from proxy.vocabulary import RouteKind
+from proxy.policies.table import TABLE_COLUMNS, DecisionTable, TableError
+from proxy.shared.discretize import Cell, ContextClass
+from proxy.shared.vocabulary import RouteKind
 
 
 def row(context: str = "small", workload: str = "tiny", qps: float = 1.0, **values: Any

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.completion import Captured
-from proxy.tokens import (
+from proxy.shared.completion import Captured
+from proxy.shared.tokens import (
     TOKEN_DEFINITION,
     EstimateTokenCounter,
     HFTokenCounter,

@@ -1,4 +1,5 @@
-"""`proxy.transport.DefaultLegs`: `http://` legs on `proxy.http1`, every other scheme on
+"""`proxy.upstream.transport.DefaultLegs`: `http://` legs on `proxy.upstream.http1`, every other
+scheme on
 aiohttp's pool (the failure moments every implementation shares are in test_legs.py)."""
 
 from __future__ import annotations
@@ -8,9 +9,9 @@ import socket
 
 import pytest
 
-from proxy.errors import UpstreamRefused
-from proxy.legs import LegTimeouts
-from proxy.transport import DefaultLegs
+from proxy.shared.errors import UpstreamRefused
+from proxy.upstream.legs import LegTimeouts
+from proxy.upstream.transport import DefaultLegs
 from tests.proxy.raw_http import read_request
 
 TIMEOUT = LegTimeouts(connect=5.0, read=0.5)
@@ -29,7 +30,8 @@ async def test_an_http_leg_goes_through_http1_which_knows_the_bodys_end() -> Non
     try:
         response = await legs.post(f"http://127.0.0.1:{port}/v1/completions", b"{}", {})
         assert await response.read_chunk() == b"data: first\n\n"
-        assert response.at_end  # only proxy.http1 knows it (the relay's [DONE] with the end)
+        # Only proxy.upstream.http1 knows it (the relay's [DONE] with the end).
+        assert response.at_end
         await response.aclose()
     finally:
         await legs.aclose()
@@ -41,7 +43,7 @@ async def test_an_https_leg_goes_through_aiohttp() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # nothing listens once the socket closes
     legs = DefaultLegs(TIMEOUT, {})
-    # proxy.http1 would refuse the scheme itself (ValueError); aiohttp tries to connect.
+    # proxy.upstream.http1 would refuse the scheme itself (ValueError); aiohttp tries to connect.
     with pytest.raises(UpstreamRefused, match=f"https://127.0.0.1:{port}/v1/completions"):
         await legs.post(f"https://127.0.0.1:{port}/v1/completions", b"{}", {})
     await legs.aclose()

@@ -1,4 +1,4 @@
-"""proxy.turn_machine: one turn's walk through its plan - attempts, readback fallbacks, the
+"""proxy.routing.turn_machine: one turn's walk through its plan - attempts, readback fallbacks, the
 keep-blocks rule, node taking, the session's home - written once for the router and the
 simulator (which import these rules rather than restate them)."""
 
@@ -8,12 +8,12 @@ import re
 from array import array
 from pathlib import Path
 
-from proxy.backends import BackendPool
-from proxy.readback import MIN_READBACK_TOKENS, HeldKV
+from proxy.readback.protocol import MIN_READBACK_TOKENS, HeldKV
+from proxy.routing.turn_machine import Leg, TurnMachine, keeps_blocks, read_back_tokens, take
+from proxy.routing.turn_plan import Attempt, Pick, TurnPlan
 from proxy.sessions.session import Session
-from proxy.turn_machine import Leg, TurnMachine, keeps_blocks, read_back_tokens, take
-from proxy.turn_plan import Attempt, Pick, TurnPlan
-from proxy.vocabulary import Decision, Reason, Role, RouteKind
+from proxy.shared.vocabulary import Decision, Reason, Role, RouteKind
+from proxy.upstream.backends import BackendPool
 
 ROOT = Path(__file__).resolve().parents[2]
 HELD = HeldKV({}, "http://d0", array("q", range(200)), 100.0)
@@ -118,6 +118,6 @@ def test_the_router_and_the_simulator_restate_none_of_these_rules() -> None:
     the machine's: neither the router nor the simulator names them."""
     rules = re.compile(r"MIN_READBACK_TOKENS|matched_tokens\(|pool\.take\(|"
                        r"RouteKind\.PD, RouteKind\.READBACK, RouteKind\.LOCAL")
-    for path in ("proxy/router.py", "profiler/simulator/sim_proxy.py",
+    for path in ("proxy/routing/router.py", "profiler/simulator/sim_proxy.py",
                  "profiler/simulator/virtual_cluster.py"):
         assert not rules.search((ROOT / path).read_text()), path

@@ -1,4 +1,4 @@
-"""proxy.turn_plan: one turn's decision and nodes, the one function the router and the
+"""proxy.routing.turn_plan: one turn's decision and nodes, the one function the router and the
 simulator both call (patching it changes both)."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from profiler.simulator.sim_proxy import SimProxy
-from proxy import turn_plan
-from proxy.backends import BackendPool
-from proxy.cluster_view import ClusterView
-from proxy.config import Policy, PolicyConfig
-from proxy.live import TurnState
+from proxy.config.settings import Policy, PolicyConfig
+from proxy.live.cluster_view import ClusterView
+from proxy.live.predict import TurnState
 from proxy.policies.routing import RoutingPolicy
+from proxy.routing import turn_plan
+from proxy.routing.turn_plan import Attempt, Pick, TurnPlan, plan_turn
 from proxy.sessions.session import Lookup, Session
-from proxy.turn_plan import Attempt, Pick, TurnPlan, plan_turn
-from proxy.vocabulary import Decision, Node, Reason, Role, RouteKind, Workload
+from proxy.shared.vocabulary import Decision, Node, Reason, Role, RouteKind, Workload
+from proxy.upstream.backends import BackendPool
 from tests.proxy.router_harness import chat, router_over, text_of
 from tests.proxy.test_policies import readback_table
 

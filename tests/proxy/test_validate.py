@@ -1,4 +1,4 @@
-"""proxy.validate alone: the strict JSON reading and the fields the proxy relies on, each
+"""proxy.shared.validate alone: the strict JSON reading and the fields the proxy relies on, each
 refusal a 400 that names the field at fault."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from proxy.errors import BadRequest
-from proxy.validate import MAX_DEPTH, Endpoint, parse_json_object, validate_body
+from proxy.shared.errors import BadRequest
+from proxy.shared.validate import MAX_DEPTH, Endpoint, parse_json_object, validate_body
 
 
 @pytest.mark.parametrize(("raw", "why"), [

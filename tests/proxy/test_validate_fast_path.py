@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.errors import BadRequest
-from proxy.validate import _parse_with_stdlib, _plain_text, parse_json_object
+from proxy.shared.errors import BadRequest
+from proxy.shared.validate import _parse_with_stdlib, _plain_text, parse_json_object
 
 
 def _outcome(parse: Any, raw: bytes) -> tuple[str, Any]:

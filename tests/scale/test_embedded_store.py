@@ -16,8 +16,8 @@ import psutil
 import pytest
 import redis
 
-from proxy.config import ConfigError
-from proxy.embedded_store import EmbeddedRedis
+from proxy.config.settings import ConfigError
+from proxy.serving.embedded_store import EmbeddedRedis
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.fakes.redis_server import free_port
 from tests.scale.conversations import (
@@ -48,7 +48,7 @@ def test_the_embedded_server_answers_on_a_private_socket_and_stops(tmp_path: Pat
 
 def test_a_store_that_cannot_start_says_why(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("proxy.embedded_store.redis_server_binary", lambda: "/bin/false")
+    monkeypatch.setattr("proxy.serving.embedded_store.redis_server_binary", lambda: "/bin/false")
     with pytest.raises(ConfigError, match="embedded session store .* exited"):
         EmbeddedRedis(tmp_path).start()
 

@@ -13,22 +13,22 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from proxy.app import build_state
-from proxy.backends import BackendPool
-from proxy.config import NodeSpec, Policy, PolicyConfig, ProxyConfig
-from proxy.httpx_legs import HttpxLegs
-from proxy.legs import LegTimeouts
-from proxy.load_meter import RateMeter
-from proxy.metrics import ProxyMetrics
+from proxy.config.settings import NodeSpec, Policy, PolicyConfig, ProxyConfig
+from proxy.live.load_meter import RateMeter
+from proxy.observability.metrics import ProxyMetrics
 from proxy.policies.routing import RoutingPolicy
-from proxy.readback import MIN_READBACK_TOKENS, HeldKV
-from proxy.router import Router
+from proxy.readback.protocol import MIN_READBACK_TOKENS, HeldKV
+from proxy.routing.router import Router
+from proxy.serving.app import build_state
 from proxy.sessions.readbacks import MemoryReadbacks
 from proxy.sessions.redis_readbacks import EXPIRED_KEPT_S, RedisReadbacks
 from proxy.sessions.redis_store import PREFIX, RedisStore
 from proxy.sessions.session import Held, Lookup, Session
-from proxy.tokens import token_counter
-from proxy.vocabulary import Reason, Role, RouteKind
+from proxy.shared.tokens import token_counter
+from proxy.shared.vocabulary import Reason, Role, RouteKind
+from proxy.upstream.backends import BackendPool
+from proxy.upstream.httpx_legs import HttpxLegs
+from proxy.upstream.legs import LegTimeouts
 from tests.fakes.mock_vllm import MockCluster
 from tests.fakes.redis_server import RedisServer
 from tests.proxy.helpers import FakeClock

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from proxy.config import ConfigError, config_from_args
+from proxy.config.settings import ConfigError, config_from_args
+from proxy.observability.worker_metrics import WorkerMetrics
 from proxy.sessions.open_store import open_store
 from proxy.sessions.redis_store import RedisStore
 from proxy.sessions.store import MemoryStore
-from proxy.worker_metrics import WorkerMetrics
 
 NODES = ["--prefill", "http://p:1", "--decode", "http://d:1"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.workers import CRASH_WINDOW_S
+from proxy.serving.workers import CRASH_WINDOW_S
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.fakes.redis_server import RedisServer, free_port
 from tests.scale.conversations import (

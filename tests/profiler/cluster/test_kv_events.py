@@ -14,9 +14,9 @@ from profiler.cluster.plan import (
     parse_layout,
     plan_nodes,
 )
-from proxy import kv_sources
-from proxy.config import load_cluster_file
-from proxy.vocabulary import Role
+from proxy.config.settings import load_cluster_file
+from proxy.live import kv_sources
+from proxy.shared.vocabulary import Role
 
 
 def test_d_and_r_publish_events_p_does_not_and_cluster_json_names_them(

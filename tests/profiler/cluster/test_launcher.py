@@ -33,7 +33,7 @@ from profiler.cluster.plan import (
 )
 from profiler.cluster.procs import group_alive
 from profiler.models import prepare as models
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 
 FAKE_NODE = Path(__file__).resolve().parents[2] / "fakes" / "fake_vllm_node.py"
 MODEL = ServedModel("tiny", Path("/m"))

@@ -15,7 +15,7 @@ from profiler.cli import main as ppd
 from profiler.cluster import procs
 from profiler.cluster.live_defaults import default_live_costs, shipped_tiny_cpu_costs
 from profiler.cluster.plan import ClusterError, Device
-from proxy.live import StepCosts
+from proxy.live.predict import StepCosts
 from proxy.policies import registry
 
 REPO = Path(__file__).resolve().parents[3]

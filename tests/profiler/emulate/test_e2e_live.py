@@ -32,10 +32,15 @@ import pytest
 from profiler.cluster.emulated import start_emulated_cluster
 from profiler.cluster.launcher import Cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
-from proxy.kv_sources import from_cluster_file
-from proxy.kv_subscriber import KvEventSource, KvEventSubscribers, NodeSubscriber, SubscriberStats
-from proxy.residency import NodeResidency
-from proxy.vocabulary import Role
+from proxy.live.kv_sources import from_cluster_file
+from proxy.live.kv_subscriber import (
+    KvEventSource,
+    KvEventSubscribers,
+    NodeSubscriber,
+    SubscriberStats,
+)
+from proxy.live.residency import NodeResidency
+from proxy.shared.vocabulary import Role
 from tests.e2e.support import (
     KV_READBACK_TTL_S,
     Conversation,

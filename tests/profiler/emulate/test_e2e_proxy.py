@@ -33,7 +33,7 @@ from profiler.cluster.launcher import Cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.emulate.presets import Preset, resolve
 from profiler.engine.batch import BatchShape
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 
 pytest.importorskip("aiconfigurator_core", reason="the h100 preset needs ppd[sim]")
 

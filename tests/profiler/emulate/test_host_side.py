@@ -13,7 +13,7 @@ from profiler.emulate.presets import resolve
 from profiler.emulate.serve import hosted, node_specs
 from profiler.emulate.tokenizer import Vocabulary
 from profiler.engine import load_cost
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 
 
 def test_gpu_preset_nodes_sleep_the_modelled_front_end_and_handoff() -> None:

@@ -24,11 +24,18 @@ from profiler.emulate.presets import resolve
 from profiler.emulate.serve import HostedNode, hosted
 from profiler.emulate.tokenizer import Vocabulary
 from profiler.engine.prefix_cache import ROOT_HASH
-from proxy.kv_events import END_SEQ, BlockRemoved, BlockStored, encode_seq, parse_batch, parse_seq
-from proxy.kv_subscriber import KvEventSource, KvEventSubscribers, NodeSubscriber
-from proxy.pd_protocol import decode_body, prefill_body
-from proxy.residency import NodeResidency
-from proxy.vocabulary import Role
+from proxy.live.kv_events import (
+    END_SEQ,
+    BlockRemoved,
+    BlockStored,
+    encode_seq,
+    parse_batch,
+    parse_seq,
+)
+from proxy.live.kv_subscriber import KvEventSource, KvEventSubscribers, NodeSubscriber
+from proxy.live.residency import NodeResidency
+from proxy.shared.vocabulary import Role
+from proxy.upstream.pd_protocol import decode_body, prefill_body
 
 MODEL = "llama-3.1-8b"
 BLOCKS = 64  # D's KV cache: 64 blocks of 16 tokens

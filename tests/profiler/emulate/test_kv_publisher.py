@@ -20,9 +20,9 @@ from profiler.emulate.presets import resolve
 from profiler.emulate.serve import node_specs
 from profiler.emulate.service import NodeService
 from profiler.emulate.tokenizer import Vocabulary
-from proxy.kv_events import BlockRemoved, parse_seq
-from proxy.server import running
-from proxy.vocabulary import Role
+from proxy.live.kv_events import BlockRemoved, parse_seq
+from proxy.serving.server import running
+from proxy.shared.vocabulary import Role
 
 MODEL = "llama-3.1-8b"
 DROPPED = "ppd:emulator_kv_events_dropped_total"

@@ -13,7 +13,7 @@ from profiler.emulate.tokenizer import Vocabulary
 from profiler.replay.client import ReplayConfig, ReplayResult
 from profiler.replay.output import write_run
 from proxy import ServerThread, config_from_args, create_app
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 
 
 def test_the_preset_is_found_at_a_node_and_through_a_proxy(tmp_path: Path,

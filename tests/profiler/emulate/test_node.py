@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from profiler.emulate.presets import resolve
 from profiler.emulate.serve import HostedNode, hosted
 from profiler.emulate.tokenizer import Vocabulary
-from proxy.pd_protocol import decode_body, prefill_body
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
+from proxy.upstream.pd_protocol import decode_body, prefill_body
 
 MODEL = "llama-3.1-8b"
 HISTORY = "Rivers carry silt to the sea and build deltas over many years. " * 40

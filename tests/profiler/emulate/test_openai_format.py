@@ -8,7 +8,7 @@ import json
 import pytest
 
 from profiler.emulate.openai_format import DONE, Envelope, RequestError, parse, usage
-from proxy.completion import ReplyCapture
+from proxy.shared.completion import ReplyCapture
 
 
 @pytest.mark.parametrize("chat", [True, False])

@@ -15,9 +15,9 @@ from profiler.emulate.serve import HostThread
 from profiler.emulate.tokenizer import Vocabulary
 from profiler.profile.runner import WITH_READBACK, ProfileGrid, Profiler
 from proxy import ServerThread, config_from_args, create_app
-from proxy.discretize import ContextClass
-from proxy.table import DecisionTable
-from proxy.vocabulary import Role
+from proxy.policies.table import DecisionTable
+from proxy.shared.discretize import ContextClass
+from proxy.shared.vocabulary import Role
 
 
 def test_a_readback_profile_measures_the_third_route(tmp_path: Path, vocab: Vocabulary) -> None:

@@ -13,9 +13,9 @@ import pytest
 from profiler.emulate.presets import resolve
 from profiler.emulate.serve import HostedNode, hosted
 from profiler.emulate.tokenizer import Vocabulary
-from proxy.pd_protocol import decode_body, prefill_body
-from proxy.readback import held_kv, matched_tokens, prefill_params
-from proxy.vocabulary import Role
+from proxy.readback.protocol import held_kv, matched_tokens, prefill_params
+from proxy.shared.vocabulary import Role
+from proxy.upstream.pd_protocol import decode_body, prefill_body
 from tests.profiler.emulate.test_node import HISTORY, MODEL, chat, metrics
 
 

@@ -6,7 +6,7 @@ import jinja2
 
 from profiler.emulate.tokenizer import Vocabulary, render_chat
 from profiler.models.prepare import CHATML_TEMPLATE
-from proxy.tokens import content_text, token_counter
+from proxy.shared.tokens import content_text, token_counter
 
 
 def test_a_reply_re_encodes_to_its_own_ids(vocab: Vocabulary) -> None:

@@ -26,7 +26,7 @@ from profiler.engine.presets import register, to_dict
 from profiler.replay.output import records_frame
 from profiler.simulator.layout import sim_nodes
 from profiler.simulator.run import RunSpec, simulate
-from proxy.vocabulary import Layout, RouteKind
+from proxy.shared.vocabulary import Layout, RouteKind
 
 # A CPU-like truth: a 2 ms step + 1.5 ms per decoding request; a prompt costs 20 ms +
 # 0.03 ms per token; 30 ms of front end per node request; a 50 ms P->D hand-off.

@@ -18,7 +18,7 @@ from profiler.engine import (
     simulate,
 )
 from profiler.engine.prefix_cache import block_hashes
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 
 
 def make(cost, **config) -> Engine:

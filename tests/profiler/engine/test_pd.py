@@ -15,7 +15,7 @@ from profiler.engine import (
     load_link,
     load_model_shape,
 )
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 
 TURN1_IN, TURN1_OUT, TURN2_IN = 1024, 64, 1024
 

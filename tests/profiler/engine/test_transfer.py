@@ -12,7 +12,7 @@ from profiler.engine import (
     load_model_shape,
     simulate,
 )
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
 
 
 def test_kv_bytes_per_token_from_the_model_shape():

@@ -11,7 +11,7 @@ from profiler.planning.plan_space import (
     policies_for,
     tp_of,
 )
-from proxy.vocabulary import Layout
+from proxy.shared.vocabulary import Layout
 
 
 def test_eight_gpus_of_a_tp1_model_give_every_pd_split_and_eight_replicas() -> None:

@@ -9,7 +9,7 @@ from profiler.planning.plan_tables import (
     traffic_cells,
 )
 from profiler.simulator.workload import SimConversation, SimTurn
-from proxy.discretize import ContextClass
+from proxy.shared.discretize import ContextClass
 
 
 def test_cells_cover_the_common_turns_first_until_the_coverage() -> None:

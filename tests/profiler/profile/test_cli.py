@@ -24,9 +24,9 @@ from profiler.cli import main as ppd
 from profiler.profile import cli as profile_cli
 from profiler.tables.io import read_table
 from proxy import ProxyConfig, create_app
-from proxy.config import NodeSpec, Policy, PolicyConfig
-from proxy.server import running
-from proxy.vocabulary import Role
+from proxy.config.settings import NodeSpec, Policy, PolicyConfig
+from proxy.serving.server import running
+from proxy.shared.vocabulary import Role
 from tests.fakes.background import in_background
 from tests.fakes.fake_openai_timed import FakeTimedServer, serve_in_thread
 from tests.fakes.fake_vllm import FakeVLLM

@@ -8,7 +8,7 @@ import pytest
 
 from profiler.cli import main as ppd
 from profiler.profile.grid import grid_from_mapping, read_grid_file
-from proxy.discretize import ContextClass
+from proxy.shared.discretize import ContextClass
 
 
 def grid_file(tmp_path: Path, text: str) -> Path:

@@ -11,11 +11,11 @@ from pathlib import Path
 from profiler.profile.runner import ProfileGrid, Profiler
 from profiler.tables.io import read_table
 from proxy import ProxyConfig, create_app
-from proxy.config import NodeSpec
-from proxy.discretize import Cell, ContextClass
-from proxy.server import running
-from proxy.table import DecisionTable
-from proxy.vocabulary import Role, RouteKind
+from proxy.config.settings import NodeSpec
+from proxy.policies.table import DecisionTable
+from proxy.serving.server import running
+from proxy.shared.discretize import Cell, ContextClass
+from proxy.shared.vocabulary import Role, RouteKind
 from tests.fakes.fake_vllm import FakeVLLM
 
 P_DELAY_S = 0.15

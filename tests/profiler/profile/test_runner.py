@@ -22,8 +22,8 @@ from profiler.profile.runner import (
 )
 from profiler.replay.client import ReplayResult
 from profiler.traces.request_records import RequestRecord
-from proxy.discretize import Cell, ContextClass, Shape
-from proxy.vocabulary import RouteKind
+from proxy.shared.discretize import Cell, ContextClass, Shape
+from proxy.shared.vocabulary import RouteKind
 
 
 def _record(turn: int, *, ttft: float | None, tpot: float | None, success: bool = True,

@@ -1,5 +1,5 @@
 """One token definition: a synthetic turn 2 built for a cell is counted into that same cell by
-the proxy's router (proxy.tokens, "text-v1"), with the served model's tokenizer and chat
+the proxy's router (proxy.shared.tokens, "text-v1"), with the served model's tokenizer and chat
 template present."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 
 from profiler.replay.request_bodies import Api, History
 from profiler.traces import two_turn_conversations
-from proxy.config import Policy
-from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES, ContextClass, workload_shape
-from proxy.tokens import HFTokenCounter
-from proxy.vocabulary import Workload
+from proxy.config.settings import Policy
+from proxy.shared.discretize import TURN1_PROFILES, WORKLOAD_SHAPES, ContextClass, workload_shape
+from proxy.shared.tokens import HFTokenCounter
+from proxy.shared.vocabulary import Workload
 from tests.bpe import train_bpe
 from tests.proxy.router_harness import router_over, text_of
 

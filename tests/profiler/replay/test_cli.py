@@ -264,9 +264,9 @@ def test_force_route_on_a_proxy_without_an_admin_key_warns_that_it_was_ignored(
     from contextlib import asynccontextmanager
 
     from proxy import ProxyConfig, create_app
-    from proxy.config import NodeSpec
-    from proxy.server import running
-    from proxy.vocabulary import Role
+    from proxy.config.settings import NodeSpec
+    from proxy.serving.server import running
+    from proxy.shared.vocabulary import Role
     from tests.fakes.background import in_background
     from tests.fakes.fake_vllm import FakeVLLM
 

@@ -13,7 +13,7 @@ from profiler.replay import ReplayConfig, ReplayError, replay
 from profiler.replay.request_bodies import ASSISTANT_PREFIX, USER_PREFIX
 from profiler.traces import Conversation, Turn, two_turn_conversations
 from profiler.traces.arrivals import arrival_times
-from proxy.discretize import Shape
+from proxy.shared.discretize import Shape
 from tests.exports import assert_exports
 from tests.fakes.fake_openai_timed import MODEL, FakeTimedServer, serve
 

@@ -9,7 +9,7 @@ import pytest
 
 from profiler.replay.dataset import DatasetSpec, load_dataset
 from profiler.traces import TraceFilter
-from proxy.tokens import EstimateTokenCounter
+from proxy.shared.tokens import EstimateTokenCounter
 
 
 def test_a_synthetic_spec_is_generated_with_its_seed() -> None:

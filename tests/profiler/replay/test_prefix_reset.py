@@ -12,9 +12,9 @@ import pytest
 from profiler.replay.cli import main as replay_main
 from profiler.replay.prefix_reset import PrefixResetError, reset_prefix_caches
 from proxy import ProxyConfig, create_app
-from proxy.config import NodeSpec, Policy, PolicyConfig
-from proxy.server import running
-from proxy.vocabulary import Role
+from proxy.config.settings import NodeSpec, Policy, PolicyConfig
+from proxy.serving.server import running
+from proxy.shared.vocabulary import Role
 from tests.fakes.fake_vllm import FakeVLLM
 
 

@@ -9,9 +9,9 @@ from profiler.replay import ReplayConfig, replay
 from profiler.replay.metrics import summarize
 from profiler.traces import Conversation, Turn
 from proxy import ProxyConfig, create_app
-from proxy.config import NodeSpec, Policy, PolicyConfig
-from proxy.server import running
-from proxy.vocabulary import Role
+from proxy.config.settings import NodeSpec, Policy, PolicyConfig
+from proxy.serving.server import running
+from proxy.shared.vocabulary import Role
 from tests.fakes.fake_vllm import FakeVLLM
 
 

@@ -33,10 +33,10 @@ from profiler.simulator.workload import Arrival, to_sim
 from profiler.traces.arrivals import arrival_times
 from profiler.traces.request_records import RequestRecord
 from profiler.traces.synthetic import named_workload
-from proxy.config import Policy, PolicyConfig
+from proxy.config.settings import Policy, PolicyConfig
 from proxy.policies.routing import RoutingPolicy
-from proxy.tokens import EstimateTokenCounter
-from proxy.vocabulary import Layout, RouteKind
+from proxy.shared.tokens import EstimateTokenCounter
+from proxy.shared.vocabulary import Layout, RouteKind
 
 pytest.importorskip("aiconfigurator_core", reason="the h100 preset needs ppd[sim]")
 

@@ -10,9 +10,9 @@ from profiler.engine import LinearCost
 from profiler.engine.transfer import load_link, load_model_shape
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
-from proxy.config import PolicyConfig
+from proxy.config.settings import PolicyConfig
 from proxy.policies.routing import RoutingPolicy
-from proxy.vocabulary import Layout
+from proxy.shared.vocabulary import Layout
 
 ANCHORS = ("llm-d", "llm-d-sticky", "dynamo", "vllm-router", "vllm-example")
 

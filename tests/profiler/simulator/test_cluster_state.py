@@ -9,9 +9,9 @@ from profiler.engine.cost import LinearCost
 from profiler.engine.engine import Engine
 from profiler.engine.requests import Request
 from profiler.simulator.cluster_state import EngineView
-from proxy.backends import BackendPool
 from proxy.sessions.session import Session
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
+from proxy.upstream.backends import BackendPool
 
 HISTORY = list(range(100))
 

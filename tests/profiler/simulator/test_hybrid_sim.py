@@ -10,10 +10,10 @@ from profiler.simulator.grid import HYBRID_LAYOUTS, expand_layouts, grid_cells
 from profiler.simulator.run import RunSpec
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
-from proxy.config import Policy, PolicyConfig
-from proxy.live import StepCosts
+from proxy.config.settings import Policy, PolicyConfig
+from proxy.live.predict import StepCosts
 from proxy.policies.routing import RoutingPolicy
-from proxy.vocabulary import Decision, Layout, LayoutError
+from proxy.shared.vocabulary import Decision, Layout, LayoutError
 
 NVLINK = load_link("nvlink")
 LLAMA_KV = load_model_shape("llama-3.1-8b").kv_bytes_per_token

@@ -6,7 +6,7 @@ import pytest
 
 from profiler.cluster.plan import ClusterError, parse_layout
 from profiler.simulator.layout import sim_nodes
-from proxy.vocabulary import Layout, LayoutError, Role
+from proxy.shared.vocabulary import Layout, LayoutError, Role
 
 
 @pytest.mark.parametrize(("name", "counts"), [

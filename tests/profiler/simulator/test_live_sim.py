@@ -16,10 +16,10 @@ from profiler.simulator.live_costs import fit_step_costs
 from profiler.simulator.run import policy_label
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
-from proxy.config import Policy, PolicyConfig
-from proxy.live import StepCosts
+from proxy.config.settings import Policy, PolicyConfig
+from proxy.live.predict import StepCosts
 from proxy.policies.routing import RoutingPolicy
-from proxy.vocabulary import Decision, Layout
+from proxy.shared.vocabulary import Decision, Layout
 
 NVLINK = load_link("nvlink")
 LLAMA_KV = load_model_shape("llama-3.1-8b").kv_bytes_per_token
@@ -149,12 +149,13 @@ def test_a_hosted_preset_adds_its_hand_off_descriptors_and_front_end(
     assert bare.frontend_ms(2000) == 0.0
 
 def test_a_readback_first_passes_ps_api_server_for_its_tokenize() -> None:
-    # The proxy asks P's /tokenize before the read (proxy.readback): on an idle 1P1D where P
+    # The proxy asks P's /tokenize before the read (proxy.readback.protocol): on an idle 1P1D where
+    # P
     # still holds turn 1's prompt, a readback reads only the 100-token reply (about what it
     # saves P computing) and answers about one front end after pd.
     from profiler.engine.presets import cached_cost
     from profiler.simulator.run import RunSpec, setup_for
-    from proxy.vocabulary import RouteKind
+    from proxy.shared.vocabulary import RouteKind
 
     def turn2_ttft(route: RouteKind) -> float:
         setup = setup_for(RunSpec(layout="1P1D", dataset="-", qps=1.0, forced_route=route))

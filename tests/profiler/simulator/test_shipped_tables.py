@@ -10,8 +10,8 @@ import pytest
 from profiler.profile.on_simulator import measure_cell
 from profiler.profile.runner import PROFILED_ROUTES, ProfileGrid
 from profiler.simulator.run import RunSpec
-from proxy.discretize import Cell, ContextClass
-from proxy.table import DecisionTable
+from proxy.policies.table import DecisionTable
+from proxy.shared.discretize import Cell, ContextClass
 
 TABLES = Path(__file__).resolve().parents[3] / "tables"
 LAYOUTS = ("1p3d", "2p2d", "3p1d")

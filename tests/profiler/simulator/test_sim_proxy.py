@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from profiler.simulator.sim_proxy import SimProxy, hashed_placement
-from proxy.config import Policy, PolicyConfig
+from proxy.config.settings import Policy, PolicyConfig
 from proxy.policies.routing import RoutingPolicy
-from proxy.vocabulary import Node, Reason, Role, RouteKind
+from proxy.shared.vocabulary import Node, Reason, Role, RouteKind
 
 NODES = [Node("http://p0", Role.PREFILL), Node("http://d0", Role.DECODE),
          Node("http://d1", Role.DECODE)]

@@ -9,9 +9,9 @@ from profiler.engine import LinearCost
 from profiler.engine.transfer import SharedLink, load_link, load_model_shape
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
-from proxy.config import Policy, PolicyConfig
+from proxy.config.settings import Policy, PolicyConfig
 from proxy.policies.routing import RoutingPolicy
-from proxy.vocabulary import Layout
+from proxy.shared.vocabulary import Layout
 
 LLAMA_KV = load_model_shape("llama-3.1-8b").kv_bytes_per_token
 NVLINK = load_link("nvlink")
@@ -165,7 +165,7 @@ def test_a_request_waits_in_the_front_end_per_request_its_node_runs(
 def _readback_setup(cost: LinearCost, **kw: object) -> SimSetup:
     from dataclasses import replace
 
-    from proxy.vocabulary import RouteKind
+    from proxy.shared.vocabulary import RouteKind
 
     return replace(_setup(cost), forced=lambda turn: RouteKind.READBACK if turn >= 2 else None,
                    **kw)

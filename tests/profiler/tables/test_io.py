@@ -17,9 +17,9 @@ from profiler.tables.io import (
     read_table,
     write_table,
 )
-from proxy.discretize import Cell, ContextClass
-from proxy.table import TABLE_COLUMNS, DecisionTable
-from proxy.vocabulary import RouteKind
+from proxy.policies.table import TABLE_COLUMNS, DecisionTable
+from proxy.shared.discretize import Cell, ContextClass
+from proxy.shared.vocabulary import RouteKind
 
 
 def _row(context: str, workload: str, qps: float, pd_ttft: float, local_ttft: float) -> dict:

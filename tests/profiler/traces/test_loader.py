@@ -16,7 +16,7 @@ from profiler.traces import (
     load_trace,
 )
 from profiler.traces import loader as load_module
-from proxy.tokens import EstimateTokenCounter
+from proxy.shared.tokens import EstimateTokenCounter
 from tests.exports import assert_exports
 
 

@@ -12,8 +12,8 @@ from profiler.traces import (
     two_turn_conversations,
 )
 from profiler.traces.synthetic import synthetic_names
-from proxy.discretize import TURN1_PROFILES, WORKLOAD_SHAPES, ContextClass, Shape
-from proxy.tokens import EstimateTokenCounter, HFTokenCounter
+from proxy.shared.discretize import TURN1_PROFILES, WORKLOAD_SHAPES, ContextClass, Shape
+from proxy.shared.tokens import EstimateTokenCounter, HFTokenCounter
 from tests.bpe import train_bpe
 
 

@@ -22,7 +22,7 @@ from profiler.traces.wildchat_style import (
     USER_TOKENS_SD,
     conversation_shapes,
 )
-from proxy.tokens import EstimateTokenCounter
+from proxy.shared.tokens import EstimateTokenCounter
 
 SAMPLE = 20_000  # conversations, ~50,000 turns: 0.2 s to draw
 

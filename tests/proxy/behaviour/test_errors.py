@@ -173,7 +173,7 @@ async def test_requests_over_max_in_flight_answer_429(cluster: dict[str, FakeVLL
 
 
 def test_failure_kinds_are_classes_of_the_one_hierarchy_with_their_metrics_label() -> None:
-    from proxy import errors
+    from proxy.shared import errors
 
     failures = {errors.UpstreamRefused: "connect", errors.UpstreamBroken: "transport",
                 errors.UpstreamStatus: "status", errors.UpstreamProtocol: "protocol"}

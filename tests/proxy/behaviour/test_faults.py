@@ -10,11 +10,11 @@ import re
 import httpx
 import pytest
 
-from proxy.breaker import Breaker
-from proxy.config import Policy
-from proxy.errors import NoBackend, UpstreamError, UpstreamTimeout
-from proxy.health import HealthMonitor
-from proxy.relay import Relay
+from proxy.config.settings import Policy
+from proxy.shared.errors import NoBackend, UpstreamError, UpstreamTimeout
+from proxy.upstream.breaker import Breaker
+from proxy.upstream.health import HealthMonitor
+from proxy.upstream.relay import Relay
 from tests.fakes.mock_vllm import Fault
 from tests.proxy.router_harness import Harness, chat, events, read, router_over, text_of
 

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, reject, settings
 
 from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role, ServerThread, create_app
-from proxy.config import Policy
-from proxy.errors import BadRequest
-from proxy.validate import MAX_DEPTH, parse_json_object
+from proxy.config.settings import Policy
+from proxy.shared.errors import BadRequest
+from proxy.shared.validate import MAX_DEPTH, parse_json_object
 from tests.fakes.mock_vllm import MockCluster
 from tests.proxy.behaviour.fuzz_cases import ADMIN_KEY, Case, cases, check_answer, fuzz_target
 

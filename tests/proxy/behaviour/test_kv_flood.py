@@ -19,11 +19,11 @@ from pathlib import Path
 import httpx
 
 from proxy import ProxyConfig, create_app
-from proxy.config import NodeSpec, Policy, PolicyConfig
-from proxy.kv_events import BlockStored
-from proxy.kv_subscriber import KvEventSource
-from proxy.server import running
-from proxy.vocabulary import Role
+from proxy.config.settings import NodeSpec, Policy, PolicyConfig
+from proxy.live.kv_events import BlockStored
+from proxy.live.kv_subscriber import KvEventSource
+from proxy.serving.server import running
+from proxy.shared.vocabulary import Role
 from tests.fakes.fake_kv_publisher import FakeKvPublisher
 from tests.fakes.fake_vllm import FakeVLLM
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.completion import ReplyCapture
+from proxy.shared.completion import ReplyCapture
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import chat_body, config_for, serve_proxy
 

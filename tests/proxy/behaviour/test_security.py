@@ -18,10 +18,11 @@ import httpx
 import msgpack
 import pytest
 
-from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role, create_app, register
-from proxy.backends import BackendPool, Source
-from proxy.config import ConfigError, Policy
-from proxy.discovery import REJECTION_LOG_INTERVAL_S, Discovery, heartbeat
+from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role, create_app
+from proxy.config.settings import ConfigError, Policy
+from proxy.upstream import register
+from proxy.upstream.backends import BackendPool, Source
+from proxy.upstream.discovery import REJECTION_LOG_INTERVAL_S, Discovery, heartbeat
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.fakes.mock_vllm import MockCluster
 from tests.proxy.helpers import FakeClock, chat_body, config_for, reply_text, serve_proxy
@@ -44,7 +45,7 @@ def test_with_a_token_only_heartbeats_carrying_it_register_a_node(
         compared.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr("proxy.discovery.hmac.compare_digest", spy)
+    monkeypatch.setattr("proxy.upstream.discovery.hmac.compare_digest", spy)
     pool = BackendPool()
     discovery = Discovery(pool, "tcp://127.0.0.1:0", 10.0, FakeClock(), token=TOKEN)
     discovery.handle(beat("http://rogue:1"))
@@ -220,7 +221,7 @@ async def test_api_and_admin_keys_are_compared_in_constant_time(
         compared.append(b)
         return real(a, b)
 
-    monkeypatch.setattr("proxy.endpoints.hmac.compare_digest", spy)
+    monkeypatch.setattr("proxy.serving.endpoints.hmac.compare_digest", spy)
     async with in_process(api_key="api-key", admin_key="admin-key") as (client, _):
         wrong = await client.post("/v1/chat/completions", json=chat_body("x"),
                                   headers={"authorization": "Bearer api-kez"})

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from proxy import create_app
-from proxy.config import config_from_args
-from proxy.server import running
+from proxy.config.settings import config_from_args
+from proxy.serving.server import running
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import chat_body, reply_text
 

@@ -3,12 +3,12 @@ predictions of each route's TTFT, ppd's table row for the turn's cell."""
 
 from __future__ import annotations
 
-from proxy.config import Policy, PolicyConfig
-from proxy.discretize import classify
-from proxy.live import NodeState, StepCosts, TurnState, predict
+from proxy.config.settings import Policy, PolicyConfig
+from proxy.live.predict import NodeState, StepCosts, TurnState, predict
 from proxy.policies.routing import RoutingPolicy
-from proxy.table import DecisionTable
-from proxy.vocabulary import RouteCost, RouteKind, Workload
+from proxy.policies.table import DecisionTable
+from proxy.shared.discretize import classify
+from proxy.shared.vocabulary import RouteCost, RouteKind, Workload
 
 COSTS = StepCosts(base_ms=6.0, per_prefill_token_ms=0.02, per_decode_seq_ms=0.01,
                   per_decode_kv_ktoken_ms=0.01, transfer_ms_per_ktoken=0.3)

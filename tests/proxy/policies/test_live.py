@@ -1,14 +1,14 @@
-"""Policy live picks its nodes (`proxy.policies.live` with `proxy.live_nodes`): P->D to the D
+"""Policy live picks its nodes (`proxy.policies.live` with `proxy.live.nodes`): P->D to the D
 its model prices best - another than the session's when that one lost the history or has no
 room - and local only on a session's D with room for the prompt."""
 
 from __future__ import annotations
 
-from proxy.cluster_view import ClusterView, NodeView
-from proxy.config import Policy, PolicyConfig
-from proxy.live import NodeState, StepCosts, TurnState
+from proxy.config.settings import Policy, PolicyConfig
+from proxy.live.cluster_view import ClusterView, NodeView
+from proxy.live.predict import NodeState, StepCosts, TurnState
 from proxy.policies.routing import RoutingPolicy
-from proxy.vocabulary import Reason, Role, RouteKind, Workload
+from proxy.shared.vocabulary import Reason, Role, RouteKind, Workload
 
 COSTS = StepCosts(base_ms=6.0, per_prefill_token_ms=0.02, per_decode_seq_ms=0.01,
                   per_decode_kv_ktoken_ms=0.01, transfer_ms_per_ktoken=0.3)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.backends import BackendPool
-from proxy.config import PolicyConfig
+from proxy.config.settings import PolicyConfig
 from proxy.policies.base import Inputs
 from proxy.policies.llm_d import NAME, decide
 from proxy.policies.routing import RoutingPolicy
+from proxy.routing.turn_plan import plan_turn
 from proxy.sessions.session import Lookup, Session
-from proxy.turn_plan import plan_turn
-from proxy.vocabulary import Decision, Reason, Role, RouteKind
+from proxy.shared.vocabulary import Decision, Reason, Role, RouteKind
+from proxy.upstream.backends import BackendPool
 from tests.proxy.policies.views import D0, D1, P0, P1, node, turn, view
 
 INPUTS = Inputs(PolicyConfig(kind=NAME))

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config import PolicyConfig
+from proxy.config.settings import PolicyConfig
 from proxy.policies.base import Inputs
 from proxy.policies.llm_d_sticky import NAME, SATURATION_TOKENS, decide
-from proxy.vocabulary import Decision, Reason, RouteKind
+from proxy.shared.vocabulary import Decision, Reason, RouteKind
 from tests.proxy.policies.views import D0, D1, P0, node, turn, view
 
 INPUTS = Inputs(PolicyConfig(kind=NAME))

@@ -3,11 +3,11 @@ kept in the policy's memory, every later turn read back from the session's D."""
 
 from __future__ import annotations
 
-from proxy.config import PolicyConfig
+from proxy.config.settings import PolicyConfig
 from proxy.policies.base import Inputs
 from proxy.policies.routing import RoutingPolicy
 from proxy.policies.vllm_example import NAME, Cycles, decide, remember
-from proxy.vocabulary import Decision, Reason, RouteKind, Workload
+from proxy.shared.vocabulary import Decision, Reason, RouteKind, Workload
 from tests.proxy.policies.views import D0, D1, P0, P1, node, turn, view
 
 INPUTS = Inputs(PolicyConfig(kind=NAME))

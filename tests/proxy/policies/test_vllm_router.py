@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config import PolicyConfig
+from proxy.config.settings import PolicyConfig
 from proxy.policies.base import Inputs
 from proxy.policies.vllm_router import NAME, decide, ring_pick
-from proxy.vocabulary import Reason, RouteKind
+from proxy.shared.vocabulary import Reason, RouteKind
 from tests.proxy.policies.views import D0, D1, node, turn, view
 
 INPUTS = Inputs(PolicyConfig(kind=NAME))

@@ -3,9 +3,9 @@ home P0 and D0."""
 
 from __future__ import annotations
 
-from proxy.cluster_view import ClusterView, NodeView
+from proxy.live.cluster_view import ClusterView, NodeView
 from proxy.policies.base import Turn
-from proxy.vocabulary import Role, Workload
+from proxy.shared.vocabulary import Role, Workload
 
 P0, P1, D0, D1 = "http://p0", "http://p1", "http://d0", "http://d1"
 

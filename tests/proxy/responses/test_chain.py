@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.completion import assistant_message
-from proxy.errors import BadRequest
 from proxy.responses.chain import chat_body, item_messages
 from proxy.responses.items import ResponseRequest, normalize_input
 from proxy.responses.objects import Output
 from proxy.sessions.session import Transcript
+from proxy.shared.completion import assistant_message
+from proxy.shared.errors import BadRequest
 
 
 def test_a_reply_goes_back_as_the_history_rule_says_so_the_session_continues() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from array import array
 
-from proxy.readback import HeldKV
+from proxy.readback.protocol import HeldKV
 from proxy.sessions.readback_book import ReadbackBook
-from proxy.vocabulary import Reason
+from proxy.shared.vocabulary import Reason
 from tests.proxy.helpers import FakeClock
 
 

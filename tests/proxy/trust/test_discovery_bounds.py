@@ -10,9 +10,9 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from proxy.backends import BackendPool
-from proxy.discovery import MAX_HEARTBEAT_BYTES, Discovery, HeartbeatError, parse_heartbeat
-from proxy.vocabulary import Role
+from proxy.shared.vocabulary import Role
+from proxy.upstream.backends import BackendPool
+from proxy.upstream.discovery import MAX_HEARTBEAT_BYTES, Discovery, HeartbeatError, parse_heartbeat
 from tests.proxy.helpers import FakeClock
 
 TOKEN = "s3cret"

@@ -12,7 +12,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from proxy.kv_events import (
+from proxy.live.kv_events import (
     MAX_HASH_BYTES,
     BlockStored,
     EventBatch,
@@ -21,8 +21,8 @@ from proxy.kv_events import (
     encode_seq,
     parse_batch,
 )
-from proxy.kv_subscriber import MAX_SEQ_JUMP, KvEventSource, NodeSubscriber
-from proxy.residency import MAX_CLAIMED_KV_BLOCKS, NodeResidency, Rejection, Residency
+from proxy.live.kv_subscriber import MAX_SEQ_JUMP, KvEventSource, NodeSubscriber
+from proxy.live.residency import MAX_CLAIMED_KV_BLOCKS, NodeResidency, Rejection, Residency
 
 
 def stored(hashes: list[int], parent: int | None, session: str = "s") -> BlockStored:

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role, create_app, running
-from proxy.config import Policy
-from proxy.load_meter import RunningMean
-from proxy.tokens import MAX_TOKEN_COUNT
+from proxy.config.settings import Policy
+from proxy.live.load_meter import RunningMean
+from proxy.shared.tokens import MAX_TOKEN_COUNT
 
 
 def answer(usage: str, stream: bool) -> str:

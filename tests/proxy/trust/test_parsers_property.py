@@ -18,14 +18,14 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.completion import ReplyCapture, parse_data
-from proxy.discovery import HeartbeatError, parse_heartbeat
-from proxy.errors import BadRequest
-from proxy.json_codec import exact_loads, loads
-from proxy.kv_events import KvEventError, parse_batch, parse_events, read_message
-from proxy.readback import held_kv, without_kv_params
+from proxy.live.kv_events import KvEventError, parse_batch, parse_events, read_message
+from proxy.readback.protocol import held_kv, without_kv_params
 from proxy.sessions.redis_records import RecordError, decode_record
-from proxy.validate import Endpoint, parse_json_object, validate_body
+from proxy.shared.completion import ReplyCapture, parse_data
+from proxy.shared.errors import BadRequest
+from proxy.shared.json_codec import exact_loads, loads
+from proxy.shared.validate import Endpoint, parse_json_object, validate_body
+from proxy.upstream.discovery import HeartbeatError, parse_heartbeat
 
 FAST = settings(max_examples=150, deadline=200, suppress_health_check=[HealthCheck.too_slow])
 

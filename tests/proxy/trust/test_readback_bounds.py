@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from proxy.readback import HeldKV, held_kv, plausible_params
+from proxy.readback.protocol import HeldKV, held_kv, plausible_params
 from proxy.sessions.readback_book import ReadbackBook, entry_bytes
 
 GOOD = {"do_remote_prefill": False, "do_remote_decode": True, "remote_block_ids": [5, 6],

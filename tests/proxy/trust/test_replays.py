@@ -18,7 +18,7 @@ import orjson
 import zmq
 import zmq.asyncio
 
-from proxy.limits import MIB
+from proxy.shared.limits import MIB
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import ProxyUnderTest, chat_body, config_for, serve_proxy
 

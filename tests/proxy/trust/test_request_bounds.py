@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import orjson
 
-from proxy.limits import Limits
+from proxy.shared.limits import Limits
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.behaviour.test_errors import assert_openai_error
 from tests.proxy.helpers import chat_body, config_for, serve_proxy
