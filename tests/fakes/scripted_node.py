@@ -1,0 +1,107 @@
+"""A vLLM node on a raw asyncio socket whose completions a test scripts byte by byte.
+
+For answers no well-behaved server framework would send: 200 MB in one body, a stream event
+that never ends, `1` followed by 308 zeros where a count belongs, NaN. /health answers 200,
+/v1/models names the model, /metrics serves `metrics_text` (404 without), and every
+completion request is answered by `script(path, body)`: a head (status, content type, a
+length or None for chunked) and the body's pieces, written as they are produced, so the
+fake itself never holds a 200 MB answer.
+
+    async with scripted_node(lambda path, body: Answer.whole(b'{"choices": []}')) as url:
+        ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+MODEL = "fake-model"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a scripted node sends for one completion request."""
+
+    pieces: Iterable[bytes]
+    content_type: str = "application/json"
+    length: int | None = None  # None: chunked transfer encoding
+    status: int = 200
+
+    @staticmethod
+    def whole(body: bytes, status: int = 200) -> Answer:
+        return Answer((body,), length=len(body), status=status)
+
+    @staticmethod
+    def sse(text: str) -> Answer:
+        return Answer((text.encode(),), "text/event-stream")
+
+
+Script = Callable[[str, dict[str, Any]], Answer]
+
+
+@dataclass
+class ScriptedNode:
+    """The running node: its URL and the completion bodies it received."""
+
+    url: str
+    received: list[dict[str, Any]]
+    metrics_text: str | None = None
+
+
+@contextlib.asynccontextmanager
+async def scripted_node(script: Script, metrics_text: str | None = None
+                        ) -> AsyncIterator[ScriptedNode]:
+    """Serve a scripted node on a loopback port for the block."""
+    node = ScriptedNode("", [], metrics_text)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError,
+                                 asyncio.LimitOverrunError, ValueError):
+            while True:  # keep-alive: the proxy pools its connections
+                head = await reader.readuntil(b"\r\n\r\n")
+                request_line, *lines = head.decode("latin-1").split("\r\n")
+                path = request_line.split(" ")[1].split("?")[0]
+                headers = {k.strip().lower(): v.strip() for k, _, v in
+                           (line.partition(":") for line in lines if line)}
+                raw = await reader.readexactly(int(headers.get("content-length", "0")))
+                await _answer(writer, node, script, path, raw)
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    node.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        yield node
+    finally:
+        server.close()
+
+
+async def _answer(writer: asyncio.StreamWriter, node: ScriptedNode, script: Script, path: str,
+                  raw: bytes) -> None:
+    if path == "/health":
+        answer = Answer.whole(b"")
+    elif path == "/v1/models":
+        answer = Answer.whole(json.dumps({"object": "list", "data": [
+            {"id": MODEL, "object": "model"}]}).encode())
+    elif path == "/metrics":
+        answer = (Answer.whole(node.metrics_text.encode()) if node.metrics_text is not None
+                  else Answer.whole(b"", 404))
+    else:
+        body = json.loads(raw) if raw else {}
+        node.received.append(body)
+        answer = script(path, body)
+    framing = (f"content-length: {answer.length}" if answer.length is not None
+               else "transfer-encoding: chunked")
+    writer.write(f"HTTP/1.1 {answer.status} X\r\ncontent-type: {answer.content_type}\r\n"
+                 f"{framing}\r\n\r\n".encode())
+    for piece in answer.pieces:
+        writer.write(piece if answer.length is not None else b"%x\r\n%s\r\n" % (len(piece),
+                                                                                  piece))
+        await writer.drain()
+    if answer.length is None:
+        writer.write(b"0\r\n\r\n")
+    await writer.drain()
