@@ -28,7 +28,8 @@ import httpx
 import numpy as np
 
 from proxy import ProxyConfig, create_app
-from proxy.config.settings import NodeSpec, Policy, PolicyConfig
+from proxy.config.cluster_file import NodeSpec
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.live.kv_events import BlockStored, encode_batch, parse_batch
 from proxy.live.predict import NodeState, StepCosts, TurnState
 from proxy.live.residency import NodeResidency

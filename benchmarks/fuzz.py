@@ -14,7 +14,7 @@ import time
 
 from hypothesis import HealthCheck, given, settings
 
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from tests.proxy.behaviour.fuzz_cases import Case, cases, fuzz_target
 
 

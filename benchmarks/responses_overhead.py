@@ -25,7 +25,8 @@ import httpx
 import numpy as np
 
 from proxy import ProxyConfig, create_app
-from proxy.config.settings import NodeSpec, Policy, PolicyConfig
+from proxy.config.cluster_file import NodeSpec
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.serving.server import running
 from proxy.shared.vocabulary import Role
 

@@ -40,7 +40,8 @@ import httpx
 import numpy as np
 
 from proxy import ProxyConfig, create_app
-from proxy.config.settings import NodeSpec, Policy, PolicyConfig
+from proxy.config.cluster_file import NodeSpec
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.policies import local as local_policy
 from proxy.readback.protocol import HeldKV
 from proxy.serving.server import running

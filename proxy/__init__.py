@@ -4,8 +4,8 @@
     with ServerThread(create_app(config)) as server: ...  # server.url
 
 The names below are imported on first use (PEP 562), not with the package: a tool that needs
-one small module (`proxy.shared.vocabulary`, `proxy.config.settings`) does not pay for the web stack
-(Quart, aiohttp) that `create_app` pulls in - `ppd COMMAND --help` stays fast.
+one small module (`proxy.shared.vocabulary`, `proxy.config.settings`) does not pay for the web
+stack (Quart, aiohttp) that `create_app` pulls in - `ppd COMMAND --help` stays fast.
 """
 
 from __future__ import annotations
@@ -14,14 +14,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from proxy.config.settings import (
-        ConfigError,
-        NodeSpec,
-        Policy,
-        PolicyConfig,
-        ProxyConfig,
-        config_from_args,
-    )
+    from proxy.config.cluster_file import NodeSpec
+    from proxy.config.config_files import ConfigError
+    from proxy.config.policy_config import Policy, PolicyConfig
+    from proxy.config.settings import ProxyConfig, config_from_args
     from proxy.policies.table import TABLE_COLUMNS, DecisionTable, TableError
     from proxy.serving.app import create_app, serve
     from proxy.serving.server import Server, ServerThread, running
@@ -30,11 +26,11 @@ if TYPE_CHECKING:
 
 # exported name -> the module that defines it
 _SOURCES = {
-    "ConfigError": "proxy.config.settings",
+    "ConfigError": "proxy.config.config_files",
     "DecisionTable": "proxy.policies.table",
-    "NodeSpec": "proxy.config.settings",
-    "Policy": "proxy.config.settings",
-    "PolicyConfig": "proxy.config.settings",
+    "NodeSpec": "proxy.config.cluster_file",
+    "Policy": "proxy.config.policy_config",
+    "PolicyConfig": "proxy.config.policy_config",
     "ProxyConfig": "proxy.config.settings",
     "ProxyError": "proxy.shared.errors",
     "Role": "proxy.shared.vocabulary",

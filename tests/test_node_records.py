@@ -11,7 +11,8 @@ import pytest
 from profiler.cluster.launcher import LaunchedNode
 from profiler.emulate.serve import HostedNode
 from profiler.simulator.layout import SimNode, sim_nodes
-from proxy.config.settings import ConfigError, NodeSpec
+from proxy.config.cluster_file import NodeSpec
+from proxy.config.config_files import ConfigError
 from proxy.shared.vocabulary import Layout, Node, Role
 from proxy.upstream.backends import Backend, BackendPool
 

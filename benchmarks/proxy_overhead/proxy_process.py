@@ -18,10 +18,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import logging
+import os
 import signal
 import sys
 from typing import Any
+
+# Set to a file name, the proxy process runs under cProfile and writes its stats there when it
+# stops (the profiling notes in benchmarks/README.md use it; a profiler slows
+# every call, so a profiled run's timings are not the proxy's).
+PROFILE_ENV = "PPD_BENCH_PROFILE"
 
 STACKS = ("default", "workers2", "workers4", "httpx+hypercorn+asyncio", "httpx+uvicorn",
           "aiohttp+hypercorn+asyncio", "aiohttp+uvicorn+asyncio", "aiohttp+uvicorn",
@@ -111,5 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _profiled(out: str) -> int:
+    profiler = cProfile.Profile()
+    try:
+        return profiler.runcall(main)
+    finally:
+        profiler.dump_stats(out)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_profiled(os.environ[PROFILE_ENV]) if os.environ.get(PROFILE_ENV) else main())

@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _policy_arg(text: str) -> str:
-    from proxy.config.settings import ConfigError, parse_policy_name
+    from proxy.config.config_files import ConfigError
+    from proxy.config.policy_config import parse_policy_name
 
     try:
         return parse_policy_name(text).value

@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from profiler.cluster.plan import ClusterError, Device
-from proxy.config.settings import SHIPPED_TINY_CPU_COSTS, live_costs_hint
+from proxy.config.cluster_file import SHIPPED_TINY_CPU_COSTS, live_costs_hint
 
 REPO = Path(__file__).resolve().parents[2]
 LIVE_COSTS_FILE = "live-costs.json"

@@ -145,7 +145,7 @@ def _search(args: argparse.Namespace, space: Space, base: RunSpec, slo: Slo,
 
 def _base_spec(args: argparse.Namespace, slices: int) -> RunSpec:
     from profiler.simulator.run import RunSpec
-    from proxy.config.settings import Policy, PolicyConfig
+    from proxy.config.policy_config import Policy, PolicyConfig
 
     load = load_of(args)  # a conversation rate, or a timed trace's time scale
     if not (math.isfinite(load) and load > 0):

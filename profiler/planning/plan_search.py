@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from profiler.planning.plan_space import Space, hybrids_near, p_share, policies_for
 from profiler.planning.plan_tables import MAX_CELLS
 from profiler.simulator.slo import IdleTtfts, Slo, idle_ttfts, slo_summary
-from proxy.config.settings import Policy, PolicyConfig
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.policies import ppd as ppd_policy
 from proxy.policies import registry
 from proxy.policies import replica as replica_policy

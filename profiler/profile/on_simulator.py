@@ -29,7 +29,7 @@ from profiler.profile.runner import (
 )
 from profiler.simulator.run import RunSpec, simulate
 from profiler.tables.io import build_meta, write_table
-from proxy.config.settings import Policy, PolicyConfig
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.readback.protocol import VLLM_DECODER_BLOCKS_TTL_S
 from proxy.shared.discretize import Cell
 from proxy.shared.tokens import TOKEN_DEFINITION

@@ -13,7 +13,7 @@
     ppd sim calibrate runs/cpu/*@1-local runs/cpu/*@1-pd --out cpu-tiny.json
 
 Policy flags are the proxy's own (`--policy`, `--x`, `--table`, `--w-ttft`, `--w-tpot`, ...),
-declared once in proxy.config.settings.PolicyConfig.
+declared once in proxy.config.policy_config.PolicyConfig.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from profiler.simulator.flags import (
     load_of,
     readback_ttl,
 )
-from proxy.config.settings import ConfigError, PolicyConfig
+from proxy.config.config_files import ConfigError
+from proxy.config.policy_config import PolicyConfig
 from proxy.shared.options import add_flags, option_fields
 
 # The simulator, pandas and the engine model are imported by each action once its flags are

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from profiler.flags.types import output_file, positive_int, refuse_both
 from profiler.simulator.flags import add_cluster_flags, readback_ttl
 from profiler.simulator.provenance import METADATA_KEY, SimulatedSetup, describe, sidecar_path
-from proxy.config.settings import Policy, PolicyConfig
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.policies import registry
 from proxy.policies import replica as replica_policy
 from proxy.shared.discretize import PAPER_CONTEXTS, WORKLOAD_SHAPES

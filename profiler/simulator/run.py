@@ -53,7 +53,7 @@ from profiler.simulator.workload import (
     timed_workload,
 )
 from profiler.traces.mooncake import TraceWindow
-from proxy.config.settings import Policy, PolicyConfig
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.live.load_meter import DEFAULT_LOAD_WINDOW_S
 from proxy.live.predict import StepCosts
 from proxy.policies import registry

@@ -101,7 +101,7 @@ def idle_ttfts(spec: RunSpec, *, fast: bool = True) -> dict[tuple[str, int], flo
     from profiler.simulator.run import setup_for
     from profiler.simulator.virtual_cluster import Simulator
     from profiler.simulator.workload import Arrival, is_timed_dataset
-    from proxy.config.settings import Policy, PolicyConfig
+    from proxy.config.policy_config import Policy, PolicyConfig
 
     timed = is_timed_dataset(spec.dataset)
     started, rename = _timed_alone(spec) if timed else (_conversations_alone(spec), None)

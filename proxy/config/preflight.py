@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy.config.settings import PolicyConfig, ProxyConfig, config_from_args
+from proxy.config.policy_config import PolicyConfig
+from proxy.config.settings import ProxyConfig, config_from_args
 from proxy.live.predict import StepCosts
 from proxy.policies import registry
 from proxy.policies.routing import RoutingPolicy

@@ -10,20 +10,23 @@ Unknown keys, unknown policies and impossible combinations are errors with a cle
 from __future__ import annotations
 
 import argparse
-import contextlib
-import enum
 import ipaddress
-import json
-import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import yaml
 
+from proxy.config.cluster_file import (
+    NodeSpec,
+    cluster_readback_ttl,
+    live_costs_hint,
+    load_cluster_file,
+)
 from proxy.config.config_files import ConfigError, load_yaml, read_bounded
+from proxy.config.policy_config import PolicyConfig
 from proxy.live import kv_sources
 from proxy.live.kv_subscriber import KvEventSource
 from proxy.live.load_meter import DEFAULT_LOAD_WINDOW_S
@@ -35,41 +38,13 @@ from proxy.sessions.ledger import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S
 from proxy.shared.limits import LimitError, Limits
 from proxy.shared.options import add_flags, option, option_fields
 from proxy.shared.redact import redacted_url
-from proxy.shared.suggest import unknown_name
-from proxy.shared.vocabulary import Node, Role
+from proxy.shared.vocabulary import Role
 from proxy.upstream.breaker import DEFAULT_COOLDOWN_S, DEFAULT_FAILURES
 
 # /v1/responses' store (proxy.responses.store reads them here: config imports nothing of it).
 DEFAULT_MAX_RESPONSES = 10_000
 DEFAULT_RESPONSE_TTL_S = 24 * 3600.0
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
-
-
-def _policy_enum() -> type[enum.StrEnum]:
-    """The routing policies, one member per module of `proxy.policies` (its registry)."""
-    return enum.StrEnum(  # type: ignore[return-value]
-        "Policy", {name.upper().replace("-", "_"): name for name in registry.names()},
-        module=__name__)
-
-
-if TYPE_CHECKING:
-    class Policy(enum.StrEnum):
-        """The routing policies (a member per `proxy.policies` module)."""
-
-else:
-    Policy = _policy_enum()
-
-
-def policy_names() -> tuple[str, ...]:
-    """Every routing policy's name, from the one place that lists them (the registry)."""
-    return registry.names()
-
-
-def parse_policy_name(name: str) -> Policy:
-    """A policy by name; an unknown one is a ConfigError with "did you mean" and the list."""
-    if name in policy_names():
-        return Policy(name)
-    raise ConfigError(unknown_name("policy", str(name), policy_names()))
 
 
 def _is_loopback_endpoint(endpoint: str) -> bool:
@@ -81,75 +56,6 @@ def _is_loopback_endpoint(endpoint: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:  # `*`, an interface or host name: other hosts may reach it
         return False
-
-
-# A node URL goes into every request line and log line: whitespace or a control character
-# there would split them (a CR/LF from a hand-edited cluster.json was a traceback).
-_URL_UNSAFE = re.compile(r"[\x00-\x20\x7f]")
-MAX_URL_CHARS = 2048
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSpec(Node):
-    """One backend as configured: its URL exactly as written and its role, checked."""
-
-    def __post_init__(self) -> None:
-        if not self.url.startswith(("http://", "https://")):
-            raise ConfigError(f"node URL must start with http:// or https://: {self.url!r}")
-        if _URL_UNSAFE.search(self.url) or len(self.url) > MAX_URL_CHARS:
-            raise ConfigError(f"node URL {self.url[:MAX_URL_CHARS]!r} holds a space or control "
-                              f"character (CR, LF, NUL...) or is over {MAX_URL_CHARS} "
-                              "characters")
-        if self.url.rstrip("/").endswith("/v1"):
-            # Given .../v1 the proxy would ask .../v1/health and .../v1/v1/chat/completions:
-            # every node unhealthy, every request a 503.
-            raise ConfigError(f"node URL {self.url!r} ends in /v1: give the server's base URL "
-                              f"without /v1 (e.g. {self.url.rstrip('/')[:-3]}); the proxy adds "
-                              "/v1/... and /health itself")
-
-
-@dataclass(frozen=True)
-class _PolicyKind:
-    kind: Policy = option(Policy(registry.default_name()), "routing policy", flag="policy",
-                          parse=parse_policy_name)
-
-
-def _check_policy(config: Any) -> None:
-    """Every policy's flag values, then what the chosen policy needs."""
-    try:
-        if not isinstance(config.kind, Policy):
-            object.__setattr__(config, "kind", Policy(registry.get(config.kind).name))
-        for spec in registry.policies().values():
-            spec.check_flags(config)
-        spec = registry.get(config.kind)
-        spec.check(config)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if spec.needs.table is Need.REQUIRED and registry.table_path(config) is None:
-        raise ConfigError(f"policy {spec.name} needs --table PATH (a decision table, CSV or "
-                          "Parquet)")
-
-
-def _policy_config() -> type:
-    """`PolicyConfig`: `kind` (`--policy`), then every policy module's Flags."""
-    cls = make_dataclass("PolicyConfig", [], bases=(*registry.flag_classes(), _PolicyKind),
-                         frozen=True, namespace={"__post_init__": _check_policy,
-                                                 "__module__": __name__})
-    cls.__doc__ = "Which policy decides routes, with every policy's parameters."
-    return cls
-
-
-if TYPE_CHECKING:
-    class PolicyConfig:
-        """Which policy decides routes, with every policy's parameters (their Flags)."""
-
-        kind: Policy
-
-        def __init__(self, kind: Policy | str = ..., **flags: Any) -> None: ...
-        def __getattr__(self, name: str) -> Any: ...
-
-else:
-    PolicyConfig = _policy_config()
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,73 +303,6 @@ def load_config_file(path: Path) -> dict[str, Any]:
             known = ", ".join(sorted([*scalars, *_NODE_KEYS]))
             raise ConfigError(f"unknown key {key!r} in config file {path} (known: {known})")
     return out
-
-
-def _read_cluster_file(path: Path) -> Any:
-    try:
-        return json.loads(read_bounded(path, "cluster"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"cluster file {path} is not valid JSON: {exc}") from exc
-
-
-def cluster_readback_ttl(path: Path) -> float | None:
-    """How long a cluster.json's D nodes keep a turn's KV for a readback (None: not offered)."""
-    data = _read_cluster_file(path)
-    ttl = data.get("kv_readback_ttl_s") if isinstance(data, dict) else None
-    if ttl is None:
-        return None
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
-        raise ConfigError(f"cluster file {path}: kv_readback_ttl_s must be a positive number "
-                          f"of seconds or null, got {ttl!r}")
-    return float(ttl)
-
-
-def load_cluster_file(path: Path) -> list[NodeSpec]:
-    """Nodes from a cluster.json (`{"nodes": [{"role": ..., "url": ...}, ...]}`)."""
-    data = _read_cluster_file(path)
-    nodes = data.get("nodes") if isinstance(data, dict) else None
-    if not isinstance(nodes, list):
-        raise ConfigError(f"cluster file {path} has no 'nodes' list")
-    specs = []
-    for node in nodes:
-        try:
-            specs.append(NodeSpec(url=str(node["url"]), role=Role(node["role"])))
-        except ConfigError as exc:  # says what is wrong with the URL
-            raise ConfigError(f"cluster file {path}: {exc}") from None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"cluster file {path}: bad node {node!r} (needs role "
-                              f"prefill|decode|replica and url)") from exc
-    return specs
-
-
-# The step-cost file shipped for the tiny model on vLLM-CPU (tables/README.md says how it was
-# fitted); relative to a clone's root, where the README's commands run.
-SHIPPED_TINY_CPU_COSTS = "tables/tiny-cpu-1p1d.costs.json"
-
-
-def live_costs_hint(cluster: Path | None) -> str:
-    """Which command makes a step-cost file for the cluster a cluster.json describes (or, with
-    none, for any cluster): its emulated preset's `ppd sim live-costs`, the shipped file of the
-    tiny model on vLLM-CPU, or a fit to measured runs."""
-    doc: Any = None
-    if cluster is not None:
-        with contextlib.suppress(OSError, ValueError):
-            doc = json.loads(Path(cluster).read_text())
-    doc = doc if isinstance(doc, dict) else {}
-    emulated = doc.get("emulated") if isinstance(doc.get("emulated"), dict) else None
-    model = doc.get("model")
-    if emulated is not None and emulated.get("cost"):
-        return (f"for this emulated cluster, `ppd sim live-costs --cost {emulated['cost']} "
-                f"--model {model} --link {emulated.get('link', 'nvlink')} --out "
-                "live-costs.json` writes one (`ppd cluster up --with-proxy --policy live` "
-                "does it itself)")
-    if model == "tiny":
-        return (f"for the tiny model on vLLM-CPU pass the shipped {SHIPPED_TINY_CPU_COSTS} "
-                "(`ppd cluster up --with-proxy --policy live` passes it itself)")
-    return ("an emulated preset's comes from `ppd sim live-costs --cost PRESET --model M "
-            f"--out PATH`; the tiny model on vLLM-CPU has {SHIPPED_TINY_CPU_COSTS}; for other "
-            "vLLM nodes fit a preset to measured runs (`ppd sim calibrate RUNS --out "
-            "preset.json`), then `ppd sim live-costs --cost preset.json --model M --out PATH`")
 
 
 def config_from_args(argv: Sequence[str], *, exit_on_error: bool = True) -> ProxyConfig:

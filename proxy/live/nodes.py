@@ -34,7 +34,6 @@ from dataclasses import replace
 
 from proxy.live.cluster_view import ClusterView, NodeView
 from proxy.live.predict import (
-    LiveScorer,
     NodeState,
     Prediction,
     StepCosts,
@@ -43,6 +42,7 @@ from proxy.live.predict import (
     _joining,
     _pd_ttft_ms,
 )
+from proxy.live.scorer import LiveScorer
 from proxy.shared.vocabulary import Role, Workload
 
 # vLLM's default --block-size, for a node whose events have not said theirs.

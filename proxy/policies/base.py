@@ -108,7 +108,7 @@ class Inputs:
     table and its verdicts per cell at the configured weights (between pd and local, and,
     when the table measured the third route, among all three), and the step costs."""
 
-    config: Any  # proxy.config.settings.PolicyConfig (built from every policy's FLAGS)
+    config: Any  # proxy.config.policy_config.PolicyConfig (built from every policy's FLAGS)
     table: DecisionTable | None = None
     verdicts: dict[Cell, RouteKind] | None = None
     costs: StepCosts | None = None

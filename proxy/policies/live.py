@@ -39,7 +39,6 @@ from proxy.live.nodes import (
     roomy,
 )
 from proxy.live.predict import (
-    LiveScorer,
     NodeState,
     Prediction,
     TurnState,
@@ -47,6 +46,7 @@ from proxy.live.predict import (
     predict,
     predict_placement,
 )
+from proxy.live.scorer import LiveScorer
 from proxy.policies import ppd
 from proxy.policies.base import PD_PAIR, Inputs, Need, Needs, Turn, disaggregated_default
 from proxy.policies.ppd import (

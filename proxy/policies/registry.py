@@ -1,7 +1,7 @@
 """Every policy by name: the modules of this package that set `NAME` (`proxy.policies.base`).
 
 Dropping a module in is enough: the `--policy` choices and flags
-(`proxy.config.settings.PolicyConfig`),
+(`proxy.config.policy_config.PolicyConfig`),
 the startup line, the simulator's labels (`ppd sim grid --policies`, run names) and the
 checks on what a policy needs and which nodes serve it all come from here, and so do the
 report labels other code names policies by (`label`, `fixed_label`): a policy's name is

@@ -18,8 +18,8 @@ from proxy.shared.vocabulary import Decision, Role, Workload
 
 
 class RoutingPolicy:
-    """The configured policy (`config`: a `proxy.config.settings.PolicyConfig`), with its inputs
-    loaded once (its module's `inputs` hook: ppd precomputes its table's verdicts)."""
+    """The configured policy (`config`: a `proxy.config.policy_config.PolicyConfig`), with its
+    inputs loaded once (its module's `inputs` hook: ppd precomputes its table's verdicts)."""
 
     def __init__(self, config: Any, table: DecisionTable | None = None,
                  costs: StepCosts | None = None) -> None:
@@ -38,7 +38,7 @@ class RoutingPolicy:
 
     @property
     def kind(self) -> Any:
-        """The configured policy (a `proxy.config.settings.Policy`)."""
+        """The configured policy (a `proxy.config.policy_config.Policy`)."""
         return self.config.kind
 
     @property

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from proxy.config.settings import ConfigError
+from proxy.config.config_files import ConfigError
 
 START_TIMEOUT_S = 10.0
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h

@@ -20,7 +20,11 @@ from proxy.config.settings import ProxyConfig
 from proxy.observability import tracing
 from proxy.observability.logs import AccessEntry
 from proxy.routing.router import Incoming, Reply, Router
-from proxy.serving.server import DISCONNECT_EXTENSION, HEAD_WITH_BODY_EXTENSION, DisconnectSignal
+from proxy.serving.http_server import (
+    DISCONNECT_EXTENSION,
+    HEAD_WITH_BODY_EXTENSION,
+    DisconnectSignal,
+)
 from proxy.shared.errors import (
     BadRequest,
     HeadersTooLarge,
@@ -92,7 +96,7 @@ class CompletionsApp:
         if self._extra:
             send = _with_headers(send, self._extra)
         # Every answer from here has its body (or a stream's first chunk) at hand when its
-        # head is sent: one write for both (`proxy.serving.server.CycleTransport`).
+        # head is sent: one write for both (`proxy.serving.http_server.CycleTransport`).
         head_with_body = scope.get("extensions", {}).get(HEAD_WITH_BODY_EXTENSION)
         if head_with_body is not None:
             head_with_body()

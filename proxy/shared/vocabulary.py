@@ -32,7 +32,7 @@ class Role(enum.StrEnum):
 class Node:
     """One node as every layer knows it: the base URL its API answers on (without `/v1`) and
     its role. The records of each layer build on it - the proxy's configured nodes
-    (`proxy.config.settings.NodeSpec`, validated) and its pool's
+    (`proxy.config.cluster_file.NodeSpec`, validated) and its pool's
     (`proxy.upstream.backends.Backend`, which
     holds one), the launcher's running servers (`profiler.cluster.launcher.Node`), the
     emulated ones (`profiler.emulate.serve.HostedNode`) and the simulator's

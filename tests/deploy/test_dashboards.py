@@ -13,7 +13,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy import ProxyConfig, create_app
-from proxy.config.settings import NodeSpec, Policy, PolicyConfig
+from proxy.config.cluster_file import NodeSpec
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.live.kv_events import BlockStored
 from proxy.live.kv_subscriber import KvEventSource
 from proxy.serving.server import running

@@ -13,7 +13,7 @@ import httpx
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role, create_app, running
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from proxy.serving.app import ProxyState
 from tests.fakes.fake_vllm import FakeVLLM
 

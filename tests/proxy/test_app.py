@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 import proxy
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from proxy.policies.table import TABLE_COLUMNS
 from tests.exports import assert_exports
 from tests.fakes.fake_vllm import FakeVLLM

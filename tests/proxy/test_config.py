@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config.settings import ConfigError, Policy, config_from_args
+from proxy.config.config_files import ConfigError
+from proxy.config.policy_config import Policy
+from proxy.config.settings import config_from_args
 from proxy.policies import registry
 from proxy.shared.vocabulary import Role
 

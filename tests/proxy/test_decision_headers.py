@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from proxy.shared.explain import parse_costs
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import chat_body, config_for, reply_text, serve_proxy

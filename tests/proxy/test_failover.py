@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from proxy import NodeSpec, Role
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import ProxyUnderTest, chat_body, config_for, serve_proxy
 

@@ -10,9 +10,10 @@ import pytest
 
 import proxy
 from proxy import NodeSpec, ProxyConfig
-from proxy.config.settings import Policy, PolicyConfig
-from proxy.live.predict import LiveScorer, NodeState, StepCosts, TurnState, predict_placement
+from proxy.config.policy_config import Policy, PolicyConfig
+from proxy.live.predict import NodeState, StepCosts, TurnState, predict_placement
 from proxy.live.residency import Residency
+from proxy.live.scorer import LiveScorer
 from proxy.live.view import LiveView
 from proxy.observability.node_gauges import NodeGauges
 from proxy.policies.routing import RoutingPolicy

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config.settings import ConfigError, config_from_args
+from proxy.config.config_files import ConfigError
+from proxy.config.settings import config_from_args
 from proxy.live.kv_sources import KvSourceError, parse_flag
 
 

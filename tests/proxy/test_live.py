@@ -8,15 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config.settings import ConfigError, NodeSpec, Policy, PolicyConfig, ProxyConfig
+from proxy.config.cluster_file import NodeSpec
+from proxy.config.config_files import ConfigError
+from proxy.config.policy_config import Policy, PolicyConfig
+from proxy.config.settings import ProxyConfig
 from proxy.live.predict import (
-    LiveScorer,
     NodeState,
     StepCosts,
     TurnState,
     predict,
     predict_placement,
 )
+from proxy.live.scorer import LiveScorer
 from proxy.policies.routing import RoutingPolicy
 from proxy.shared.vocabulary import Reason, Role, RouteKind, Workload
 

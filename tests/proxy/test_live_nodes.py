@@ -8,7 +8,8 @@ import pytest
 
 from proxy.live.cluster_view import ClusterView, NodeView
 from proxy.live.nodes import least_prefill_work, node_state, placement_decode, roomy
-from proxy.live.predict import LiveScorer, NodeState, StepCosts
+from proxy.live.predict import NodeState, StepCosts
+from proxy.live.scorer import LiveScorer
 from proxy.shared.vocabulary import Role, Workload
 
 COSTS = StepCosts(base_ms=6.0, per_prefill_token_ms=0.02, per_decode_seq_ms=0.01,

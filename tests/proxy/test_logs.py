@@ -11,7 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.config.settings import ConfigError, NodeSpec, Policy, config_from_args
+from proxy.config.cluster_file import NodeSpec
+from proxy.config.config_files import ConfigError
+from proxy.config.policy_config import Policy
+from proxy.config.settings import config_from_args
 from proxy.observability.logs import ACCESS_LOGGER, AccessEntry, LogFormat, configure
 from proxy.serving.server import serve_app
 from proxy.shared.vocabulary import Role

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from proxy.config.settings import Policy, PolicyConfig
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.live.cluster_view import ClusterView, NodeView
 from proxy.policies.base import Inputs, Needs, Turn
 from proxy.policies.routing import RoutingPolicy

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config.settings import PolicyConfig, ProxyConfig, build_parser, config_from_args
+from proxy.config.policy_config import PolicyConfig
+from proxy.config.settings import ProxyConfig, build_parser, config_from_args
 from proxy.shared.options import add_flags, option, option_fields
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from proxy.config.settings import Policy, PolicyConfig
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.policies.fixed import stable_fraction
 from proxy.policies.routing import RoutingPolicy
 from proxy.policies.table import DecisionTable

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from proxy.config.settings import PolicyConfig
+from proxy.config.policy_config import PolicyConfig
 from proxy.policies import registry
 
 ROOT = Path(__file__).resolve().parents[2]

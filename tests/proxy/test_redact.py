@@ -49,7 +49,8 @@ def test_the_command_is_shell_quoted() -> None:
 
 
 def test_a_bad_session_store_url_is_refused_without_its_password() -> None:
-    from proxy.config.settings import ConfigError, ProxyConfig
+    from proxy.config.config_files import ConfigError
+    from proxy.config.settings import ProxyConfig
 
     with pytest.raises(ConfigError) as refused:
         ProxyConfig(session_store="http://:pw0rd@127.0.0.1:6379/0")

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from proxy.shared.errors import NoBackend, Overloaded, UpstreamError
 from proxy.shared.validate import Endpoint
 from proxy.shared.vocabulary import RouteKind

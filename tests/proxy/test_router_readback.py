@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from proxy.readback.protocol import EXPIRY_MARGIN_S, MIN_READBACK_TOKENS
 from proxy.sessions.readback_book import ReadbackBook
 from proxy.sessions.readbacks import MemoryReadbacks

@@ -128,7 +128,7 @@ SLOW_HEADERS = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n" + b"x-slow: 
 
 async def test_a_client_sending_one_header_byte_at_a_time_is_dropped(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("proxy.serving.server.HEADER_TIMEOUT_S", 1.0, raising=False)
+    monkeypatch.setattr("proxy.serving.http_server.HEADER_TIMEOUT_S", 1.0, raising=False)
     async with running(App()) as server:
         results = await asyncio.gather(*(_dribble(server.port, SLOW_HEADERS, 0.1, 6.0)
                                          for _ in range(20)))
@@ -142,7 +142,8 @@ async def test_a_client_sending_one_header_byte_at_a_time_is_dropped(
 
 async def test_a_client_that_connects_and_sends_nothing_is_dropped(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("proxy.serving.server.KEEP_ALIVE_S", 1.0)  # as long as an idle connection
+    # As long as an idle connection.
+    monkeypatch.setattr("proxy.serving.http_server.KEEP_ALIVE_S", 1.0)
     async with running(App()) as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         try:
@@ -169,7 +170,7 @@ async def test_a_client_sending_its_body_one_byte_at_a_time_is_dropped(
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": body})
 
-    monkeypatch.setattr("proxy.serving.server.BODY_TIMEOUT_S", 1.0, raising=False)
+    monkeypatch.setattr("proxy.serving.http_server.BODY_TIMEOUT_S", 1.0, raising=False)
     request = (b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n" + b"b" * 100)
     headers, body = request.split(b"\r\n\r\n")
     async with running(echo) as server:
@@ -204,7 +205,7 @@ class _Recording:
 
 
 def test_a_held_head_goes_out_with_the_first_body_bytes_and_later_writes_alone() -> None:
-    from proxy.serving.server import CycleTransport
+    from proxy.serving.http_server import CycleTransport
 
     raw = _Recording()
     transport = CycleTransport(raw)  # type: ignore[arg-type]
@@ -219,7 +220,7 @@ def test_a_held_head_goes_out_with_the_first_body_bytes_and_later_writes_alone()
 
 
 def test_a_held_head_without_a_body_is_written_when_flushed_or_closed() -> None:
-    from proxy.serving.server import CycleTransport
+    from proxy.serving.http_server import CycleTransport
 
     raw = _Recording()
     transport = CycleTransport(raw)  # type: ignore[arg-type]
@@ -232,7 +233,7 @@ def test_a_held_head_without_a_body_is_written_when_flushed_or_closed() -> None:
 @pytest.mark.parametrize("method", ["GET", "HEAD"])
 async def test_an_app_that_asks_gets_its_head_and_first_bytes_in_one_packet(
         method: str) -> None:
-    from proxy.serving.server import HEAD_WITH_BODY_EXTENSION
+    from proxy.serving.http_server import HEAD_WITH_BODY_EXTENSION
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         scope["extensions"][HEAD_WITH_BODY_EXTENSION]()

@@ -17,7 +17,9 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from proxy import ProxyConfig, create_app, running
-from proxy.config.settings import ConfigError, Policy, config_from_args
+from proxy.config.config_files import ConfigError
+from proxy.config.policy_config import Policy
+from proxy.config.settings import config_from_args
 from proxy.observability.tracing import TracingUnavailable, open_tracing
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import chat_body, config_for, reply_text

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from profiler.simulator.sim_proxy import SimProxy
-from proxy.config.settings import Policy, PolicyConfig
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.live.cluster_view import ClusterView
 from proxy.live.predict import TurnState
 from proxy.policies.routing import RoutingPolicy

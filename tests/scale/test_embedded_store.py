@@ -16,7 +16,7 @@ import psutil
 import pytest
 import redis
 
-from proxy.config.settings import ConfigError
+from proxy.config.config_files import ConfigError
 from proxy.serving.embedded_store import EmbeddedRedis
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.fakes.redis_server import free_port

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from proxy.config.settings import NodeSpec, Policy, PolicyConfig, ProxyConfig
+from proxy.config.cluster_file import NodeSpec
+from proxy.config.policy_config import Policy, PolicyConfig
+from proxy.config.settings import ProxyConfig
 from proxy.live.load_meter import RateMeter
 from proxy.observability.metrics import ProxyMetrics
 from proxy.policies.routing import RoutingPolicy

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from proxy.config.settings import ConfigError, config_from_args
+from proxy.config.config_files import ConfigError
+from proxy.config.settings import config_from_args
 from proxy.observability.worker_metrics import WorkerMetrics
 from proxy.sessions.open_store import open_store
 from proxy.sessions.redis_store import RedisStore

@@ -14,7 +14,7 @@ from profiler.cluster.plan import (
     parse_layout,
     plan_nodes,
 )
-from proxy.config.settings import load_cluster_file
+from proxy.config.cluster_file import load_cluster_file
 from proxy.live import kv_sources
 from proxy.shared.vocabulary import Role
 

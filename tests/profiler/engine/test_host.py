@@ -14,7 +14,7 @@ from profiler.engine.presets import from_dict, register, to_dict
 from profiler.engine.transfer import SharedLink, load_link, load_model_shape
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
-from proxy.config.settings import Policy, PolicyConfig
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.policies.routing import RoutingPolicy
 from proxy.shared.vocabulary import Layout
 

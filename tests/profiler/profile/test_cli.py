@@ -24,7 +24,8 @@ from profiler.cli import main as ppd
 from profiler.profile import cli as profile_cli
 from profiler.tables.io import read_table
 from proxy import ProxyConfig, create_app
-from proxy.config.settings import NodeSpec, Policy, PolicyConfig
+from proxy.config.cluster_file import NodeSpec
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.serving.server import running
 from proxy.shared.vocabulary import Role
 from tests.fakes.background import in_background

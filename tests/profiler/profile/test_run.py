@@ -11,7 +11,7 @@ from pathlib import Path
 from profiler.profile.runner import ProfileGrid, Profiler
 from profiler.tables.io import read_table
 from proxy import ProxyConfig, create_app
-from proxy.config.settings import NodeSpec
+from proxy.config.cluster_file import NodeSpec
 from proxy.policies.table import DecisionTable
 from proxy.serving.server import running
 from proxy.shared.discretize import Cell, ContextClass

@@ -10,7 +10,7 @@ import pytest
 
 from profiler.replay.request_bodies import Api, History
 from profiler.traces import two_turn_conversations
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from proxy.shared.discretize import TURN1_PROFILES, WORKLOAD_SHAPES, ContextClass, workload_shape
 from proxy.shared.tokens import HFTokenCounter
 from proxy.shared.vocabulary import Workload

@@ -264,7 +264,7 @@ def test_force_route_on_a_proxy_without_an_admin_key_warns_that_it_was_ignored(
     from contextlib import asynccontextmanager
 
     from proxy import ProxyConfig, create_app
-    from proxy.config.settings import NodeSpec
+    from proxy.config.cluster_file import NodeSpec
     from proxy.serving.server import running
     from proxy.shared.vocabulary import Role
     from tests.fakes.background import in_background

@@ -12,7 +12,8 @@ import pytest
 from profiler.replay.cli import main as replay_main
 from profiler.replay.prefix_reset import PrefixResetError, reset_prefix_caches
 from proxy import ProxyConfig, create_app
-from proxy.config.settings import NodeSpec, Policy, PolicyConfig
+from proxy.config.cluster_file import NodeSpec
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.serving.server import running
 from proxy.shared.vocabulary import Role
 from tests.fakes.fake_vllm import FakeVLLM

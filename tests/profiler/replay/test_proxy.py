@@ -9,7 +9,8 @@ from profiler.replay import ReplayConfig, replay
 from profiler.replay.metrics import summarize
 from profiler.traces import Conversation, Turn
 from proxy import ProxyConfig, create_app
-from proxy.config.settings import NodeSpec, Policy, PolicyConfig
+from proxy.config.cluster_file import NodeSpec
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.serving.server import running
 from proxy.shared.vocabulary import Role
 from tests.fakes.fake_vllm import FakeVLLM

@@ -12,7 +12,8 @@ from profiler.replay.output import write_run
 from profiler.replay.request_bodies import Api, History, parse_responses_payload
 from profiler.traces import Conversation, Turn
 from proxy import ProxyConfig, create_app
-from proxy.config.settings import NodeSpec, Policy, PolicyConfig
+from proxy.config.cluster_file import NodeSpec
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.serving.server import running
 from proxy.shared.vocabulary import Role
 from tests.fakes.fake_vllm import FakeVLLM

@@ -33,7 +33,7 @@ from profiler.simulator.workload import Arrival, to_sim
 from profiler.traces.arrivals import arrival_times
 from profiler.traces.request_records import RequestRecord
 from profiler.traces.synthetic import named_workload
-from proxy.config.settings import Policy, PolicyConfig
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.policies.routing import RoutingPolicy
 from proxy.shared.tokens import EstimateTokenCounter
 from proxy.shared.vocabulary import Layout, RouteKind

@@ -10,7 +10,7 @@ from profiler.engine import LinearCost
 from profiler.engine.transfer import load_link, load_model_shape
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
-from proxy.config.settings import PolicyConfig
+from proxy.config.policy_config import PolicyConfig
 from proxy.policies.routing import RoutingPolicy
 from proxy.shared.vocabulary import Layout
 

@@ -13,7 +13,7 @@ from profiler.cli import main as ppd
 from profiler.replay import report
 from profiler.simulator.grid import grid_cells, paper_datasets, parse_policy, run_grid
 from profiler.simulator.run import RunSpec
-from proxy.config.settings import Policy, PolicyConfig
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.policies.table import DecisionTable
 
 DATASET = "synthetic:small-mid_bal"

@@ -10,7 +10,7 @@ from profiler.simulator.grid import HYBRID_LAYOUTS, expand_layouts, grid_cells
 from profiler.simulator.run import RunSpec
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
-from proxy.config.settings import Policy, PolicyConfig
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.live.predict import StepCosts
 from proxy.policies.routing import RoutingPolicy
 from proxy.shared.vocabulary import Decision, Layout, LayoutError

@@ -16,7 +16,7 @@ from profiler.simulator.live_costs import fit_step_costs
 from profiler.simulator.run import policy_label
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
-from proxy.config.settings import Policy, PolicyConfig
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.live.predict import StepCosts
 from proxy.policies.routing import RoutingPolicy
 from proxy.shared.vocabulary import Decision, Layout

@@ -12,7 +12,7 @@ from profiler.engine.transfer import load_link, load_model_shape
 from profiler.simulator.run import RunSpec, arrival_seed
 from profiler.simulator.virtual_cluster import SimSetup, Simulator
 from profiler.simulator.workload import Arrival, SimConversation, SimTurn
-from proxy.config.settings import Policy, PolicyConfig
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.policies.routing import RoutingPolicy
 from proxy.shared.vocabulary import Layout
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from profiler.simulator.sim_proxy import SimProxy, hashed_placement
-from proxy.config.settings import Policy, PolicyConfig
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.policies.routing import RoutingPolicy
 from proxy.shared.vocabulary import Node, Reason, Role, RouteKind
 

@@ -13,7 +13,7 @@ from profiler.simulator.grid import grid_cells
 from profiler.simulator.run import RunSpec, simulate
 from profiler.simulator.workload import is_timed_dataset, timed_workload
 from profiler.traces.mooncake import BLOCK_TOKENS, TraceWindow
-from proxy.config.settings import Policy, PolicyConfig
+from proxy.config.policy_config import Policy, PolicyConfig
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLE = REPO / "datasets" / "samples" / "mooncake_sample.jsonl"

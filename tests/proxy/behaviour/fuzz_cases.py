@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from quart.typing import TestClientProtocol
 
 from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role, create_app
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from tests.fakes.mock_vllm import MODEL, MockCluster
 
 ADMIN_KEY = "fuzz-admin"

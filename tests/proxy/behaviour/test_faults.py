@@ -10,7 +10,7 @@ import re
 import httpx
 import pytest
 
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from proxy.shared.errors import NoBackend, UpstreamError, UpstreamTimeout
 from proxy.upstream.breaker import Breaker
 from proxy.upstream.health import HealthMonitor

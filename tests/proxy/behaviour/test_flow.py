@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from proxy.upstream.pd_protocol import P_KV_TRANSFER_PARAMS
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import chat_body, config_for, serve_proxy

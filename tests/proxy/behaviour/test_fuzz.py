@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, reject, settings
 
 from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role, ServerThread, create_app
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from proxy.shared.errors import BadRequest
 from proxy.shared.validate import MAX_DEPTH, parse_json_object
 from tests.fakes.mock_vllm import MockCluster

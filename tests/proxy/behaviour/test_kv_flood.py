@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 
 from proxy import ProxyConfig, create_app
-from proxy.config.settings import NodeSpec, Policy, PolicyConfig
+from proxy.config.cluster_file import NodeSpec
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.live.kv_events import BlockStored
 from proxy.live.kv_subscriber import KvEventSource
 from proxy.serving.server import running

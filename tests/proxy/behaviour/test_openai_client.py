@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import openai
 
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import config_for, serve_proxy
 

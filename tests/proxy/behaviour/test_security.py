@@ -19,7 +19,8 @@ import msgpack
 import pytest
 
 from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role, create_app
-from proxy.config.settings import ConfigError, Policy
+from proxy.config.config_files import ConfigError
+from proxy.config.policy_config import Policy
 from proxy.upstream import register
 from proxy.upstream.backends import BackendPool, Source
 from proxy.upstream.discovery import REJECTION_LOG_INTERVAL_S, Discovery, heartbeat
@@ -221,7 +222,7 @@ async def test_api_and_admin_keys_are_compared_in_constant_time(
         compared.append(b)
         return real(a, b)
 
-    monkeypatch.setattr("proxy.serving.endpoints.hmac.compare_digest", spy)
+    monkeypatch.setattr("proxy.shared.validate.hmac.compare_digest", spy)
     async with in_process(api_key="api-key", admin_key="admin-key") as (client, _):
         wrong = await client.post("/v1/chat/completions", json=chat_body("x"),
                                   headers={"authorization": "Bearer api-kez"})

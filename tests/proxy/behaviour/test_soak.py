@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from benchmarks.soak import close_wait_on_port, fake_nodes, probe, proxy_process, run_round
-from proxy.serving.server import KEEP_ALIVE_S
+from proxy.serving.http_server import KEEP_ALIVE_S
 
 
 def test_two_rounds_of_conversations_lose_nothing_and_leave_no_connection_behind() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role, running
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from tests.proxy.helpers import reply_text, serve_proxy
 
 

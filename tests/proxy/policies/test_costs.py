@@ -3,7 +3,7 @@ predictions of each route's TTFT, ppd's table row for the turn's cell."""
 
 from __future__ import annotations
 
-from proxy.config.settings import Policy, PolicyConfig
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.live.predict import NodeState, StepCosts, TurnState, predict
 from proxy.policies.routing import RoutingPolicy
 from proxy.policies.table import DecisionTable

@@ -4,7 +4,7 @@ room - and local only on a session's D with room for the prompt."""
 
 from __future__ import annotations
 
-from proxy.config.settings import Policy, PolicyConfig
+from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.live.cluster_view import ClusterView, NodeView
 from proxy.live.predict import NodeState, StepCosts, TurnState
 from proxy.policies.routing import RoutingPolicy

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config.settings import PolicyConfig
+from proxy.config.policy_config import PolicyConfig
 from proxy.policies.base import Inputs
 from proxy.policies.llm_d_sticky import NAME, SATURATION_TOKENS, decide
 from proxy.shared.vocabulary import Decision, Reason, RouteKind

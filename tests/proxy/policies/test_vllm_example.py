@@ -3,7 +3,7 @@ kept in the policy's memory, every later turn read back from the session's D."""
 
 from __future__ import annotations
 
-from proxy.config.settings import PolicyConfig
+from proxy.config.policy_config import PolicyConfig
 from proxy.policies.base import Inputs
 from proxy.policies.routing import RoutingPolicy
 from proxy.policies.vllm_example import NAME, Cycles, decide, remember

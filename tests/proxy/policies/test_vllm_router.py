@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config.settings import PolicyConfig
+from proxy.config.policy_config import PolicyConfig
 from proxy.policies.base import Inputs
 from proxy.policies.vllm_router import NAME, decide, ring_pick
 from proxy.shared.vocabulary import Reason, RouteKind

@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import config_for, serve_proxy
 

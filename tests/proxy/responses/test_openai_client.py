@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import ProxyUnderTest, config_for, serve_proxy
 from tests.proxy.responses.tool_node import ARGUMENTS, ToolNode

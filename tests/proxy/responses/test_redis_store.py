@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from proxy.responses.redis_store import RedisResponses
 from proxy.responses.store import Bounds, RecordTooLarge, StoreUnavailable
 from tests.fakes.fake_vllm import FakeVLLM

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from proxy.sessions.ledger import SessionLedger
 from proxy.sessions.session import OPENING_TOKENS, TokenTranscript, Transcript
 from tests.fakes.fake_vllm import FakeVLLM

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role, create_app, running
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from proxy.readback.protocol import without_kv_params
 
 D_PARAMS = {"remote_host": "10.9.9.9", "remote_port": 5601, "remote_block_ids": [7, 8, 9],

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from proxy import NodeSpec, PolicyConfig, ProxyConfig, Role, create_app, running
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from proxy.live.load_meter import RunningMean
 from proxy.shared.tokens import MAX_TOKEN_COUNT
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config.config_files import MAX_CONFIG_FILE_BYTES
-from proxy.config.settings import ConfigError, config_from_args
+from proxy.config.config_files import MAX_CONFIG_FILE_BYTES, ConfigError
+from proxy.config.settings import config_from_args
 
 BOMB = """\
 a: &a ["x","x","x","x","x","x","x","x","x"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config.settings import Policy
+from proxy.config.policy_config import Policy
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import chat_body, config_for, serve_proxy
 
