@@ -71,9 +71,8 @@ async def test_09_a_200_mb_answer() -> None:
         return Answer(megabytes(200, head), length=len(head) + 200 * MIB)
 
     async with FakeVLLM("p") as p, scripted_node(attacked_by("big", huge)) as d, served_proxy(
-            ["--prefill", p.url, "--decode", d.url]) as proxy:
-        async with watching(proxy):
-            refused = await ask(proxy, "big")
+            ["--prefill", p.url, "--decode", d.url]) as proxy, watching(proxy):
+        refused = await ask(proxy, "big")
     assert refused.status_code == 502 and "--max-answer-bytes" in refused.text
 
 
@@ -82,9 +81,8 @@ async def test_10_a_stream_event_that_never_ends() -> None:
         return Answer(megabytes(650, b"data: "), "text/event-stream")  # no blank line, ever
 
     async with FakeVLLM("p") as p, scripted_node(attacked_by("endless", endless)) as d, \
-            served_proxy(["--prefill", p.url, "--decode", d.url]) as proxy:
-        async with watching(proxy):
-            cut = await ask(proxy, "endless", stream=True)
+            served_proxy(["--prefill", p.url, "--decode", d.url]) as proxy, watching(proxy):
+        cut = await ask(proxy, "endless", stream=True)
     # 502 before the first byte, or an in-band error once the stream answered 200.
     assert cut.status_code in (200, 502) and "--max-stream-event-bytes" in cut.text
     assert "[DONE]" not in cut.text
@@ -111,10 +109,10 @@ async def poisoned_usage_replay(usage: str, elsewhere: str) -> None:
         return Answer.whole(whole(usage, elsewhere))
 
     async with FakeVLLM("p") as p, scripted_node(attacked_by("poison", poison)) as d, \
-            served_proxy(["--prefill", p.url, "--decode", d.url]) as proxy:
-        async with watching(proxy, steady_body=NO_MAX_TOKENS):
-            refused = [await ask(proxy, "poison"), await ask(proxy, "poison")]
-            later = await ask(proxy, "after")  # no max_tokens: the running mean is read
+            served_proxy(["--prefill", p.url, "--decode", d.url]) as proxy, \
+            watching(proxy, steady_body=NO_MAX_TOKENS):
+        refused = [await ask(proxy, "poison"), await ask(proxy, "poison")]
+        later = await ask(proxy, "after")  # no max_tokens: the running mean is read
     for response in refused:
         assert response.status_code == 502 and "usage.completion_tokens" in response.text
     assert later.status_code == 200
