@@ -102,7 +102,9 @@ class Engine:
             raise RequestRejected(
                 f"request {request.id}: {total} tokens exceed the KV cache "
                 f"({self.config.kv_capacity_tokens} tokens)")
-        if request.prompt_token_ids is not None:
+        if request.prompt_hashes is not None:
+            hashes = self._given_hashes(request)
+        elif request.prompt_token_ids is not None:
             hashes = block_hashes(request.prompt_token_ids, self.config.block_size)
         else:
             assert request.block_hashes is not None
@@ -111,6 +113,17 @@ class Engine:
         self._seqs[request.id] = seq
         self._scheduler.waiting.append(seq)
         self._stalled = False
+
+    def _given_hashes(self, request: Request) -> list[int]:
+        """A request's own prompt hashes, if they can be this node's: one per full block at
+        its block size (a caller that hashed at another size gets an error, not misses)."""
+        assert request.prompt_hashes is not None and request.prompt_token_ids is not None
+        full = len(request.prompt_token_ids) // self.config.block_size
+        if len(request.prompt_hashes) != full:
+            raise ValueError(f"request {request.id}: {len(request.prompt_hashes)} prompt "
+                             f"hashes for {full} full blocks of {self.config.block_size} "
+                             "tokens (hashed at another block size?)")
+        return list(request.prompt_hashes)
 
     def kv_arrived(self, request_id: str) -> None:
         """D: the prompt's KV pulled from the P is in; the request can decode."""

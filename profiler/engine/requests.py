@@ -43,6 +43,10 @@ class Request:
     - `preloaded`: leading prompt tokens whose KV this node read from another before the
       request reached it (a P reading the history back from a D: vLLM's bidirectional
       NIXL, docs/readback.md); they count as computed at admission, like a prefix-cache hit.
+    - `prompt_hashes`: the chained hashes (`prefix_cache.block_hashes`) of
+      `prompt_token_ids`' full blocks at the engine's block size, when the caller has them:
+      the engine uses them instead of hashing the prompt (a simulator sends one prompt to a
+      P and a D, and the same recorded prompt in run after run). None: the engine hashes.
     - `output_token_ids`: the ids to emit, in order (e.g. the text an emulator sends back,
       which the next turn's prompt repeats, so the prefix cache sees the same blocks vLLM
       would); at least `max_tokens` of them. Default: draws from the engine's seeded RNG.
@@ -58,10 +62,14 @@ class Request:
     keep_kv: bool = False
     output_token_ids: SequenceOf[int] | None = None
     preloaded: int = 0
+    prompt_hashes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt_token_ids is None) == (self.prompt_len is None):
             raise ValueError("give exactly one of prompt_token_ids or prompt_len")
+        if self.prompt_hashes is not None and self.prompt_token_ids is None:
+            raise ValueError("prompt_hashes are the hashes of prompt_token_ids: give both "
+                             "(a prompt given by length takes block_hashes)")
         if self.prompt_len is not None and self.block_hashes is None:
             raise ValueError("prompt_len needs block_hashes (one per full block)")
         if self.num_prompt_tokens < 1:

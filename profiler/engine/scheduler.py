@@ -204,7 +204,16 @@ class Scheduler:
         """Hash the blocks the request's computed tokens filled, so others can hit them."""
         full = seq.num_computed // self.config.block_size
         observer = self.cache.observer
-        for index in range(len(seq.held_hashes), full):
+        first = len(seq.held_hashes)
+        if observer is None and first < full:
+            # Blocks whose hashes are known already (the prompt's) in one pass: a P->D
+            # request's whole prompt when its KV arrives; no observer to tell block by block.
+            known = seq.block_hashes[first:full]
+            self.cache.register_all(known)
+            seq.held_hashes.extend(known)
+            seq.anon_blocks -= len(known)
+            first += len(known)
+        for index in range(first, full):
             block_hash = self._block_hash(seq, index)
             if block_hash is None:
                 return

@@ -14,7 +14,7 @@ policy that asks for it: every usable node, with the same fields the proxy fills
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from profiler.engine.engine import Engine
 from profiler.engine.prefix_cache import ROOT_HASH, hash_block
@@ -61,7 +61,7 @@ class HistoryHashes:
         self._lists.pop(key, None)
 
 
-def node_state(engine: Engine | None, chain: list[int] | None) -> NodeState:
+def node_state(engine: Engine | None, chain: Sequence[int] | None) -> NodeState:
     """A node's gauges and what it holds of a history's chain (unknown without an engine)."""
     if engine is None:
         return NodeState()
@@ -79,18 +79,25 @@ class EngineView:
     candidate P, `TurnState` for live) and `cluster` (every usable node, `Turn.view`)."""
 
     def __init__(self, engines: Mapping[str, Engine], pool: BackendPool,
-                 history: Callable[[str], list[int] | None]) -> None:
+                 history: Callable[[str], list[int] | None],
+                 known_chain: Callable[[str], Sequence[int] | None] | None = None) -> None:
+        """history: a session's context as token ids; known_chain: its block hashes at the
+        engines' block size when the caller has them already (a recorded prompt's)."""
         self._engines = engines
         self._pool = pool
         self._history = history
+        self._known_chain = known_chain
         sizes = {engine.config.block_size for engine in engines.values()}
         self._hashes = HistoryHashes(sizes.pop() if len(sizes) == 1 else 16)
 
-    def _chain(self, session: Session) -> list[int] | None:
+    def _chain(self, session: Session) -> Sequence[int] | None:
         tokens = self._history(session.id)
         if tokens is None:
             self._hashes.drop(session.id)
             return None
+        known = self._known_chain(session.id) if self._known_chain is not None else None
+        if known is not None:
+            return known
         return self._hashes.chain(session.id, tokens)
 
     def state(self, session: Session) -> TurnState:

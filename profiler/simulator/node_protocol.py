@@ -65,7 +65,8 @@ class NodeProtocol:
         self._submit_via_frontend(turn, plan.prefill.url,
                                   Request(turn.prefill_id, max_tokens=1,
                                           prompt_token_ids=turn.prompt, send_kv=True,
-                                          preloaded=turn.preloaded))
+                                          preloaded=turn.preloaded,
+                                          prompt_hashes=turn.prompt_hashes))
 
     def _tokenize_at_prefill(self, turn: TurnRun) -> None:
         """A readback first asks P's API server to tokenize the new prompt (the proxy's
@@ -135,7 +136,7 @@ class NodeProtocol:
             turn, plan.decode.url,
             Request(turn.request_id, max_tokens=turn.conversation.turns[turn.index].max_tokens,
                     prompt_token_ids=turn.prompt, kv_from=plan.prefill.url,
-                    keep_kv=plan.machine.keeps()))
+                    keep_kv=plan.machine.keeps(), prompt_hashes=turn.prompt_hashes))
 
     def _pin(self, node: NodeRun, turn: TurnRun) -> None:
         """D holds the finished turn's blocks (no eviction) until read back or the TTL."""

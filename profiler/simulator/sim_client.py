@@ -31,6 +31,7 @@ class ReplayClient:
     now: float
     _turns: dict[str, TurnRun]
     _history: dict[str, list[int]]
+    _prompt_chains: dict[str, tuple[int, tuple[int, ...]]]
     _records: list[RequestRecord]
     _next_user_token: int
     _last_event: float
@@ -56,15 +57,19 @@ class ReplayClient:
         turn_spec = conversation.turns[index]
         history = self._history.setdefault(conversation.id, [])
         n_new = turn_spec.n_user + (conversation.n_system if index == 0 else 0)
+        hashes = None
         if turn_spec.prompt is not None:  # a recorded trace's request (workload.TimedWorkload):
             prompt = turn_spec.prompt.ids()  # its own prompt, which the live view reads as
             history[:] = prompt  # its history (what a node may hold of it)
+            hashes = turn_spec.prompt.hashes(self.setup.engine.block_size)
+            self._prompt_chains[conversation.id] = (len(prompt), hashes)
         else:
             prompt = history + self._fresh_tokens(n_new)
         plan = self._route(conversation, index, n_new, len(prompt))
         request_id = f"{conversation.id}/{index + 1}"
         start = self.now if due is None else due  # the capped client's clock starts when due
-        turn = TurnRun(conversation, index, request_id, start, prompt, plan)
+        turn = TurnRun(conversation, index, request_id, start, prompt, plan,
+                       prompt_hashes=hashes)
         self._turns[request_id] = turn
         # The timeout runs from the turn's start: when it was due, for a capped client (it
         # counts the wait for a connection), else when it is sent.
@@ -77,7 +82,8 @@ class ReplayClient:
         else:
             self._submit_via_frontend(turn, plan.decode.url,
                          Request(request_id, max_tokens=turn_spec.max_tokens,
-                                 prompt_token_ids=prompt, keep_kv=plan.machine.keeps()))
+                                 prompt_token_ids=prompt, keep_kv=plan.machine.keeps(),
+                                 prompt_hashes=hashes))
 
     def _fresh_tokens(self, count: int) -> list[int]:
         """Token ids no other prompt or reply holds (a user message, a re-tokenized reply)."""
@@ -94,6 +100,7 @@ class ReplayClient:
                      status=status)
         self.proxy.end(turn.plan, False, 0, 0)
         self._history.pop(turn.conversation.id, None)  # a failed turn ends its conversation
+        self._prompt_chains.pop(turn.conversation.id, None)
 
     def _timeout(self, request_id: str) -> None:
         turn = self._turns.get(request_id)
@@ -135,6 +142,7 @@ class ReplayClient:
             status=None, max_tokens=turn_spec.max_tokens, proxy_turn=None))
         self._last_event = max(self._last_event, end)
         self._history.pop(conversation.id, None)
+        self._prompt_chains.pop(conversation.id, None)
 
     def _release_connection(self, at: float, taken: bool = True) -> None:
         """The turn's connection is free (`taken`: a turn held it): the longest-waiting due

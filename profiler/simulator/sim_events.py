@@ -43,3 +43,6 @@ class TurnRun:
     done: bool = False
     prefill_id: str | None = None
     preloaded: int = 0  # a readback: prompt tokens P reads from D instead of computing
+    # the prompt's block hashes at the engines' block size, when known (a recorded prompt's,
+    # hashed once per process), so no node hashes it again (`Request.prompt_hashes`)
+    prompt_hashes: tuple[int, ...] | None = None

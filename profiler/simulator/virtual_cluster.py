@@ -83,7 +83,8 @@ class Simulator(ReplayClient, NodeProtocol):
         needs = setup.policy.spec.needs
         if needs.live_view or needs.view:
             view = EngineView({url: n.engine for url, n in self._nodes.items()},
-                              self.proxy.pool, self._history_of_session)
+                              self.proxy.pool, self._history_of_session,
+                              self._prompt_chain_of_session)
             self.proxy.observe_with(view.state if needs.live_view else None,
                                     view.cluster if needs.view else None)
         self._turns: dict[str, TurnRun] = {}  # request id (D's / R's) -> turn
@@ -95,6 +96,9 @@ class Simulator(ReplayClient, NodeProtocol):
         self._pinned: dict[str, NodeRun] = {}
         self._latest_pin: dict[str, str] = {}
         self._history: dict[str, list[int]] = {}  # conversation id -> its context's token ids
+        # conversation id -> (length, block hashes) of a recorded prompt its history is
+        # (sim_client), while the history is still just that prompt
+        self._prompt_chains: dict[str, tuple[int, tuple[int, ...]]] = {}
         self._conversation_of: dict[str, str] = {}  # a proxy's own session name -> conversation
         self._records: list[RequestRecord] = []
         # per node, vLLM's request histograms as sums and counts (what its /metrics shows)
@@ -153,6 +157,15 @@ class Simulator(ReplayClient, NodeProtocol):
     def _history_of_session(self, session_id: str) -> list[int] | None:
         return self._history.get(self._conversation_of.get(session_id, session_id))
 
+    def _prompt_chain_of_session(self, session_id: str) -> tuple[int, ...] | None:
+        """The block hashes of the session's history when it is a recorded prompt whose
+        hashes are known (None: the view hashes the history itself)."""
+        conversation = self._conversation_of.get(session_id, session_id)
+        known, history = self._prompt_chains.get(conversation), self._history.get(conversation)
+        if known is None or history is None or len(history) != known[0]:
+            return None  # no recorded prompt, or the history grew past it
+        return known[1]
+
     def _finished(self, node: NodeRun, request_id: str) -> None:
         turn = self._turns.pop(request_id, None)
         if turn is None or turn.done:
@@ -191,6 +204,7 @@ class Simulator(ReplayClient, NodeProtocol):
             self._push(end, TURN, (turn.conversation, turn.index + 1))
         else:
             del self._history[turn.conversation.id]
+            self._prompt_chains.pop(turn.conversation.id, None)
 
 
 __all__ = ["DEFAULT_TIMEOUT_S", "SimResult", "SimSetup", "Simulator", "hash_seed"]

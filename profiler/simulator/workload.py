@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
+from profiler.engine.prefix_cache import block_hashes
 from profiler.traces.arrivals import arrival_times
 from profiler.traces.block_tokens import BlockTokens
 from profiler.traces.conversation import Conversation
@@ -55,6 +56,26 @@ class RecordedPrompt:
 
     def ids(self) -> list[int]:
         return self.tokens.prompt(self.record)
+
+    def hashes(self, block_size: int) -> tuple[int, ...]:
+        """`prefix_cache.block_hashes` of `ids()` at an engine's block size, made once per
+        process: each node a turn visits would hash its ~12,000 tokens again, and a grid
+        sends the same window's prompts in run after run."""
+        tokens = self.tokens
+        return _prompt_hashes(self.record, tokens.vocab_size, tokens.scale, tokens.seed,
+                              block_size)
+
+
+# A recorded prompt's block hashes are ~750 ints: three 150 s windows of the Mooncake trace
+# (~1,600 requests) are ~50 MB.
+_MAX_HASHED_PROMPTS = 2048
+
+
+@lru_cache(maxsize=_MAX_HASHED_PROMPTS)
+def _prompt_hashes(record: BlockRecord, vocab_size: int | None, scale: float, seed: int,
+                   block_size: int) -> tuple[int, ...]:
+    ids = BlockTokens(vocab_size, scale, seed).prompt(record)
+    return tuple(block_hashes(ids, block_size))
 
 
 @dataclass(frozen=True, slots=True)

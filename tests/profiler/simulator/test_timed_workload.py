@@ -124,3 +124,18 @@ def test_the_live_view_rehashes_a_session_whose_history_is_another_list() -> Non
     for key in range(MAX_HELD_LISTS + 1):  # old sessions are let go, chain and list
         hashes.chain(str(key), [key] * 4)
     assert hashes.chain("s", other) == HistoryHashes(4).chain("s", other)
+
+
+def test_a_recorded_prompt_is_hashed_once_as_the_engines_hash_it() -> None:
+    """The simulator hands each node a recorded prompt's block hashes instead of letting it
+    hash ~12,000 tokens again (`Request.prompt_hashes`): they must be the engine's own."""
+    from profiler.engine.prefix_cache import block_hashes
+
+    workload = timed_workload(str(SAMPLE), TraceWindow(0.0, 60.0, 1.0))
+    for arrival in workload.arrivals[:5]:
+        prompt = arrival.conversation.turns[0].prompt
+        assert prompt is not None
+        hashes = prompt.hashes(16)
+        assert hashes == tuple(block_hashes(prompt.ids(), 16))
+        assert prompt.hashes(16) is hashes  # made once per process
+        assert len(prompt.hashes(128)) == len(prompt.ids()) // 128
