@@ -7,7 +7,7 @@ Two heartbeat formats (msgpack maps), both accepted on the same socket:
   "models": [...]}` (models optional).
 A registered node that sends nothing for `heartbeat_timeout` seconds leaves the pool.
 
-Trust: a node in the pool receives user prompts, so every heartbeat must carry `"token": T`
+Trust: a node in the pool receives user prompts, so every heartbeat must carry the token T
 (`--discovery-token`, compared in constant time; `ppd register --token`) - on loopback too,
 where any local process could otherwise register - unless `--discovery-insecure` says
 otherwise (ProxyConfig refuses --discovery with neither; a Discovery built with neither
@@ -18,6 +18,11 @@ list or health, nor make it expire; a heartbeat from a static node is ignored (g
 P2pNccl node as a discovered one if it needs the legacy request id). A URL that names a
 static node another way - `localhost`, `127.1`, `[::1]` or `0.0.0.0` for `127.0.0.1`, an
 explicit default port, a trailing slash - is that node (`proxy.upstream.backends.same_node`).
+
+Frames: a heartbeat is one ZMQ message from a DEALER, `[map]` (vLLM's P2pNccl nodes, or a
+sender without a token) or `[token, map]`. The token has a frame of its own so that it is
+checked before the map is unpacked: whoever lacks it costs the proxy a comparison, never a
+parse (three 25 MB heartbeats with a wrong token once took RSS from 68 to ~700 MB).
 """
 
 from __future__ import annotations
@@ -43,9 +48,8 @@ log = logging.getLogger("ppd.proxy.discovery")
 
 REJECTION_LOG_INTERVAL_S = 60.0
 # A heartbeat is a few hundred bytes; ZMQ drops a longer message before it is read (three
-# 25 MB heartbeats with a wrong token once took 600 MB to unpack and reject). The token is
-# checked after unpacking such a small map, not found in the raw bytes first: a substring
-# search would leak through its timing what the constant-time comparison hides.
+# 25 MB heartbeats with a wrong token once took 600 MB to unpack and reject). The token comes
+# in a frame of its own, compared before the map is unpacked.
 MAX_HEARTBEAT_BYTES = 64 * 1024
 MAX_URL_CHARS = 2048
 MAX_FIELD_BYTES = 4096  # any string in a heartbeat: a URL, a model name, the token
@@ -70,7 +74,6 @@ class Heartbeat:
     role: Role
     zmq_address: str | None = None
     models: tuple[str, ...] | None = None
-    token: str | None = None
 
 
 def parse_heartbeat(payload: bytes) -> Heartbeat:
@@ -88,15 +91,13 @@ def parse_heartbeat(payload: bytes) -> Heartbeat:
     if not isinstance(data, dict):
         raise HeartbeatError("heartbeat is not a map")
     kind = data.get("type")
-    token = data.get("token")
-    token = token if isinstance(token, str) else None
     if kind in _LEGACY_ROLES:
         http_address, zmq_address = data.get("http_address"), data.get("zmq_address")
         if not isinstance(http_address, str) or not http_address:
             raise HeartbeatError("legacy heartbeat without http_address")
         url = _checked_url(http_address if "://" in http_address else f"http://{http_address}")
         return Heartbeat(url, _LEGACY_ROLES[kind],
-                         zmq_address if isinstance(zmq_address, str) else None, token=token)
+                         zmq_address if isinstance(zmq_address, str) else None)
     try:
         role = Role(str(kind))
     except ValueError:
@@ -110,7 +111,7 @@ def parse_heartbeat(payload: bytes) -> Heartbeat:
         raise HeartbeatError(f"heartbeat models: at most {MAX_MODELS} names of at most "
                              f"{MAX_MODEL_CHARS} characters")
     return Heartbeat(_checked_url(node_url), role, None,
-                     tuple(models) if isinstance(models, list) else None, token)
+                     tuple(models) if isinstance(models, list) else None)
 
 
 def _checked_url(url: str) -> str:
@@ -122,11 +123,10 @@ def _checked_url(url: str) -> str:
 
 
 def heartbeat(role: Role, url: str, models: list[str], legacy: bool = False,
-              zmq_address: str | None = None, token: str | None = None) -> dict[str, Any]:
-    """The heartbeat map for a node (carrying the discovery token, if any)."""
-    proof = {"token": token} if token else {}
+              zmq_address: str | None = None) -> dict[str, Any]:
+    """The heartbeat map for a node (its token travels beside it: `heartbeat_frames`)."""
     if not legacy:
-        return {"type": role.value, "url": url, "models": models, **proof}
+        return {"type": role.value, "url": url, "models": models}
     if role not in _LEGACY_TYPES:
         raise ValueError("the legacy format knows only prefill and decode nodes")
     parts = urlsplit(url)
@@ -134,12 +134,19 @@ def heartbeat(role: Role, url: str, models: list[str], legacy: bool = False,
         raise ValueError(f"--url must carry host and port for the legacy format: {url!r}")
     http_address = f"{parts.hostname}:{parts.port}"
     return {"type": _LEGACY_TYPES[role], "http_address": http_address,
-            "zmq_address": zmq_address or http_address, **proof}
+            "zmq_address": zmq_address or http_address}
+
+
+def heartbeat_frames(payload: dict[str, Any], token: str | None = None) -> list[bytes]:
+    """One heartbeat's ZMQ frames: `[token, map]`, or `[map]` without a token."""
+    body = msgpack.packb(payload)
+    return [token.encode(), body] if token else [body]
 
 
 def send_heartbeats(proxy: str, payload: dict[str, Any], interval: float, count: int = 0,
-                    stop: threading.Event | None = None) -> int:
-    """Send payload every interval seconds (count times, or until stop is set); the number sent."""
+                    stop: threading.Event | None = None, token: str | None = None) -> int:
+    """Send payload (with token, if any) every interval seconds, count times or until stop is
+    set; the number sent."""
     if not proxy.startswith("tcp://"):
         raise ValueError(f"--proxy must look like tcp://HOST:PORT, got {proxy!r}")
     stop = stop or threading.Event()
@@ -149,9 +156,9 @@ def send_heartbeats(proxy: str, payload: dict[str, Any], interval: float, count:
     sent = 0
     try:
         socket.connect(proxy)
-        message = msgpack.packb(payload)
+        frames = heartbeat_frames(payload, token)
         while not stop.is_set() and (count <= 0 or sent < count):
-            socket.send(message)
+            socket.send_multipart(frames)
             sent += 1
             if count <= 0 or sent < count:
                 stop.wait(interval)
@@ -204,25 +211,32 @@ class Discovery:
         self.bound_address = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         return self.bound_address
 
-    def handle(self, payload: bytes) -> None:
-        """Apply one heartbeat to the pool (bad ones are logged and dropped)."""
+    def receive(self, frames: list[bytes]) -> None:
+        """One heartbeat as the socket gave it, its sender's identity removed: `[map]` or
+        `[token, map]`."""
+        if len(frames) == 1:
+            self.handle(frames[0])
+        elif len(frames) == 2:
+            self.handle(frames[1], frames[0])
+        else:
+            self._reject(HeartbeatError(f"heartbeat of {len(frames)} frames (1 or 2)"))
+
+    def handle(self, payload: bytes, token: bytes | None = None) -> None:
+        """Apply one heartbeat (its map, and the token frame beside it) to the pool; bad ones
+        are logged and dropped. The token is checked first: without it nothing is unpacked."""
+        if not self._authentic(token):
+            self._reject(HeartbeatError(
+                "heartbeat without the discovery token" if self._token else "heartbeat "
+                "refused: the proxy has no --discovery-token (nor --discovery-insecure)"))
+            return
         try:
             beat = parse_heartbeat(payload)
-            if not self._authentic(beat):
-                raise HeartbeatError(
-                    f"heartbeat for {beat.url} without the discovery token" if self._token
-                    else f"heartbeat for {beat.url} refused: the proxy has no "
-                    "--discovery-token (nor --discovery-insecure)")
             static = self._pool.static_twin(beat.url)
             if static is not None and static.role is not beat.role:
                 raise HeartbeatError(f"{beat.url} is a static {static.role} node; a heartbeat "
                                      f"cannot make it {beat.role}")
         except HeartbeatError as exc:
-            self.rejected += 1
-            # Anyone who reaches the socket can send these: one line per interval, not per beat.
-            if self._clock() - self._warned_at >= REJECTION_LOG_INTERVAL_S:
-                self._warned_at = self._clock()
-                log.warning("ignoring heartbeat: %s (%d rejected so far)", exc, self.rejected)
+            self._reject(exc)
             return
         if static is not None:
             # Configured by flag, file or cluster.json: the configuration and the health
@@ -261,10 +275,17 @@ class Discovery:
         self._bucket -= 1
         return True
 
-    def _authentic(self, beat: Heartbeat) -> bool:
+    def _reject(self, exc: HeartbeatError) -> None:
+        self.rejected += 1
+        # Anyone who reaches the socket can send these: one line per interval, not per beat.
+        if self._clock() - self._warned_at >= REJECTION_LOG_INTERVAL_S:
+            self._warned_at = self._clock()
+            log.warning("ignoring heartbeat: %s (%d rejected so far)", exc, self.rejected)
+
+    def _authentic(self, token: bytes | None) -> bool:
         if self._token is None:
             return self._insecure
-        return beat.token is not None and hmac.compare_digest(beat.token.encode(), self._token)
+        return token is not None and hmac.compare_digest(token, self._token)
 
     def expire(self) -> list[str]:
         """Drop registered nodes whose heartbeats stopped."""
@@ -283,9 +304,8 @@ class Discovery:
             while True:
                 if await self._socket.poll(poll_ms):  # POLLIN by default
                     frames = await self._socket.recv_multipart()
-                    # ROUTER prepends the sender identity: [identity, payload].
-                    if len(frames) >= 2:
-                        self.handle(frames[-1])
+                    # ROUTER prepends the sender identity: [identity, (token,) map].
+                    self.receive(frames[1:])
                 self.expire()
         finally:
             self.close()

@@ -3,7 +3,8 @@
 Formats (encoded and decoded in proxy.upstream.discovery): ppd's own
 `{"type": ROLE, "url": URL, "models": [...]}`, or with `--legacy` the P2pNccl one
 `{"type": "P"|"D", "http_address": "host:port", "zmq_address": "host:port"}`.
-With `--token` (or $PPD_DISCOVERY_TOKEN) each heartbeat carries the proxy's discovery token.
+With `--token` (or $PPD_DISCOVERY_TOKEN) each heartbeat carries the proxy's discovery token,
+in a ZMQ frame before the map (`proxy.upstream.discovery.heartbeat_frames`).
 Heartbeats go every `--interval` seconds (3, like vLLM's P2pNccl nodes) until interrupted,
 or `--count` times.
 """
@@ -56,9 +57,8 @@ def main(argv: list[str]) -> int:
     if not args.url.startswith(("http://", "https://")):
         raise ValueError(f"--url must start with http:// or https://: {args.url!r}")
     token = args.token or os.environ.get(TOKEN_ENV)
-    payload = heartbeat(Role(args.role), args.url, args.model, args.legacy, args.zmq_address,
-                        token)
+    payload = heartbeat(Role(args.role), args.url, args.model, args.legacy, args.zmq_address)
     started = time.monotonic()
-    sent = send_heartbeats(args.proxy, payload, args.interval, args.count)
+    sent = send_heartbeats(args.proxy, payload, args.interval, args.count, token=token)
     print(f"sent {sent} heartbeat(s) to {args.proxy} in {time.monotonic() - started:.1f}s")
     return 0

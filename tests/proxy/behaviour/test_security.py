@@ -50,13 +50,13 @@ def test_with_a_token_only_heartbeats_carrying_it_register_a_node(
     pool = BackendPool()
     discovery = Discovery(pool, "tcp://127.0.0.1:0", 10.0, FakeClock(), token=TOKEN)
     discovery.handle(beat("http://rogue:1"))
-    discovery.handle(beat("http://rogue:2", token="guess"))
-    discovery.handle(beat("http://rogue:3", token=None))
+    discovery.handle(beat("http://rogue:2"), b"guess")
+    discovery.handle(beat("http://rogue:3", token=TOKEN))  # in the map: not where it counts
     discovery.handle(msgpack.packb({"type": "D", "http_address": "rogue:4"}))
     assert pool.nodes() == [] and discovery.rejected == 4
-    discovery.handle(beat("http://good:1", token=TOKEN))
-    discovery.handle(msgpack.packb(heartbeat(Role.PREFILL, "http://legacy:9", [], legacy=True,
-                                             token=TOKEN)))
+    discovery.handle(beat("http://good:1"), TOKEN.encode())
+    discovery.handle(msgpack.packb(heartbeat(Role.PREFILL, "http://legacy:9", [], legacy=True)),
+                     TOKEN.encode())
     assert sorted(n.url for n in pool.nodes()) == ["http://good:1", "http://legacy:9"]
     assert (b"guess", TOKEN.encode()) in compared  # the constant-time comparison decided
 
