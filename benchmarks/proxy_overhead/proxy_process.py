@@ -23,11 +23,13 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import Any
 
-# Set to a file name, the proxy process runs under cProfile and writes its stats there when it
-# stops (the profiling notes in benchmarks/README.md use it; a profiler slows
-# every call, so a profiled run's timings are not the proxy's).
+# Set to a file name, the proxy process can be profiled (cProfile, in CPU time: a wait for a
+# core is not charged to the function that waited): SIGUSR1 starts the profiler, SIGUSR2
+# stops it and writes its stats there, so a run profiles a steady state, not the start-up.
+# A profiler slows every call: a profiled run's timings are not the proxy's.
 PROFILE_ENV = "PPD_BENCH_PROFILE"
 
 STACKS = ("default", "workers2", "workers4", "httpx+hypercorn+asyncio", "httpx+uvicorn",
@@ -119,11 +121,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _profiled(out: str) -> int:
-    profiler = cProfile.Profile()
-    try:
-        return profiler.runcall(main)
-    finally:
+    profiler = cProfile.Profile(time.process_time)
+
+    def stop(*_: Any) -> None:
+        profiler.disable()
         profiler.dump_stats(out)
+
+    signal.signal(signal.SIGUSR1, lambda *_: profiler.enable())
+    signal.signal(signal.SIGUSR2, stop)
+    return main()
 
 
 if __name__ == "__main__":

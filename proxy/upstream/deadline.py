@@ -29,7 +29,7 @@ class Deadline:
     once per streamed chunk, and the generator form cost ~7 us there)."""
 
     def __init__(self, seconds: float) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self.at = loop.time() + seconds
         self.expired = False
         self._guarded: asyncio.Task[object] | None = None
@@ -48,7 +48,8 @@ class Deadline:
         if self.expired:
             raise DeadlineExceeded
         if self._depth == 0:  # a nested guard is covered by the outer one
-            self._guarded = asyncio.current_task()
+            # The loop named: current_task() alone looks it up, a getpid() syscall each time.
+            self._guarded = asyncio.current_task(self._loop)
         self._depth += 1
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -71,6 +72,11 @@ class Deadline:
             self._timer = None
 
 
+# Reentrant and stateless: one for every unguarded wait (a stream's reads call `guarded` per
+# chunk; a new nullcontext each time was an allocation and an __init__ a chunk).
+_UNGUARDED: AbstractContextManager[None] = contextlib.nullcontext()
+
+
 def guarded(deadline: Deadline | None) -> AbstractContextManager[None]:
     """`with deadline:`, or nothing to guard when the request has no deadline."""
-    return contextlib.nullcontext() if deadline is None else deadline
+    return _UNGUARDED if deadline is None else deadline

@@ -105,6 +105,7 @@ class Relay:
         self._ended = False  # the upstream's part is over; what is held is the last
         self._closed = False
         self._replied = False
+        self._sent = False  # a chunk has gone to the client
         # The chunk just returned was the body's last (the upstream had ended with it): the
         # server can write it with the body's end.
         self.finished = False
@@ -117,7 +118,9 @@ class Relay:
         # here, and the generator's resumption was one more layer per chunk.
         if not self._closed and (not self._ended or self._done_next):
             try:
-                return await self._next()
+                chunk = await self._next()
+                self._sent = True
+                return chunk
             except BaseException:
                 await self.aclose()
                 raise
@@ -136,8 +139,8 @@ class Relay:
                 return done
             while True:
                 # Each read waits under the request's deadline (`proxy.upstream.deadline`: one
-                # timer for
-                # the whole stream, guarding only the reads, never the writes to the client).
+                # timer for the whole stream, guarding only the reads, never the writes to the
+                # client).
                 try:
                     with guarded(deadline):
                         chunk = await self._stream.next_chunk()
@@ -154,7 +157,9 @@ class Relay:
                 # The client gets the bytes before the capture parses them (the first token is
                 # not delayed by reading the rest of a chunk), except `[DONE]`: the turn is
                 # recorded before the client can read it, so a client that sends its next turn
-                # at once finds the session already holding this reply.
+                # at once finds the session already holding this reply. A later chunk that
+                # ends with `[DONE]` goes out whole once recorded (its events are the reply's
+                # last: the client's reply ends no later).
                 head, done = _split_before_done(self._framer.feed(chunk))
                 capture.feed(chunk)
                 limit = self._limits.max_tokens
@@ -164,6 +169,12 @@ class Relay:
                 if done:
                     # The complete events hold "[DONE]" (maybe only inside a reply's text: the
                     # capture says whether the stream's own `[DONE]` event came).
+                    if head and self._sent and capture.stream_done:
+                        # The reply's last events after its first bytes went out: recorded,
+                        # then sent with `[DONE]` in one write (a client waits for `[DONE]`
+                        # anyway; one write and one wake-up of the client fewer a reply).
+                        await self._reply_once()
+                        return head + self._finish_with(done)
                     if head:
                         self._done_next = done
                         return head

@@ -154,3 +154,19 @@ async def test_the_last_chunk_carries_the_body_end_when_the_upstream_ended_with_
     # The upstream's end arrives after [DONE]: the body's end is a message of its own.
     assert await _sent_by_stream(False) == [(event, True), (b"data: [DONE]\n\n", True),
                                             (b"", False)]
+
+
+async def test_the_last_events_go_out_with_done_once_recorded_after_the_first_chunk() -> None:
+    first = b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n'
+    last = b'data: {"choices": [{"index": 0, "delta": {"content": " there"}}]}\n\n'
+    seen: list[object] = []
+    relay = Relay(_Chunks([first, last + b"data: [DONE]\n\n"], True), None,  # type: ignore[arg-type]
+                  _CountingLease(), ReplyCapture(stream=True),  # type: ignore[arg-type]
+                  seen.append, lambda exc: None)
+    async for piece in relay:
+        seen.append((piece, relay.finished))
+    # The first chunk at once; the last events and [DONE] in one piece, after the turn was
+    # recorded (one write fewer), and the body's last.
+    assert seen[0] == (first, False)
+    assert isinstance(seen[1], Captured) and seen[1].text == "Hi there" and seen[1].complete
+    assert seen[2:] == [(last + b"data: [DONE]\n\n", True)]
