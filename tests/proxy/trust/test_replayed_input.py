@@ -1,7 +1,8 @@
 """Issue #45's failures 1-4 replayed against a served `ppd proxy` (tests/proxy/trust/served.py
 holds the bar: /health within 1 s, RSS within +200 MB, the steady client served 200):
 
-1. three 25 MB heartbeats with a wrong token on the discovery socket;
+1. three 25 MB heartbeats with a wrong token on the discovery socket (and 2,000 of 60 KB
+   with a wrong token frame: compared, never unpacked);
 2. 2,000 registrations under --discovery-insecure;
 3. a 9.6 MB body of 600k tiny messages with a real Redis as the session store;
 4. the same shape without Redis: 950k messages, 15 MB.
@@ -26,19 +27,34 @@ from tests.fakes.redis_server import RedisServer, free_port
 from tests.proxy.trust.served import MIB, ServedProxy, served_proxy, watching
 
 
-def send_beats(address: str, beats: list[bytes], pause_s: float = 0.0) -> None:
-    """Each heartbeat from a DEALER of its own, like that many nodes (run in a thread)."""
+def send_beats(address: str, beats: list[list[bytes]], pause_s: float = 0.0) -> None:
+    """Each heartbeat (its frames) from a DEALER of its own, like that many nodes (run in a
+    thread)."""
     context = zmq.Context()
     try:
         for beat in beats:
             dealer = context.socket(zmq.DEALER)
             dealer.setsockopt(zmq.LINGER, 2000)
             dealer.connect(address)
-            dealer.send(beat, copy=False)
+            dealer.send_multipart(beat, copy=False)
             dealer.close()
             time.sleep(pause_s)
     finally:
         context.term()  # waits (LINGER) until every beat left
+
+
+def flood(address: str, frames: list[bytes], count: int) -> None:
+    """The same heartbeat count times from one DEALER (run in a thread)."""
+    context = zmq.Context()
+    try:
+        dealer = context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 5000)
+        dealer.connect(address)
+        for _ in range(count):
+            dealer.send_multipart(frames, copy=False)
+        dealer.close()
+    finally:
+        context.term()
 
 
 def nodes_in_pool(proxy: ServedProxy) -> list[str]:
@@ -55,18 +71,23 @@ async def test_01_three_25_mb_heartbeats_with_a_wrong_token() -> None:
     # Built before the watch: packing 25 MB holds this process's GIL (the prober's too).
     beat = msgpack.packb({"type": "decode", "url": "http://forged:1", "token": "wrong",
                           "pad": "x" * 25 * MIB})
+    # And 2,000 under the size limit with a wrong token frame: compared, never unpacked.
+    small = [b"wrong", msgpack.packb({"type": "decode", "url": "http://forged:2",
+                                      "pad": "x" * 60_000})]
     async with FakeVLLM("p") as p, FakeVLLM("d") as d, served_proxy(
             [*p_and_d(p, d), "--discovery", address, "--discovery-token", "s3cret"]) as proxy:
         async with watching(proxy):
-            await asyncio.to_thread(send_beats, address, [beat] * 3, 0.3)
+            await asyncio.to_thread(send_beats, address, [[beat]] * 3, 0.3)
+            await asyncio.to_thread(flood, address, small, 2000)
             await asyncio.sleep(0.5)
-        assert "http://forged:1" not in nodes_in_pool(proxy)
+        pool = nodes_in_pool(proxy)
+    assert "http://forged:1" not in pool and "http://forged:2" not in pool
 
 
 async def test_02_two_thousand_insecure_registrations() -> None:
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
-    beats = [msgpack.packb({"type": "decode", "url": f"http://n{i}:1"}) for i in range(2000)]
+    beats = [[msgpack.packb({"type": "decode", "url": f"http://n{i}:1"})] for i in range(2000)]
     async with FakeVLLM("p") as p, FakeVLLM("d") as d, served_proxy(
             [*p_and_d(p, d), "--discovery", address, "--discovery-insecure"]) as proxy:
         async with watching(proxy):
