@@ -20,7 +20,7 @@ TOPIC = b"kv"
 
 class FakeKvPublisher:
     def __init__(self, *, replay: bool = False, positional: bool = False,
-                 buffer: int = 1000) -> None:
+                 buffer: int = 1000, answer_replay: bool = True) -> None:
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.PUB)
         port = self.pub.bind_to_random_port("tcp://127.0.0.1")
@@ -36,8 +36,9 @@ class FakeKvPublisher:
             self.router = self.ctx.socket(zmq.ROUTER)
             rport = self.router.bind_to_random_port("tcp://127.0.0.1")
             self.replay_endpoint = f"tcp://127.0.0.1:{rport}"
-            self._thread = threading.Thread(target=self._serve_replay, daemon=True)
-            self._thread.start()
+            if answer_replay:  # False: the test answers on `router` itself (a forged one)
+                self._thread = threading.Thread(target=self._serve_replay, daemon=True)
+                self._thread.start()
 
     def publish(self, events: list[KvEvent], *, drop: bool = False) -> int:
         """Publish one batch (or only buffer it, with drop=True); returns its seq."""
