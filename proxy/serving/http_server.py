@@ -124,7 +124,11 @@ def uvicorn_serving(app: Any, sock: socket.socket, stop: asyncio.Event, grace: f
         # One deadline at a time: a new connection's first byte, then the headers' (from the
         # request's first byte), then the body's (from the headers); cleared once the request
         # is read whole (uvicorn's keep-alive timer takes over between requests).
+        # The parser's callbacks only say which deadline applies (`_wanted`); it is armed once
+        # the bytes at hand are parsed, so a request read whole in one `data_received` - the
+        # usual case - sets no timer at all (two set-and-cancels a request before).
         _deadline: asyncio.TimerHandle | None = None
+        _wanted: tuple[float, str] | None = None
         _begun = False  # a byte of the current request has arrived
 
         def send_400_response(self, msg: str) -> None:
@@ -171,6 +175,14 @@ def uvicorn_serving(app: Any, sock: socket.socket, stop: asyncio.Event, grace: f
                              RequestTimeout(f"the request's {what} did not arrive within "
                                             f"{seconds:g} s"))
 
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            wanted = self._wanted
+            if wanted is not None:
+                self._wanted = None
+                if not self.transport.is_closing():
+                    self._arm(*wanted)
+
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             # Until its first byte, a new connection is as idle as a kept-alive one.
@@ -187,7 +199,8 @@ def uvicorn_serving(app: Any, sock: socket.socket, stop: asyncio.Event, grace: f
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._begun = True
-            self._arm(header_timeout, "headers")
+            self._clear_deadline()  # a new connection's first-byte deadline
+            self._wanted = (header_timeout, "headers")
 
         def on_headers_complete(self) -> None:
             # Before uvicorn builds the request's cycle from the scope and starts the app
@@ -200,7 +213,7 @@ def uvicorn_serving(app: Any, sock: socket.socket, stop: asyncio.Event, grace: f
             super().on_headers_complete()
             if self.cycle is not None and self.cycle is not before:  # a new request's cycle
                 self.cycle.transport = transport  # type: ignore[assignment]
-            self._arm(body_timeout, "body")
+            self._wanted = (body_timeout, "body")
 
         def on_response_complete(self) -> None:
             cycle = self.cycle
@@ -210,6 +223,7 @@ def uvicorn_serving(app: Any, sock: socket.socket, stop: asyncio.Event, grace: f
 
         def on_message_complete(self) -> None:
             self._clear_deadline()
+            self._wanted = None
             self._begun = False
             super().on_message_complete()
 

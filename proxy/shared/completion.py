@@ -203,7 +203,8 @@ class ReplyCapture:
         # One loop over the events' lines, no call per event but the decode: this runs for
         # each of a reply's events (~17 per 16-token reply).
         for line in lines:
-            if not line.startswith(b"data:"):
+            # Every other line is an event's blank end: skipped before a method call.
+            if not line or not line.startswith(b"data:"):
                 continue
             data = line[5:]
             try:
@@ -237,7 +238,8 @@ class ReplyCapture:
             for choice in choices:
                 if choice.__class__ is not dict or choice.get("index", 0) != 0:
                     continue
-                message = choice.get("delta", choice.get("message"))
+                # choice.get("delta", choice.get("message")), one lookup for a delta
+                message = choice["delta"] if "delta" in choice else choice.get("message")
                 if message.__class__ is dict:
                     content = message.get("content")
                     if content.__class__ is str:
