@@ -9,6 +9,11 @@ points, 10 s of arrivals each: 2,880 runs. Target: under 10 minutes on this 2-co
 one cell well under a second. Prints a table: cells, wall time, cells/s, extrapolation to the
 whole grid, and single-cell times (a light, a typical and the heaviest cell). The machine's
 load average is printed too: other work on the cores slows every row.
+
+With the Mooncake trace at hand (`--trace`, default ../shared/traces/), it also prints the CPU
+seconds of single runs of `ppd sim compare`'s production grid (docs/production-traffic.md:
+360 such runs must fit in 30 minutes on 2 processes), the trace already parsed as a grid
+worker has it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import os
 import platform
 import random
 import time
+from pathlib import Path
 
 from profiler.engine.batch import BatchShape
 from profiler.simulator.grid import (
@@ -39,6 +45,30 @@ SINGLE_CELLS = (
     ("typical: 2P2D x=0.5 small-mid_bal @4", "2P2D", "synthetic:small-mid_bal", 4.0),
     ("heavy: 3P1D pd large-very_long_gen @20", "3P1D", "synthetic:large-very_long_gen", 20.0),
 )
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake-conversation.jsonl"
+# (layout, time scale, policy) of the production grid's first window (600-750 s of the trace):
+# its heaviest load on its fewest P nodes, and its lightest on its fewest D nodes.
+PRODUCTION_CELLS = (("2P6D", 4.0, "pd"), ("2P6D", 4.0, "live"), ("6P2D", 0.5, "pd"),
+                    ("6P2D", 0.5, "live"))
+
+
+def production_cells(cost: str, trace: Path) -> list[tuple[str, float]]:
+    """CPU seconds of single production-grid runs, run inline after one run that parses the
+    trace and warms the process (as a `ppd sim compare` worker is after its first run)."""
+    from profiler.planning.compare import STARTS, WINDOW_S
+
+    base = RunSpec(layout="2P6D", dataset=str(trace), qps=1.0, cost=cost, duration_s=WINDOW_S,
+                   kv_readback_ttl_s=None, start_s=STARTS[0])
+    cells = [grid_cells([layout], [str(trace)], [1.0], [policy], base, lambda _: None,
+                        time_scales=[scale])[0] for layout, scale, policy in PRODUCTION_CELLS]
+    run_cell(cells[0])
+    rows = []
+    for cell in cells:
+        started = time.process_time()
+        run_cell(cell)
+        rows.append((f"production run, CPU s - {cell.spec.layout} {cell.policy} "
+                     f"x{cell.spec.qps:g}", time.process_time() - started))
+    return rows
 
 
 def single_cells(cost: str) -> list[tuple[str, float]]:
@@ -65,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--sample", type=float, default=1.0,
                         help="fraction of the grid's cells to run (seeded sample), extrapolated")
+    parser.add_argument("--trace", type=Path, default=TRACE,
+                        help="the Mooncake conversation trace, for the production grid's rows "
+                        "(skipped when it is not there)")
     args = parser.parse_args(argv)
     base = RunSpec(layout="1P3D", dataset="synthetic:small-tiny", qps=1.0, cost=args.cost)
     cells = grid_cells(PAPER_LAYOUTS, paper_datasets(), PAPER_QPS, PAPER_POLICIES, base,
@@ -84,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     cost_model(args.cost).step_ms(BatchShape(num_decode_requests=1, sum_decode_kv_tokens=64))
     run_cell(GridCell(warm, pd_policy.NAME))
     singles = single_cells(args.cost)
+    if args.trace.is_file():
+        singles += production_cells(args.cost, args.trace)
     lines = [f"{'what':<60} {'value':>12}", "-" * 73,
              f"{'grid cells (whole paper grid)':<60} {len(cells):>12}",
              f"{'cells run':<60} {len(chosen):>12}",
