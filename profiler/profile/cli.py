@@ -283,7 +283,7 @@ def _load_tokenizer(path: Path | None) -> TokenCounter | None:
 async def _profile_target(args: argparse.Namespace, grid: ProfileGrid,
                           tokenizer: TokenCounter | None, command: str) -> Any:
     # The runner (pandas, numpy) once the flags are known to be good.
-    from profiler.profile.probe import check_forced_route
+    from profiler.profile.probe import check_forced_route, check_keeps_blocks
     from profiler.profile.runner import PROFILED_ROUTES, WITH_READBACK, Profiler
     from profiler.replay.client import first_model
     from profiler.tables.io import build_meta
@@ -292,6 +292,8 @@ async def _profile_target(args: argparse.Namespace, grid: ProfileGrid,
         model = args.model or await first_model(client)
         # Before any cell: a target that does not force routes would give a table that lies.
         await check_forced_route(client, model, args.admin_key)
+        if args.readback:  # D keeps blocks only under a policy that reads them back
+            await check_keeps_blocks(client)
         layout = args.layout_label or await reported_layout(client)
     from profiler.emulate.label import emulated_backend, emulation_of
 

@@ -20,9 +20,12 @@ from profiler.cluster.procs import sigterm_as_interrupt
 from profiler.profile.runner import PROFILED_ROUTES, WITH_READBACK, ProfileGrid, Profiler
 from profiler.tables.io import build_meta, local_vllm_backend
 from proxy.policies import pd as pd_policy
+from proxy.policies import readback as readback_policy
 from proxy.shared.tokens import TokenCounter, token_counter
 
-# The proxy sits above the node ports; its policy is irrelevant (turn 2 is forced per request).
+# The proxy sits above the node ports. Turn 2 is forced per request, so its policy decides
+# nothing but whether D keeps a turn's blocks: with --readback it must be one that reads back
+# (readback), else no forced readback finds blocks to read (docs/readback.md).
 PROXY_PORT_OFFSET = 90
 # With --readback, how long D keeps a finished turn's blocks: a profiled turn 2 follows its
 # turn 1 within the request timeout (30 s by default), and shorter than vLLM's 480 s so that
@@ -72,7 +75,8 @@ def profile_on_local_cluster(job: ClusterProfileJob, grid: ProfileGrid,
             key_file = Path(state) / "proxy-admin.yaml"
             key_file.touch(mode=0o600)
             key_file.write_text(f"admin_key: {admin_key}\n")
-            target = cluster.start_proxy(pd_policy.NAME, port=job.base_port + PROXY_PORT_OFFSET,
+            policy = readback_policy.NAME if job.readback else pd_policy.NAME
+            target = cluster.start_proxy(policy, port=job.base_port + PROXY_PORT_OFFSET,
                                          extra_args=["--config", str(key_file)])
             meta = build_meta(
                 model=cluster.model, layout=str(layout), backend=local_vllm_backend(),

@@ -55,7 +55,11 @@ def profile_sim(grid: ProfileGrid, *, layout: str, cost: str, out_csv: Path, see
                 routes: tuple[RouteKind, ...] = PROFILED_ROUTES) -> list[dict[str, Any]]:
     """Profile every cell of grid on a simulated cluster; write the table; return its rows."""
     base = RunSpec(layout=layout, dataset="synthetic:small-tiny", qps=1.0,
-                   policy=PolicyConfig(kind=Policy.PD), cost=cost, model=model, link=link,
+                   # Forced routes override the policy; it decides only whether D keeps
+                   # blocks (a policy that reads back: readback) - needed for the readback.
+                   policy=PolicyConfig(kind=Policy.READBACK if RouteKind.READBACK in routes
+                                       else Policy.PD),
+                   cost=cost, model=model, link=link,
                    duration_s=grid.duration_s, timeout_s=grid.timeout_s, seed=seed,
                    # D keeps blocks only when the readback is profiled: a real profile
                    # (`--cluster`) turns it on only then, so a pd/local table is the same.

@@ -7,6 +7,11 @@ the wrong admin key) would yield a table of failed cells after hours of load, an
 started without an admin key ignores it (saying so in `x-ppd-route-ignored`). One forced turn,
 sent before the first cell, tells them apart: a ppd proxy that honours the header answers with
 the route it was told to take in its own `x-ppd-route` response header.
+
+With `--readback`, the proxy's policy must also be one that reads back (`Needs.readback`:
+readback, ppd, live, ...): under any other D keeps no turn's blocks, every forced readback falls
+back to P->D (readback_missing) and the readback columns would stay empty after hours of load.
+/stats names the policy (`check_keeps_blocks`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import httpx
 
 from profiler.replay.request_bodies import error_message
+from proxy.policies import registry
 from proxy.shared.redact import redacted_url
 from proxy.shared.vocabulary import RouteKind
 
@@ -66,3 +72,24 @@ async def check_forced_route(client: httpx.AsyncClient, model: str,
             f"{seen}): the profiler measures both routes by forcing them, so the target must "
             "be a ppd proxy (`ppd proxy`) in front of P and D nodes, not a vLLM node, and not "
             "a proxy under --policy replica (which ignores the header)")
+
+
+async def check_keeps_blocks(client: httpx.AsyncClient) -> None:
+    """Raise TargetRefused when the target's policy (its /stats `policy`) never reads back:
+    D keeps nothing for it, so no turn forced to readback could be served as one. A policy
+    this profiler does not know (a newer proxy's) is let through."""
+    url = redacted_url(str(client.base_url).rstrip("/"))
+    try:
+        response = await client.get("/stats")
+        policy = response.json().get("policy") if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        policy = None
+    spec = registry.policies().get(str(policy)) if policy is not None else None
+    if spec is not None and not spec.needs.readback:
+        readers = ", ".join(name for name, other in registry.policies().items()
+                            if other.needs.readback)
+        raise TargetRefused(
+            f"the proxy at {url} runs --policy {policy}, which never reads back, so its Ds keep "
+            f"no turn's blocks and every turn forced to readback would be served P->D: restart "
+            f"it under a policy that reads back ({readers}; e.g. --policy readback - forced "
+            "routes override the policy, so pd and local are measured as before)")

@@ -150,7 +150,8 @@ class SimProxy:
                                    self._observe, readback=readback_status(self._book(), lookup),
                                    survey=self._survey)
         lease = self.admission.admit()
-        machine = TurnMachine(plan, lookup.session, self._book() is not None)
+        machine = TurnMachine(plan, lookup.session, self._book() is not None,
+                              self.policy.spec.needs.readback)
         while (attempt := machine.next_attempt()) is not None:
             if attempt.route is RouteKind.READBACK and not machine.kept(
                     take_readback(self._book(), lookup)):

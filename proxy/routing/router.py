@@ -152,7 +152,8 @@ class Router:
         decision = plan.decision
         access.decided(decision)
         turn.explained = explain.decision_headers(decision, None)
-        machine = turn.machine = TurnMachine(plan, lookup.session, self.readback is not None)
+        machine = turn.machine = TurnMachine(plan, lookup.session, self.readback is not None,
+                                             self.policy.spec.needs.readback)
         try:
             try:
                 with guarded(turn.failover.deadline):

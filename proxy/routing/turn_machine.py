@@ -57,14 +57,20 @@ def legs(route: RouteKind) -> tuple[Leg, ...]:
     return _LEGS[route]
 
 
-def keeps_blocks(route: RouteKind, offered: bool,
+def keeps_blocks(route: RouteKind, offered: bool, reads_back: bool,
                  body: Mapping[str, Any] | None = None) -> bool:
     """Whether D keeps this turn's blocks for a readback when its answering leg ends: the
-    nodes offer it (`offered`: bidirectional transfer with a TTL), the route's D leg can ask
-    for it, and the answer is whole with one sequence (vLLM names the blocks in a whole
-    answer only, and the proxy needs the token ids the client did not ask for itself) -
-    `body`, the client's request; None: a turn known to be whole (the simulator's)."""
-    if not offered or route not in _KEEPING:
+    nodes offer it (`offered`: bidirectional transfer with a TTL), the policy may read them
+    back (`reads_back`: its `Needs.readback`), the route's D leg can ask for it, and the
+    answer is whole with one sequence (vLLM names the blocks in a whole answer only, and
+    the proxy needs the token ids the client did not ask for itself) - `body`, the client's
+    request; None: a turn known to be whole (the simulator's).
+
+    A policy that never reads back (pd, local, ...) keeps nothing: kept blocks stay pinned
+    in D's KV for the whole TTL (vLLM's default 480 s), and on production traffic that
+    pinning fills D for a readback no one will ask for. A turn forced to readback under such
+    a policy finds nothing kept and runs P->D (reason readback_missing)."""
+    if not offered or not reads_back or route not in _KEEPING:
         return False
     return body is None or (not body.get("stream", False)
                             and not wants_token_ids(dict(body))
@@ -91,10 +97,12 @@ def take(pool: BackendPool, pick: Pick, exclude: frozenset[str] = frozenset()) -
 class TurnMachine:
     """One turn's walk through its plan (see the module docstring); one per turn."""
 
-    def __init__(self, plan: TurnPlan, session: Session, offered: bool) -> None:
+    def __init__(self, plan: TurnPlan, session: Session, offered: bool,
+                 reads_back: bool) -> None:
         self.plan = plan
         self.session = session
         self.offered = offered  # the nodes keep blocks for readbacks
+        self.reads_back = reads_back  # the policy may read them back (`Needs.readback`)
         self._attempts: Iterator[Attempt] = iter(plan.attempts)
         self.attempt: Attempt | None = None
         self.route: RouteKind | None = None  # the route being tried, then the one served
@@ -156,7 +164,8 @@ class TurnMachine:
 
     def keeps(self, body: Mapping[str, Any] | None = None) -> bool:
         """Whether the answering leg of the route being tried asks D to keep its blocks."""
-        return self.route is not None and keeps_blocks(self.route, self.offered, body)
+        return self.route is not None and keeps_blocks(self.route, self.offered,
+                                                       self.reads_back, body)
 
     def served(self, decode: str, prefill: str | None = None) -> None:
         """The nodes that serve the turn: they become the session's home (a replica is its

@@ -27,9 +27,10 @@ LONG = " ".join(f"word{i}" for i in range(MIN_READBACK_TOKENS + 10))  # enough t
 
 
 @asynccontextmanager
-async def readback_router(*names: str) -> AsyncIterator[Harness]:
-    """A router whose nodes offer the readback (their Ds keep a turn's blocks for TTL_S)."""
-    async with router_over(*names) as h:
+async def readback_router(*names: str, policy: Policy = Policy.READBACK) -> AsyncIterator[Harness]:
+    """A router whose nodes offer the readback (their Ds keep a turn's blocks for TTL_S),
+    under a policy that reads back (by default: D keeps blocks for no other)."""
+    async with router_over(*names, policy=policy) as h:
         h.router.readback = MemoryReadbacks(ReadbackBook(1000, h.clock))
         h.router.readback_ttl = TTL_S
         for name in names:
@@ -173,6 +174,28 @@ async def test_without_readback_nodes_a_forced_readback_goes_pd() -> None:
     assert reasons(h)["readback_missing"] == 1
 
 
+async def test_a_policy_that_never_reads_back_asks_d_to_keep_nothing() -> None:
+    # The nodes offer readback, but pd never reads it: D's legs ask for no ids and no kept
+    # blocks (D would pin them for the TTL for nothing), and a turn forced to readback finds
+    # nothing kept and runs P->D (readback_missing).
+    async with readback_router("p1", "d1", policy=Policy.PD) as h:
+        _, content = await h.ask(chat(LONG))
+        history = [LONG, text_of(content), "Two"]
+        second, content = await h.ask(chat(*history), forced=RouteKind.LOCAL)
+        third, _ = await h.ask(chat(*history, text_of(content), "Three"),
+                               forced=RouteKind.READBACK)
+        d_legs = [r.body for r in h.cluster["d1"].received]
+        p_paths = [r.path for r in h.cluster["p1"].received]
+    assert second.headers["x-ppd-route"] == "local"
+    assert len(d_legs) == 3
+    assert all("return_token_ids" not in leg for leg in d_legs)
+    assert "kv_transfer_params" not in d_legs[1]  # the local leg: no KEEP_BLOCKS
+    assert third.status == 200 and third.headers["x-ppd-route"] == "pd"
+    assert "/tokenize" not in p_paths
+    assert reasons(h)["readback_missing"] == 1
+    assert h.router.metrics.stats()["readback"]["served"] == 0
+
+
 async def test_a_client_kv_transfer_params_never_reach_p_on_a_readback() -> None:
     async with readback_router("p1", "d1") as h:
         forged = {"do_remote_decode": True, "remote_engine_id": "evil", "remote_host": "6.6.6.6",
@@ -242,7 +265,7 @@ class CountingReadbacks(MemoryReadbacks):
 async def test_the_book_is_asked_only_when_a_readback_can_follow() -> None:
     """A shared book costs a round trip per turn: a policy that never reads back (pd here)
     does not ask it, a turn forced to readback does, and so does a policy that reads back."""
-    async with readback_router("p1", "d1") as h:
+    async with readback_router("p1", "d1", policy=Policy.PD) as h:
         book = CountingReadbacks(ReadbackBook(1000, h.clock))
         h.router.readback = book
         _, content = await h.ask(chat(LONG))

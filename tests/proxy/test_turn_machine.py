@@ -30,19 +30,41 @@ def _pool() -> BackendPool:
     return pool
 
 
-def _machine(plan: TurnPlan = READBACK_PLAN, offered: bool = True) -> TurnMachine:
-    return TurnMachine(plan, Session("s", "o", False, "http://d0", "http://p0", 1), offered)
+def _machine(plan: TurnPlan = READBACK_PLAN, offered: bool = True,
+             reads_back: bool = True) -> TurnMachine:
+    return TurnMachine(plan, Session("s", "o", False, "http://d0", "http://p0", 1), offered,
+                       reads_back)
 
 
 def test_d_keeps_blocks_only_where_a_readback_can_use_them() -> None:
     for route in (RouteKind.PD, RouteKind.READBACK, RouteKind.LOCAL):
-        assert keeps_blocks(route, offered=True)
-        assert keeps_blocks(route, offered=True, body={"messages": []})
-        assert not keeps_blocks(route, offered=False)
-    assert not keeps_blocks(RouteKind.REPLICA, offered=True)
+        assert keeps_blocks(route, offered=True, reads_back=True)
+        assert keeps_blocks(route, offered=True, reads_back=True, body={"messages": []})
+        assert not keeps_blocks(route, offered=False, reads_back=True)
+    assert not keeps_blocks(RouteKind.REPLICA, offered=True, reads_back=True)
     # vLLM names the blocks in a whole answer of one sequence whose ids the proxy asked for.
     for body in ({"stream": True}, {"n": 2}, {"return_token_ids": True}):
-        assert not keeps_blocks(RouteKind.PD, offered=True, body=body)
+        assert not keeps_blocks(RouteKind.PD, offered=True, reads_back=True, body=body)
+
+
+def test_d_keeps_nothing_for_a_policy_that_never_reads_back() -> None:
+    # Offered by the nodes, but pd/local never read kept blocks back: pinning them for the
+    # TTL would only fill D's KV (docs/production-traces.md, "With readback on").
+    for route in RouteKind:
+        assert not keeps_blocks(route, offered=True, reads_back=False)
+        assert not keeps_blocks(route, offered=True, reads_back=False, body={"messages": []})
+
+
+def test_a_forced_readback_under_a_policy_that_never_reads_back_keeps_nothing() -> None:
+    # The route is forced (x-ppd-route: readback): the book has nothing for it (readback_missing)
+    # and the P->D that serves it keeps nothing either.
+    machine = _machine(reads_back=False)
+    machine.next_attempt()
+    assert not machine.keeps()
+    assert not machine.kept(Reason.READBACK_MISSING)
+    machine.next_attempt()
+    assert machine.route is RouteKind.PD and not machine.keeps()
+    assert machine.decision() == Decision(RouteKind.PD, Reason.READBACK_MISSING)
 
 
 def test_a_readback_reads_the_common_prefix_only_when_it_is_long_enough() -> None:

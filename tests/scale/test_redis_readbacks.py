@@ -232,8 +232,8 @@ LONG = " ".join(f"word{i}" for i in range(MIN_READBACK_TOKENS + 10))  # enough t
 
 
 @contextlib.asynccontextmanager
-async def routers_on_one_redis(url: str, cluster: MockCluster, n: int = 2
-                               ) -> AsyncIterator[list[Harness]]:
+async def routers_on_one_redis(url: str, cluster: MockCluster, n: int = 2,
+                               policy: Policy = Policy.PD) -> AsyncIterator[list[Harness]]:
     """n Routers (n workers) over one mock cluster, their sessions and books on one Redis."""
     harnesses, stores = [], []
     for _ in range(n):
@@ -243,8 +243,8 @@ async def routers_on_one_redis(url: str, cluster: MockCluster, n: int = 2
         store = RedisStore(url, 3600.0, 1000, clock)
         await store.start()
         stores.append(store)
-        router = Router(pool, store, RoutingPolicy(PolicyConfig(Policy.PD)), token_counter(None),
-                        ProxyMetrics(Policy.PD.value, store.live), RateMeter(30.0, clock), clock)
+        router = Router(pool, store, RoutingPolicy(PolicyConfig(policy)), token_counter(None),
+                        ProxyMetrics(policy.value, store.live), RateMeter(30.0, clock), clock)
         router.legs = HttpxLegs(cluster.transport, LegTimeouts(connect=5.0, read=5.0))
         router.readback, router.readback_ttl = RedisReadbacks(store, clock), 60.0
         harnesses.append(Harness(router, cluster, clock))
@@ -261,7 +261,8 @@ async def test_a_readback_recorded_by_one_worker_is_read_by_another(
         redis_server: RedisServer) -> None:
     cluster = MockCluster("p1", "d1")
     cluster["d1"].keeps_readback = True
-    async with routers_on_one_redis(redis_server.url, cluster) as (a, b):
+    # A policy that reads back: under any other D keeps nothing (docs/readback.md).
+    async with routers_on_one_redis(redis_server.url, cluster, policy=Policy.READBACK) as (a, b):
         _, content = await a.ask(chat(LONG))  # turn 1 on worker a: D keeps its blocks
         body = chat(LONG, text_of(content), "And then?")
         reply, _ = await b.ask(body, forced=RouteKind.READBACK)  # turn 2 on worker b

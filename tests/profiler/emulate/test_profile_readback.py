@@ -28,7 +28,10 @@ def test_a_readback_profile_measures_the_third_route(tmp_path: Path, vocab: Voca
                                [(n.role, n.url, 0, tmp_path / "log") for n in host.nodes])
         (tmp_path / "cluster.json").write_text(json.dumps(doc))
         config = config_from_args(["--cluster", str(tmp_path / "cluster.json"), "--port", "0",
-                                   "--kv-readback-ttl", "60", "--admin-key", "k"])
+                                   "--kv-readback-ttl", "60", "--admin-key", "k",
+                                   # D keeps blocks only under a policy that reads back;
+                                   # the profiler's forced routes override it.
+                                   "--policy", "readback"])
         with ServerThread(create_app(config)) as proxy:
             grid = ProfileGrid(contexts=(ContextClass.SMALL,), workloads=("tiny",), qps=(2.0,),
                                duration_s=2.0, warmup_conversations=0, timeout_s=30.0)

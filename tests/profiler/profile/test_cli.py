@@ -168,14 +168,14 @@ def test_sigterm_mid_profile_keeps_the_measured_cells_and_says_how_to_resume(
 
 # --- the target must be a ppd proxy that forces routes (issue 23, items 8 and 9) ---
 
-def _pd_proxy(admin_key: str | None = None) -> Callable[[], Any]:
+def _pd_proxy(admin_key: str | None = None, policy: Policy = Policy.PD) -> Callable[[], Any]:
     """A real proxy in front of fake P and D nodes: yields (proxy URL, P, D)."""
     @asynccontextmanager
     async def cluster() -> AsyncIterator[tuple[str, FakeVLLM, FakeVLLM]]:
         async with FakeVLLM("p") as p, FakeVLLM("d") as d:
             config = ProxyConfig(nodes=(NodeSpec(p.url, Role.PREFILL),
                                         NodeSpec(d.url, Role.DECODE)),
-                                 port=0, admin_key=admin_key)
+                                 port=0, admin_key=admin_key, policy=PolicyConfig(kind=policy))
             async with running(create_app(config)) as proxy:
                 yield proxy.url, p, d
     return cluster
@@ -259,6 +259,36 @@ def test_the_right_admin_key_profiles_through_a_real_proxy(tmp_path: Path) -> No
                     "--admin-key", "right"]) == 0
     row = read_table(out).iloc[0]
     assert row["pd_success"] == 1.0 and row["local_success"] == 1.0
+
+
+def test_readback_against_a_proxy_whose_policy_never_reads_back_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Under pd D keeps no blocks: every turn forced to readback would be served P->D.
+    out = tmp_path / "t.csv"
+    with in_background(_pd_proxy("right")) as (url, _, d):
+        assert ppd([*_argv(url, out, "--request-rate", "4"), "--duration", "30",
+                    "--admin-key", "right", "--readback"]) == 1
+        assert len(d.completions) == 1  # the one probe turn, no cell
+    err = capsys.readouterr().err
+    assert "runs --policy pd, which never reads back" in err and "--policy readback" in err
+    assert not out.exists()
+
+
+def test_readback_against_a_proxy_that_reads_back_passes_the_probes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from profiler.profile import runner
+
+    measured: list[Any] = []
+
+    async def no_cells(self: Any) -> pd.DataFrame:  # the probes, then stop: no load
+        measured.append(self.routes)
+        return pd.DataFrame()
+
+    monkeypatch.setattr(runner.Profiler, "run", no_cells)
+    with in_background(_pd_proxy("right", Policy.READBACK)) as (url, _, _):
+        ppd([*_argv(url, tmp_path / "t.csv", "--request-rate", "4"),
+             "--admin-key", "right", "--readback"])
+    assert measured and "readback" in [route.value for route in measured[0]]
 
 
 def test_a_target_that_is_down_asks_whether_the_proxy_runs(

@@ -70,22 +70,34 @@ def test_blocks_d_keeps_for_a_readback_are_not_evicted(
     assert [d.reason.value for d in decisions] == ["live"]
 
 
-def test_a_pinned_cache_makes_a_new_request_wait_for_the_ttl(hand_cost: LinearCost) -> None:
-    # b's and a's finished turns pin most of D's 40 blocks; c's 300-token prompt gets room
-    # only when their 0.5 s TTL ends (without readback it evicts a's blocks at once).
-    def c_ttft(ttl: float | None) -> float:
-        setup = SimSetup(Layout.parse("1P1D"), hand_cost, RoutingPolicy(PolicyConfig(
-            kind=Policy.PD)), NVLINK, LLAMA_KV, engine=EngineConfig(num_kv_blocks=40),
-            readback_ttl_s=ttl)
-        records = Simulator(setup).run([
-            Arrival(0.0, SimConversation("b", (SimTurn(200, 40),))),
-            Arrival(0.001, SimConversation("a", (SimTurn(300, 3),))),
-            Arrival(0.002, SimConversation("c", (SimTurn(300, 3),)))]).records
-        ttft = next(r.ttft_s for r in records if r.conversation_id == "c")
-        assert ttft is not None
-        return ttft
+def _c_ttft(cost: LinearCost, ttl: float | None, policy: Policy = Policy.READBACK) -> float:
+    """c's TTFT after b's and a's finished turns, on a D of 40 blocks."""
+    setup = SimSetup(Layout.parse("1P1D"), cost, RoutingPolicy(PolicyConfig(kind=policy)),
+                     NVLINK, LLAMA_KV, engine=EngineConfig(num_kv_blocks=40),
+                     readback_ttl_s=ttl)
+    records = Simulator(setup).run([
+        Arrival(0.0, SimConversation("b", (SimTurn(200, 40),))),
+        Arrival(0.001, SimConversation("a", (SimTurn(300, 3),))),
+        Arrival(0.002, SimConversation("c", (SimTurn(300, 3),)))]).records
+    ttft = next(r.ttft_s for r in records if r.conversation_id == "c")
+    assert ttft is not None
+    return ttft
 
-    assert c_ttft(None) < 0.5 < c_ttft(0.5)
+
+def test_a_pinned_cache_makes_a_new_request_wait_for_the_ttl(hand_cost: LinearCost) -> None:
+    # Under a policy that reads back, b's and a's finished turns pin most of D's 40 blocks;
+    # c's 300-token prompt gets room only when their 0.5 s TTL ends (without readback it
+    # evicts a's blocks at once).
+    assert _c_ttft(hand_cost, None) < 0.5 < _c_ttft(hand_cost, 0.5)
+
+
+def test_a_policy_that_never_reads_back_pins_nothing_though_readback_is_on(
+        hand_cost: LinearCost) -> None:
+    # pd and local never read kept blocks back: D keeps none, and c is served as if the
+    # nodes offered no readback at all (the keep-blocks rule, proxy.routing.turn_machine).
+    for policy in (Policy.PD, Policy.LOCAL):
+        assert _c_ttft(hand_cost, 0.5, policy) == pytest.approx(_c_ttft(hand_cost, None, policy))
+        assert _c_ttft(hand_cost, 0.5, policy) < 0.5
 
 
 def test_live_sees_the_room_d_has_for_new_kv_pinned_blocks_counted_as_used(
@@ -158,7 +170,9 @@ def test_a_readback_first_passes_ps_api_server_for_its_tokenize() -> None:
     from proxy.shared.vocabulary import RouteKind
 
     def turn2_ttft(route: RouteKind) -> float:
-        setup = setup_for(RunSpec(layout="1P1D", dataset="-", qps=1.0, forced_route=route))
+        # Under a policy that reads back (D keeps nothing for pd); the forced route rules.
+        setup = setup_for(RunSpec(layout="1P1D", dataset="-", qps=1.0, forced_route=route,
+                                  policy=PolicyConfig(kind=Policy.READBACK)))
         conversation = SimConversation("c", (SimTurn(600, 100), SimTurn(60, 50)))
         records = Simulator(setup).run([Arrival(0.0, conversation)]).records
         second = next(r for r in records if r.turn == 2)

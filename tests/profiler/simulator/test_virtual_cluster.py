@@ -167,8 +167,9 @@ def _readback_setup(cost: LinearCost, **kw: object) -> SimSetup:
 
     from proxy.shared.vocabulary import RouteKind
 
-    return replace(_setup(cost), forced=lambda turn: RouteKind.READBACK if turn >= 2 else None,
-                   **kw)
+    # Under a policy that reads back (D keeps nothing for another); the forced route rules.
+    return replace(_setup(cost, kind=Policy.READBACK),
+                   forced=lambda turn: RouteKind.READBACK if turn >= 2 else None, **kw)
 
 
 def test_a_readback_turn_moves_the_history_d_to_p_then_p_computes_the_rest(
