@@ -136,7 +136,7 @@ class NodeProtocol:
             turn, plan.decode.url,
             Request(turn.request_id, max_tokens=turn.conversation.turns[turn.index].max_tokens,
                     prompt_token_ids=turn.prompt, kv_from=plan.prefill.url,
-                    keep_kv=plan.machine.keeps(), prompt_hashes=turn.prompt_hashes))
+                    keep_kv=plan.machine.pins(), prompt_hashes=turn.prompt_hashes))
 
     def _pin(self, node: NodeRun, turn: TurnRun) -> None:
         """D holds the finished turn's blocks (no eviction) until read back or the TTL."""

@@ -82,7 +82,7 @@ class ReplayClient:
         else:
             self._submit_via_frontend(turn, plan.decode.url,
                          Request(request_id, max_tokens=turn_spec.max_tokens,
-                                 prompt_token_ids=prompt, keep_kv=plan.machine.keeps(),
+                                 prompt_token_ids=prompt, keep_kv=plan.machine.pins(),
                                  prompt_hashes=hashes))
 
     def _fresh_tokens(self, count: int) -> list[int]:

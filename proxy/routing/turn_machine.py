@@ -167,6 +167,17 @@ class TurnMachine:
         return self.route is not None and keeps_blocks(self.route, self.offered,
                                                        self.reads_back, body)
 
+    def pins(self) -> bool:
+        """Whether D pins the answering leg's blocks for the TTL when it ends, as vLLM does
+        (NIXL's `request_finished`, docs/readback.md): on nodes that offer the readback, every
+        D leg that carries kv_transfer_params - a P->D or readback D leg always (it carries
+        P's, and no field opts it out), a local leg only when the proxy asks (`keeps`).
+        So a policy that never reads back still leaves its P->D turns' blocks pinned; only
+        `--no-kv-readback` (or a shorter TTL) frees them. The simulator pins by this rule."""
+        if not self.offered or self.route is None:
+            return False
+        return self.route in (RouteKind.PD, RouteKind.READBACK) or self.keeps()
+
     def served(self, decode: str, prefill: str | None = None) -> None:
         """The nodes that serve the turn: they become the session's home (a replica is its
         `decode`; a local turn's D already is)."""

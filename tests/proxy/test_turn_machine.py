@@ -143,3 +143,22 @@ def test_the_router_and_the_simulator_restate_none_of_these_rules() -> None:
     for path in ("proxy/routing/router.py", "profiler/simulator/sim_proxy.py",
                  "profiler/simulator/virtual_cluster.py"):
         assert not rules.search((ROOT / path).read_text()), path
+
+
+def test_d_pins_every_d_leg_on_nodes_that_offer_readback_but_a_local_leg_only_when_asked() -> None:
+    # vLLM's request_finished: a D leg carrying kv_transfer_params keeps its blocks, and a
+    # P->D D leg carries P's whatever the policy; a local leg carries them only if asked.
+    pd_plan = TurnPlan(Decision(RouteKind.PD, Reason.FORCED), (
+        Attempt(RouteKind.PD, (Pick(Role.DECODE, "http://d0"), Pick(Role.PREFILL, None))),))
+    local_plan = TurnPlan(Decision(RouteKind.LOCAL, Reason.FORCED), (
+        Attempt(RouteKind.LOCAL, (Pick(Role.DECODE, "http://d0", only_preferred=True),)),))
+    for reads_back in (True, False):
+        machine = _machine(pd_plan, reads_back=reads_back)
+        machine.next_attempt()
+        assert machine.pins() and machine.keeps() is reads_back
+        local = _machine(local_plan, reads_back=reads_back)
+        local.next_attempt()
+        assert local.pins() is reads_back and local.keeps() is reads_back
+    off = _machine(pd_plan, offered=False)
+    off.next_attempt()
+    assert not off.pins() and not off.keeps()

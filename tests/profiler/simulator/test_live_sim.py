@@ -19,7 +19,7 @@ from profiler.simulator.workload import Arrival, SimConversation, SimTurn
 from proxy.config.policy_config import Policy, PolicyConfig
 from proxy.live.predict import StepCosts
 from proxy.policies.routing import RoutingPolicy
-from proxy.shared.vocabulary import Decision, Layout
+from proxy.shared.vocabulary import Decision, Layout, RouteKind
 
 NVLINK = load_link("nvlink")
 LLAMA_KV = load_model_shape("llama-3.1-8b").kv_bytes_per_token
@@ -70,34 +70,44 @@ def test_blocks_d_keeps_for_a_readback_are_not_evicted(
     assert [d.reason.value for d in decisions] == ["live"]
 
 
-def _c_ttft(cost: LinearCost, ttl: float | None, policy: Policy = Policy.READBACK) -> float:
-    """c's TTFT after b's and a's finished turns, on a D of 40 blocks."""
+def _c_ttft(cost: LinearCost, ttl: float | None, policy: Policy = Policy.READBACK,
+            forced: RouteKind | None = None,
+            earlier: tuple[Arrival, ...] | None = None, c_at: float = 0.002) -> float:
+    """c's TTFT (300 tokens) after `earlier` conversations' finished turns (by default b's
+    and a's), on a D of 40 blocks; `forced`: the route of every turn 2+."""
     setup = SimSetup(Layout.parse("1P1D"), cost, RoutingPolicy(PolicyConfig(kind=policy)),
                      NVLINK, LLAMA_KV, engine=EngineConfig(num_kv_blocks=40),
-                     readback_ttl_s=ttl)
+                     readback_ttl_s=ttl,
+                     forced=(lambda turn: forced if turn >= 2 else None) if forced else None)
     records = Simulator(setup).run([
-        Arrival(0.0, SimConversation("b", (SimTurn(200, 40),))),
-        Arrival(0.001, SimConversation("a", (SimTurn(300, 3),))),
-        Arrival(0.002, SimConversation("c", (SimTurn(300, 3),)))]).records
+        *(earlier if earlier is not None else (
+            Arrival(0.0, SimConversation("b", (SimTurn(200, 40),))),
+            Arrival(0.001, SimConversation("a", (SimTurn(300, 3),))))),
+        Arrival(c_at, SimConversation("c", (SimTurn(300, 3),)))]).records
     ttft = next(r.ttft_s for r in records if r.conversation_id == "c")
     assert ttft is not None
     return ttft
 
 
 def test_a_pinned_cache_makes_a_new_request_wait_for_the_ttl(hand_cost: LinearCost) -> None:
-    # Under a policy that reads back, b's and a's finished turns pin most of D's 40 blocks;
-    # c's 300-token prompt gets room only when their 0.5 s TTL ends (without readback it
-    # evicts a's blocks at once).
-    assert _c_ttft(hand_cost, None) < 0.5 < _c_ttft(hand_cost, 0.5)
+    # b's and a's finished P->D turns pin most of D's 40 blocks; c's 300-token prompt gets
+    # room only when their 0.5 s TTL ends (without readback it evicts a's blocks at once).
+    # vLLM pins every P->D D leg on such nodes, whatever the policy (TurnMachine.pins).
+    for policy in (Policy.READBACK, Policy.PD):
+        assert _c_ttft(hand_cost, None, policy) < 0.5 < _c_ttft(hand_cost, 0.5, policy)
 
 
-def test_a_policy_that_never_reads_back_pins_nothing_though_readback_is_on(
+def test_a_local_turn_pins_its_blocks_only_for_a_policy_that_reads_back(
         hand_cost: LinearCost) -> None:
-    # pd and local never read kept blocks back: D keeps none, and c is served as if the
-    # nodes offered no readback at all (the keep-blocks rule, proxy.routing.turn_machine).
-    for policy in (Policy.PD, Policy.LOCAL):
-        assert _c_ttft(hand_cost, 0.5, policy) == pytest.approx(_c_ttft(hand_cost, None, policy))
-        assert _c_ttft(hand_cost, 0.5, policy) < 0.5
+    # a: a P->D turn 1 (pinned: a D leg) and a long local turn 2. Under a policy that reads
+    # back the local leg asks D to keep its blocks (KEEP_BLOCKS), which fill D until the TTL;
+    # under pd (the route forced) it asks nothing and D frees them when the turn ends.
+    a = (Arrival(0.0, SimConversation("a", (SimTurn(100, 3), SimTurn(300, 3)))),)
+
+    def c_ttft(policy: Policy) -> float:
+        return _c_ttft(hand_cost, 0.5, policy, RouteKind.LOCAL, earlier=a, c_at=0.2)
+
+    assert c_ttft(Policy.PD) < 0.2 < 0.3 < c_ttft(Policy.READBACK)
 
 
 def test_live_sees_the_room_d_has_for_new_kv_pinned_blocks_counted_as_used(
