@@ -115,10 +115,13 @@ def simulate_compare(args: argparse.Namespace, out: Path) -> Any:
     context = multiprocessing.get_context("fork")
     with context.Pool(args.processes) as pool:
         windows = [replace(base, start_s=start) for start in starts]
-        references = pool.map(_window_reference, windows, chunksize=1)
-        print(f"idle references and new tokens of {len(windows)} windows: "
-              f"{time.perf_counter() - started:.0f} s", flush=True)
+        # queued ahead of the tables' cells, not waited for: a worker done with its window
+        # measures table cells while the other still runs one (3 windows on 2 workers)
+        pending = pool.map_async(_window_reference, windows, chunksize=1)
         tables = _ppd_tables(pool, base, layouts, policies, args.table_dir, out / "tables")
+        references = pending.get()
+        print(f"idle references and new tokens of {len(windows)} windows, ppd's tables: "
+              f"{time.perf_counter() - started:.0f} s", flush=True)
         tasks = _tasks(windows, references, layouts, scales, policies, tables, Slo(),
                        grid_cells)
         print(f"{len(tasks)} runs on {args.processes} process(es)", flush=True)
@@ -175,20 +178,27 @@ def _ppd_tables(pool: Any, base: RunSpec, layouts: Sequence[str], policies: Sequ
 
     tables: dict[str, Path] = {}
     cells = plan_cells(base)
+    to_build = []
     for layout in layouts:
         shipped = shipped_table(table_dir, base.cost, layout)
         if shipped.is_file():
             tables[layout] = shipped
-            continue
-        started = time.perf_counter()
-        rows = pool.map(_measure, [table_task(base, layout, cell) for cell in cells],
-                        chunksize=1)
-        work_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            to_build.append(layout)
+    if not to_build:
+        return tables
+    started = time.perf_counter()
+    # every layout's cells in one queue: no worker waits for the last cell of a layout
+    rows = pool.map(_measure, [table_task(base, layout, cell) for layout in to_build
+                               for cell in cells], chunksize=1)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    for index, layout in enumerate(to_build):
         tables[layout] = write_plan_table(
-            rows, work_dir / f"{layout.lower()}.csv", layout=layout, cost=base.cost,
+            rows[index * len(cells):(index + 1) * len(cells)],
+            work_dir / f"{layout.lower()}.csv", layout=layout, cost=base.cost,
             link=base.link, model=base.model_name, cells=cells)
-        print(f"built a ppd table for {layout} ({len(cells)} cells of the first window's "
-              f"traffic) in {time.perf_counter() - started:.0f} s", flush=True)
+    print(f"built ppd tables for {', '.join(to_build)} ({len(cells)} cells of the first "
+          f"window's traffic each) in {time.perf_counter() - started:.0f} s", flush=True)
     return tables
 
 
