@@ -5,7 +5,7 @@
 
 A 1P1D cluster of the tiny model as `ppd cluster up` starts it (NIXL with
 bidirectional_kv_xfer, D keeping a turn's blocks 480 s), behind an in-process `ppd proxy`
-(policy pd, turns forced with `x-ppd-route`). For each context size (turn-1 prompt tokens,
+(policy readback, turns forced with `x-ppd-route`). For each context size (turn-1 prompt tokens,
 about) and load - `idle`, or `busy`: two long generations decoding on D, sent to D directly -
 each round runs one fresh conversation per route, in a rotating order:
 
@@ -42,7 +42,7 @@ from profiler.cluster.launcher import default_cores, start_cluster
 from profiler.cluster.plan import ClusterConfig, parse_layout
 from profiler.models.prepare import prepare_model
 from proxy import ServerThread, config_from_args, create_app
-from proxy.policies import pd as pd_policy
+from proxy.policies import readback as readback_policy
 from proxy.shared.vocabulary import Role, RouteKind
 
 ADMIN = "bench-admin"
@@ -167,7 +167,8 @@ def main() -> None:
     with start_cluster(config, print) as cluster:
         p_url, d_url = cluster.url(Role.PREFILL), cluster.url(Role.DECODE)
         proxy_config = config_from_args([
-            "--cluster", str(cluster.cluster_file), "--policy", pd_policy.NAME, "--port", "0",
+            # A policy that reads back, or D keeps nothing to read (the routes are forced).
+            "--cluster", str(cluster.cluster_file), "--policy", readback_policy.NAME, "--port", "0",
             "--tokenizer", str(model), "--admin-key", ADMIN])
         with ServerThread(create_app(proxy_config)) as server:
             seed = 1000
