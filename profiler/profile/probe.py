@@ -9,8 +9,9 @@ sent before the first cell, tells them apart: a ppd proxy that honours the heade
 the route it was told to take in its own `x-ppd-route` response header.
 
 With `--readback`, the proxy's policy must also be one that reads back (`Needs.readback`:
-readback, ppd, live, ...): under any other D keeps no turn's blocks, every forced readback falls
-back to P->D (readback_missing) and the readback columns would stay empty after hours of load.
+readback, ppd, live, ...): under any other the proxy keeps no turn's blocks, every forced
+readback falls back to P->D (readback_missing) and the readback columns would stay empty after
+hours of load.
 /stats names the policy (`check_keeps_blocks`).
 """
 
@@ -76,7 +77,7 @@ async def check_forced_route(client: httpx.AsyncClient, model: str,
 
 async def check_keeps_blocks(client: httpx.AsyncClient) -> None:
     """Raise TargetRefused when the target's policy (its /stats `policy`) never reads back:
-    D keeps nothing for it, so no turn forced to readback could be served as one. A policy
+    the proxy keeps nothing to read for it, so no turn forced to readback is served as one. A policy
     this profiler does not know (a newer proxy's) is let through."""
     url = redacted_url(str(client.base_url).rstrip("/"))
     try:
@@ -89,7 +90,7 @@ async def check_keeps_blocks(client: httpx.AsyncClient) -> None:
         readers = ", ".join(name for name, other in registry.policies().items()
                             if other.needs.readback)
         raise TargetRefused(
-            f"the proxy at {url} runs --policy {policy}, which never reads back, so its Ds keep "
-            f"no turn's blocks and every turn forced to readback would be served P->D: restart "
-            f"it under a policy that reads back ({readers}; e.g. --policy readback - forced "
-            "routes override the policy, so pd and local are measured as before)")
+            f"the proxy at {url} runs --policy {policy}, which never reads back, so it keeps "
+            f"no turn's blocks to read and every turn forced to readback would be served P->D: "
+            f"restart it under a policy that reads back ({readers}; e.g. --policy readback - "
+            "forced routes override the policy, so pd and local are measured as before)")
