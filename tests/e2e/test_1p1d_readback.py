@@ -28,6 +28,9 @@ from tests.e2e.support import (
 )
 
 ADMIN = "readback-admin"
+# The proxy's policy: one that reads back, or D keeps nothing for a forced readback
+# (docs/readback.md, the keep-blocks rule); the routes are forced, so it decides nothing else.
+READS_BACK = "readback"
 COMPUTED = "vllm:request_prefill_kv_computed_tokens_sum"  # P's tokens computed, not loaded
 MAX_TOKENS = 16
 
@@ -77,7 +80,7 @@ def test_turn2_readback_computes_only_the_new_tokens_and_answers_as_pd(
     p_url = cluster_1p1d.url(Role.PREFILL)
     block = block_size(p_url)
     opening = _opening(p_url, block)
-    with proxy_for(cluster_1p1d, "pd", tiny_model, "--admin-key", ADMIN) as url:
+    with proxy_for(cluster_1p1d, READS_BACK, tiny_model, "--admin-key", ADMIN) as url:
         back, pd = Forced(url, p_url, "readback-a"), Forced(url, p_url, "readback-b")
         _, prompt1, reply1, _ = back.say_on("pd", opening)
         assert pd.say_on("pd", opening)[2] == reply1  # the same history on both routes
@@ -103,7 +106,7 @@ def test_turn2_readback_computes_only_the_new_tokens_and_answers_as_pd(
 
 def test_an_expired_readback_goes_pd_with_its_own_reason(
         cluster_1p1d: Cluster, tiny_model: Path) -> None:
-    with proxy_for(cluster_1p1d, "pd", tiny_model, "--admin-key", ADMIN) as url:
+    with proxy_for(cluster_1p1d, READS_BACK, tiny_model, "--admin-key", ADMIN) as url:
         chat = Forced(url, cluster_1p1d.url(Role.PREFILL), "readback-expired")
         chat.say_on("pd", filler(200, seed=32))
         time.sleep(KV_READBACK_TTL_S - EXPIRY_MARGIN_S + 0.5)
@@ -119,7 +122,7 @@ def test_after_a_local_turn_p_reads_back_the_history_it_never_saw(
     # P reads turns 1-2 from D instead of computing the part of them it does not cache.
     p_url = cluster_1p1d.url(Role.PREFILL)
     block = block_size(p_url)
-    with proxy_for(cluster_1p1d, "pd", tiny_model, "--admin-key", ADMIN) as url:
+    with proxy_for(cluster_1p1d, READS_BACK, tiny_model, "--admin-key", ADMIN) as url:
         chat = Forced(url, p_url, "readback-after-local")
         _, prompt1, _, _ = chat.say_on("pd", filler(150, seed=33))
         route2, prompt2, _, computed2 = chat.say_on("local", filler(120, seed=34))
