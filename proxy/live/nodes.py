@@ -38,6 +38,7 @@ from proxy.live.predict import (
     Prediction,
     StepCosts,
     TurnState,
+    _beside_batch,
     _has_room,
     _joining,
     _pd_ttft_ms,
@@ -152,3 +153,77 @@ def arrivals_delayed(workload: Workload, view: ClusterView, base: Prediction) ->
     step_s = (base.decode_step_ms + base.delay_ms) / 1000.0
     arriving = workload.qps / decodes * step_s
     return replace(base, queue_delay_ms=base.queue_delay_ms + arriving * base.delay_ms / 2)
+
+
+def prefill_arrivals_delayed(workload: Workload, view: ClusterView, prediction: Prediction,
+                             prefill: NodeState, costs: StepCosts) -> Prediction:
+    """`prediction` with what P->D's prefill costs the turns that reach P after it
+    (`Prediction.pd_queue_delay_ms`): P serves its queue first come, first served, so a turn
+    arriving while the work ahead of this one runs waits this prefill out in full, and one
+    arriving during it half of it on average. The proxy's turns arrive at `workload.qps`,
+    spread over the usable Ps (each taken to reach a P: the most P may see)."""
+    prefills = len(view.usable(Role.PREFILL)) or 1
+    prompt = prompt_tokens(workload)
+    held = min(prefill.held_tokens or 0, prompt)
+    step_ms = costs.step_ms(prompt - held, held, 0, 0)
+    ahead_ms = (prefill.running + prefill.waiting) * step_ms
+    rate_per_ms = workload.qps / prefills / 1000.0
+    delayed = rate_per_ms * (ahead_ms * step_ms + step_ms * step_ms / 2)
+    return replace(prediction, pd_queue_delay_ms=delayed)
+
+
+def prefill_wait_ms(prefill: NodeState, costs: StepCosts, scorer: LiveScorer,
+                    prompt: int) -> float:
+    """How long a turn waits in P's queue before its prefill starts: each waiting request's
+    prefill and half of each running one's (on average half done), each request the size of
+    the mean prompt live has seen (`LiveScorer.prompt`; this turn's before it has seen one)."""
+    typical = round(scorer.prompt or prompt)
+    return (prefill.running / 2 + prefill.waiting) * costs.step_ms(typical, 0, 0, 0)
+
+
+def saves_time(prediction: Prediction, prefill_wait: float) -> bool:
+    """Whether serving a turn 1 whole on D saves more time than it costs, time against time
+    (the sum of the requests' completion times; no weights): the wait in P's queue it skips,
+    plus the wait P->D's prefill would add to the turns behind it on P, must exceed its TTFT
+    on D plus the stall its prefill adds to every request there (each running request's
+    step, each queued one's admission, each arriving turn's wait). The prefill itself is
+    work either route does, so only P's queue counts on P's side: a turn 1 leaves the
+    disaggregated path only when that wait outlasts D's whole answer and the others' stall."""
+    skipped = prefill_wait + prediction.pd_queue_delay_ms
+    cost = prediction.ttft_local_ms + prediction.batch_delay_ms + prediction.queue_delay_ms
+    return skipped > cost
+
+
+def placement_local(workload: Workload, view: ClusterView, prefill: NodeState,
+                    decode: NodeView, costs: StepCosts,
+                    scorer: LiveScorer) -> tuple[Prediction, NodeView] | None:
+    """A homeless turn served whole on a D (plain serving: D prefills the prompt beside its
+    batch) against P->D on (`prefill`, `decode`): the prediction on the D where it scores
+    best (`LiveScorer.score`, turn 1's means) among those where it `saves_time`; None when
+    no D with room for the prompt does."""
+    prompt = prompt_tokens(workload)
+    pd_state = node_state(decode)
+    pd_held = min(pd_state.held_tokens or 0, prompt)
+    ttft_pd = _pd_ttft_ms(workload, TurnState(pd_state, prefill), prompt, costs, d_held=pd_held)
+    waited = prefill_wait_ms(prefill, costs, scorer, prompt)
+    best: tuple[float, Prediction, NodeView] | None = None
+    for node in view.usable(Role.DECODE):
+        state = node_state(node)
+        if not _has_room(state, prompt):
+            continue
+        cached = min(state.held_tokens or 0, prompt)
+        local = _beside_batch(state, prompt - cached, cached, prompt, costs)
+        prediction = Prediction(
+            local.ttft_ms, ttft_pd, local.decode_step_ms, state.running * local.delay_ms,
+            prompt - cached, local.delay_ms, state.tpot_sensitivity,
+            joins_local=_joining(state, prompt, workload.n_out, costs),
+            joins_pd=_joining(pd_state, prompt, workload.n_out, costs),
+            queue_delay_ms=state.waiting * local.delay_ms)
+        prediction = prefill_arrivals_delayed(
+            workload, view, arrivals_delayed(workload, view, prediction), prefill, costs)
+        if not saves_time(prediction, waited):
+            continue
+        score = scorer.score(prediction, first_turn=True)
+        if best is None or score > best[0]:
+            best = (score, prediction, node)
+    return (best[1], best[2]) if best is not None else None

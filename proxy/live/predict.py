@@ -182,6 +182,10 @@ class Prediction:
     # Sum over the requests queued on D (admitted next, first token still to come) of the
     # delay local's longer step adds to their TTFT.
     queue_delay_ms: float = 0.0
+    # Sum over the turns that reach P after this one (queued behind it: P serves first come,
+    # first served) of the delay P->D's prefill adds to their TTFT - what local spares them
+    # (`proxy.live.nodes.prefill_arrivals_delayed`; a turn 1's prediction only).
+    pd_queue_delay_ms: float = 0.0
 
 
 def predict(workload: Workload, state: TurnState, costs: StepCosts) -> Prediction:

@@ -60,6 +60,7 @@ class LiveScorer(NamedTuple):
     step_ms: float | None = None
     n_out: float | None = None
     followup_share: float = 0.5
+    prompt: float | None = None  # mean prompt tokens (n_ctx + n_in) of the turns decided
 
     @property
     def _alpha(self) -> float:
@@ -67,13 +68,15 @@ class LiveScorer(NamedTuple):
 
     def counted(self, workload: Workload) -> LiveScorer:
         """The means with one more decided turn (turn 1 too): the share of requests that are
-        turn 2+, and the mean output length."""
+        turn 2+, the mean output length and the mean prompt (the size live takes a request
+        queued on P to be when it weighs serving a turn 1 on a D)."""
         alpha = self._alpha
         share = self.followup_share + alpha * (float(workload.turn > 1) - self.followup_share)
         n_out = _moved(self.n_out, float(max(workload.n_out, 1)), alpha)
+        prompt = _moved(self.prompt, float(workload.n_ctx + workload.n_in), alpha)
         # The constructor, not _replace: this runs on every decision.
         return LiveScorer(self.w_ttft, self.w_tpot, self.halflife_turns, self.ttft_pd_ms,
-                          self.ttft_pd_first_ms, self.step_ms, n_out, share)
+                          self.ttft_pd_first_ms, self.step_ms, n_out, share, prompt)
 
     def scored(self, prediction: Prediction,
                first_turn: bool = False) -> tuple[float, LiveScorer]:
@@ -85,8 +88,8 @@ class LiveScorer(NamedTuple):
         step_ref = _moved(self.step_ms, prediction.decode_step_ms, alpha)
         # The requests queued on D wait out local's longer step too: their TTFTs count in
         # the mean as this turn's does.
-        gain = (prediction.ttft_pd_ms - prediction.ttft_local_ms
-                - prediction.queue_delay_ms) / ttft_ref
+        gain = (prediction.ttft_pd_ms + prediction.pd_queue_delay_ms
+                - prediction.ttft_local_ms - prediction.queue_delay_ms) / ttft_ref
         if prediction.tpot_sensitivity is not None:  # the batch's own output lengths
             delayed = prediction.delay_ms * prediction.tpot_sensitivity
         else:
@@ -102,7 +105,7 @@ class LiveScorer(NamedTuple):
         moved = LiveScorer(self.w_ttft, self.w_tpot, self.halflife_turns,
                            self.ttft_pd_ms if first_turn else ttft_ref,
                            ttft_ref if first_turn else self.ttft_pd_first_ms, step_ref,
-                           self.n_out, self.followup_share)
+                           self.n_out, self.followup_share, self.prompt)
         return score, moved
 
     def score(self, prediction: Prediction, first_turn: bool = False) -> float:

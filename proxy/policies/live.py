@@ -36,6 +36,7 @@ from proxy.live.nodes import (
     moved,
     node_state,
     placement_decode,
+    placement_local,
     roomy,
 )
 from proxy.live.predict import (
@@ -121,22 +122,35 @@ def decide(turn: Turn, inputs: Inputs, scorer: LiveScorer) -> tuple[Decision, Li
         return Decision(RouteKind.LOCAL, Reason.LIVE), scorer
     default = disaggregated_default(turn)
     if default is not None:
-        return _placed(default, turn, inputs, scorer), scorer
+        return _placed(default, turn, inputs, scorer)
     return _predicted(turn, state or _UNKNOWN, inputs, scorer)
 
 
-def _placed(decision: Decision, turn: Turn, inputs: Inputs, scorer: LiveScorer) -> Decision:
-    """A homeless P->D turn on the D its route prices best and the P with the shortest queue
-    (`proxy.live.nodes`); the pool's default pick without a view."""
+def _placed(decision: Decision, turn: Turn, inputs: Inputs,
+            scorer: LiveScorer) -> tuple[Decision, LiveScorer]:
+    """A homeless turn: P->D on the D its route prices best and the P with the least prefill
+    work ahead, or served whole on a D where that saves more time than it costs and scores
+    above P->D (`proxy.live.nodes`); the pool's default pick without a view."""
     view = turn.view
     if view is None or inputs.costs is None:
-        return decision
+        return decision, scorer
     prefill = least_prefill_work(view, turn.workload.n_ctx + turn.workload.n_in)
-    decode = placement_decode(turn.workload, view,
-                              node_state(prefill) if prefill else NodeState(), inputs.costs,
-                              scorer)
-    return replace(decision, decode=decode.url if decode else None,
-                   prefill=prefill.url if prefill else None)
+    prefill_state = node_state(prefill) if prefill else NodeState()
+    decode = placement_decode(turn.workload, view, prefill_state, inputs.costs, scorer)
+    placed = replace(decision, decode=decode.url if decode else None,
+                     prefill=prefill.url if prefill else None)
+    if decode is None or prefill is None:
+        return placed, scorer
+    local = placement_local(turn.workload, view, prefill_state, decode, inputs.costs, scorer)
+    if local is None:
+        return placed, scorer
+    prediction, node = local
+    # Scored on the turn's own P->D TTFT, not a running turn-1 mean: the means placement_decode
+    # weighs Ds by stay as they were.
+    costs = _predicted_costs(prediction)
+    if scorer.score(prediction, first_turn=True) > 0:
+        return Decision(RouteKind.LOCAL, decision.reason, costs=costs, decode=node.url), scorer
+    return replace(placed, costs=costs), scorer
 
 
 def _best_decode(turn: Turn, view: ClusterView, state: TurnState, base: Prediction,

@@ -230,14 +230,17 @@ class Router:
         def leg(node: Backend) -> Awaitable[Served]:
             return self._leg(turn, attempt.route, node, local_body, pd_protocol.request_id())
 
-        if answering.only_preferred:
+        if answering.only_preferred:  # the session's D, or the D a turn 1 is placed on
             home = turn_machine.take(self.pool, answering)
             if home is None:
                 return None
             turn.route = attempt.route
-            return await turn.failover.attempt(home, leg)
-        turn.route = attempt.route
-        served = await turn.failover.run(answering.role, answering.prefer, leg, Served.proves)
+            served = await turn.failover.attempt(home, leg)
+            if served is None:
+                return None
+        else:
+            turn.route = attempt.route
+            served = await turn.failover.run(answering.role, answering.prefer, leg, Served.proves)
         if not served.rejected and served.decode is not None:
             machine.served(served.decode.url)
         return served

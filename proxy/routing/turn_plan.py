@@ -21,7 +21,10 @@ from replicas and Ds alone.
 A policy may name the nodes itself (`Decision.decode`, `Decision.prefill`): a named node
 takes the session's place as the first choice, with the same fallbacks; a named node that is
 not usable is dropped (reason NODE_UNUSABLE). A local turn runs on the session's D whatever
-is named (the name applies to its P->D fallback).
+is named (the name applies to its P->D fallback). A turn without a usable home (turn 1, or
+its D gone) that a placing policy (live) decides local on a D it names is served whole there
+- plain, non-disaggregated serving: vLLM's D (NIXL, kv_role kv_both) prefills a request that
+brings no KV itself - with P->D as its fallback; it becomes the session's D.
 """
 
 from __future__ import annotations
@@ -117,12 +120,26 @@ def plan_turn(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload
         return TurnPlan(decision, (home, _attempt(RouteKind.PD, session, decision)))
     attempts: list[Attempt] = []
     kind: RouteKind | None = decision.kind
+    if _placed_on_decode(decision, places, can_local):
+        # A placing policy (live) serves a conversation without a home whole on the D it
+        # named (plain serving: D prefills the prompt itself), P->D when that D cannot take it.
+        attempts.append(Attempt(RouteKind.LOCAL,
+                                (Pick(Role.DECODE, decision.decode, only_preferred=True),)))
+        kind = ROUTES[RouteKind.LOCAL].fallback
     while kind is not None:
         route = ROUTES[kind]
         if not (route.home_only and _home(session, route.roles[0]) is None):
             attempts.append(_attempt(kind, session, decision))
         kind = route.fallback
     return TurnPlan(decision, tuple(attempts))
+
+
+def _placed_on_decode(decision: Decision, places: bool, can_local: bool) -> bool:
+    """A local decision for a turn without a usable home, on a D the policy named: taken
+    from a policy that places (live), which prices it; any other policy's local decision
+    without a home runs P->D, as before."""
+    return (places and not can_local and decision.kind is RouteKind.LOCAL
+            and decision.decode is not None)
 
 
 def _usable_names(pool: BackendPool, decision: Decision) -> Decision:

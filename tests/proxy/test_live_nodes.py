@@ -7,8 +7,17 @@ from __future__ import annotations
 import pytest
 
 from proxy.live.cluster_view import ClusterView, NodeView
-from proxy.live.nodes import least_prefill_work, node_state, placement_decode, roomy
-from proxy.live.predict import NodeState, StepCosts
+from proxy.live.nodes import (
+    least_prefill_work,
+    node_state,
+    placement_decode,
+    placement_local,
+    prefill_arrivals_delayed,
+    prefill_wait_ms,
+    roomy,
+    saves_time,
+)
+from proxy.live.predict import NodeState, Prediction, StepCosts
 from proxy.live.scorer import LiveScorer
 from proxy.shared.vocabulary import Role, Workload
 
@@ -104,3 +113,60 @@ def test_turns_arriving_during_an_append_wait_half_its_delay() -> None:
     six = ClusterView(tuple(_d(f"d{i}") for i in range(6)))
     assert arrivals_delayed(Workload(2, 64, 8000, 256, 4.0), six, base).queue_delay_ms == \
         pytest.approx(30.0 + 2 / 3 * 450.0)
+
+
+def _prediction(ttft_local: float, batch: float = 0.0, queue: float = 0.0,
+                pd_queue: float = 0.0) -> Prediction:
+    return Prediction(ttft_local, 0.0, 7.0, batch, 0, 0.0, queue_delay_ms=queue,
+                      pd_queue_delay_ms=pd_queue)
+
+
+def test_local_saves_time_only_when_what_it_skips_outweighs_its_answer_and_ds_stall() -> None:
+    assert saves_time(_prediction(100.0, batch=50.0, queue=20.0), 171.0)
+    assert not saves_time(_prediction(100.0, batch=50.0, queue=20.0), 170.0)
+    # the wait P->D's prefill adds to the turns behind it on P counts with what it skips
+    assert saves_time(_prediction(100.0, batch=50.0, queue=20.0, pd_queue=30.0), 141.0)
+
+
+def test_ps_wait_counts_its_queue_and_half_its_running_prefills_at_the_mean_prompt() -> None:
+    step = COSTS.step_ms(8000, 0, 0, 0)
+    scorer = SCORER._replace(prompt=8000.0)
+    assert prefill_wait_ms(NodeState(2.0, 3.0), COSTS, scorer, 500) == pytest.approx(4 * step)
+    assert prefill_wait_ms(NodeState(), COSTS, scorer, 500) == 0.0
+    # before live has seen a prompt: this turn's
+    assert prefill_wait_ms(NodeState(0.0, 1.0), COSTS, SCORER, 8000) == pytest.approx(step)
+
+
+def test_turns_behind_a_prefill_on_p_wait_it_out() -> None:
+    view = ClusterView((NodeView("p0", Role.PREFILL), NodeView("p1", Role.PREFILL)))
+    step = COSTS.step_ms(4000, 0, 0, 0)
+    turn = Workload(1, 4000, 0, 256, 4.0)  # 2 turns a second reach each P
+    idle = prefill_arrivals_delayed(turn, view, _prediction(0.0), NodeState(), COSTS)
+    assert idle.pd_queue_delay_ms == pytest.approx(2.0 / 1000 * step * step / 2)
+    queued = prefill_arrivals_delayed(turn, view, _prediction(0.0), NodeState(1.0, 2.0), COSTS)
+    assert queued.pd_queue_delay_ms == pytest.approx(2.0 / 1000 * (3 * step * step
+                                                                   + step * step / 2))
+
+
+def _p(running: float, waiting: float) -> NodeView:
+    return NodeView("p", Role.PREFILL, running=running, waiting=waiting)
+
+
+def test_a_first_turn_is_served_on_an_idle_d_only_while_p_is_backed_up() -> None:
+    busy = (_d("busy", running=60.0, usage=0.3), _d("idle", running=2.0, usage=0.1))
+    turn = Workload(1, 4000, 0, 256, 2.0)
+    scorer = SCORER._replace(prompt=12000.0)
+    backed_up = ClusterView((*busy, _p(2.0, 10.0)))
+    placed = placement_local(turn, backed_up, node_state(_p(2.0, 10.0)), busy[1], COSTS, scorer)
+    assert placed is not None and placed[1].url == "idle"
+    assert placed[0].ttft_local_ms < placed[0].ttft_pd_ms
+    free = ClusterView((*busy, _p(0.0, 0.0)))
+    assert placement_local(turn, free, node_state(_p(0.0, 0.0)), busy[1], COSTS, scorer) is None
+
+
+def test_no_d_without_room_for_the_prompt_serves_a_first_turn() -> None:
+    full = _d("full", running=1.0, usage=0.9)  # 1,600 tokens free
+    view = ClusterView((full, _p(2.0, 10.0)))
+    turn = Workload(1, 4000, 0, 256, 2.0)
+    assert placement_local(turn, view, node_state(_p(2.0, 10.0)), full, COSTS,
+                           SCORER._replace(prompt=12000.0)) is None

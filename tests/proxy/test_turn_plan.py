@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -115,3 +116,63 @@ async def test_the_router_follows_a_patched_plan_turn() -> None:
         second, _ = await h.ask(chat("Hello", text_of(first[1]), "And then?"))
     assert (second.headers["x-ppd-route"], second.headers["x-ppd-turn"]) == ("pd", "2")
     assert len(h.cluster["p1"].received) == 2
+
+
+class _Naming:
+    """A policy that decides local on a named D whatever the turn (`places`: as live)."""
+
+    def __init__(self, places: bool) -> None:
+        self.spec = SimpleNamespace(places=places, ignores_forcing=False,
+                                    needs=SimpleNamespace(view=False))
+
+    def decide(self, workload: Workload, session_id: str, can_local: bool,
+               state: TurnState | None = None, **_: object) -> Decision:
+        return Decision(RouteKind.LOCAL, Reason.TURN1, decode="http://d1")
+
+
+def test_a_placing_policy_serves_a_first_turn_whole_on_the_d_it_names() -> None:
+    first = Workload(1, 500, 0, 10, 1.0)
+    plan = plan_turn(_Naming(places=True), _pool(), _lookup(1), first)  # type: ignore[arg-type]
+    assert plan.attempts == (
+        Attempt(RouteKind.LOCAL, (Pick(Role.DECODE, "http://d1", only_preferred=True),)),
+        Attempt(RouteKind.PD, (Pick(Role.DECODE, "http://d1"), Pick(Role.PREFILL, None))))
+
+
+def test_any_other_policys_local_first_turn_still_goes_p_to_d() -> None:
+    first = Workload(1, 500, 0, 10, 1.0)
+    plan = plan_turn(_Naming(places=False), _pool(), _lookup(1), first)  # type: ignore[arg-type]
+    assert [a.route for a in plan.attempts] == [RouteKind.PD]
+
+
+def test_a_first_turn_named_to_an_unusable_d_goes_p_to_d() -> None:
+    pool = _pool()
+    pool.mark("http://d1", healthy=False)
+    first = Workload(1, 500, 0, 10, 1.0)
+    plan = plan_turn(_Naming(places=True), pool, _lookup(1), first)  # type: ignore[arg-type]
+    assert plan.decision.reason is Reason.NODE_UNUSABLE
+    assert [a.route for a in plan.attempts] == [RouteKind.PD]
+
+
+@pytest.fixture
+def first_turn_local(monkeypatch: pytest.MonkeyPatch) -> None:
+    """plan_turn replaced by one that serves a turn 1 whole on d2 and a turn 2 on its D."""
+
+    def plan(policy: RoutingPolicy, pool: BackendPool, lookup: Lookup, workload: Workload,
+             forced: RouteKind | None = None, observe: object = None, readback: object = None,
+             survey: object = None) -> TurnPlan:
+        named = lookup.session.decode if lookup.continuation else pool.nodes(Role.DECODE)[1].url
+        return TurnPlan(Decision(RouteKind.LOCAL, Reason.TURN1, decode=named),
+                        (Attempt(RouteKind.LOCAL, (Pick(Role.DECODE, named, True),)),))
+
+    monkeypatch.setattr(turn_plan, "plan_turn", plan)
+
+
+@pytest.mark.usefixtures("first_turn_local")
+async def test_the_router_serves_a_first_turn_on_a_d_and_keeps_it_as_the_sessions() -> None:
+    async with router_over("p1", "d1", "d2") as h:
+        first = await h.ask(chat("Hello"))
+        second, _ = await h.ask(chat("Hello", text_of(first[1]), "And then?"))
+    assert first[0].headers["x-ppd-route"] == "local"
+    assert second.headers["x-ppd-turn"] == "2"  # the session was filed on d2
+    assert len(h.cluster["d2"].received) == 2 and not h.cluster["d1"].received
+    assert not h.cluster["p1"].received

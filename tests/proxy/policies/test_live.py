@@ -55,3 +55,21 @@ def test_turn_one_is_placed_on_the_lighter_d() -> None:
                        _d(D1, 2.0, 0.1, None), can_local=False)
     assert (decision.kind, decision.reason, decision.decode) == (RouteKind.PD,
                                                                   Reason.TURN1, D1)
+
+
+def _first_turn(p_running: float, p_waiting: float):
+    view = ClusterView((NodeView(P0, Role.PREFILL, running=p_running, waiting=p_waiting),
+                        _d(D0, 40.0, 0.4, None), _d(D1, 1.0, 0.05, None)))
+    policy = RoutingPolicy(PolicyConfig(kind=Policy.LIVE), costs=COSTS)
+    return policy.decide(Workload(1, 4000, 0, 256, 2.0), "s", False, None, view=view)
+
+
+def test_a_first_turn_is_served_whole_on_the_light_d_while_p_is_backed_up() -> None:
+    decision = _first_turn(2.0, 12.0)
+    assert (decision.kind, decision.reason, decision.decode) == (RouteKind.LOCAL,
+                                                                 Reason.TURN1, D1)
+
+
+def test_a_first_turn_goes_p_to_d_while_p_keeps_up() -> None:
+    decision = _first_turn(0.0, 0.0)
+    assert (decision.kind, decision.reason, decision.prefill) == (RouteKind.PD, Reason.TURN1, P0)
