@@ -15,6 +15,13 @@ included, as the tracer saw them all). A tracer slows the proxy, so only the pla
 is a time; the counts do not depend on speed. With `--peer vllm-router` the Rust router gets
 the syscall count too (its allocations are not Python's). Needs strace, perf and ptrace
 rights (root).
+
+    python -m benchmarks.proxy_overhead.counts --baseline TREE --rounds 6 [--policy ...]
+
+With `--baseline` (another checkout, as in runner.py) no tracer runs: both proxies are up at
+once behind the same fakes and generator, and their CPU microseconds per request are measured
+job by job, alternated (the order flips every round), so a loaded machine's swings fall on
+both; the median and minimum of the rounds are printed.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import functools
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -77,21 +85,31 @@ def syscalls(pid: int, run: Callable[[], dict[str, Any]]) -> tuple[dict[str, int
     """Syscalls by name over one job (strace -c -f), and the requests it finished."""
     text, requests = _traced(lambda out: ["strace", "-o", str(out), "-c", "-f", "-p", str(pid)],
                              run)
+    return strace_calls(text), requests
+
+
+def strace_calls(summary: str) -> dict[str, int]:
+    """Calls by syscall name from `strace -c`'s table (its total line left out)."""
     calls: dict[str, int] = {}
-    for line in text.splitlines():
+    for line in summary.splitlines():
         fields = line.split()
         # % time, seconds, usecs/call, calls, [errors], syscall
-        if len(fields) >= 5 and fields[3].isdigit() and not line.startswith("100.00"):
+        if len(fields) >= 5 and fields[3].isdigit() and fields[-1] != "total":
             calls[fields[-1]] = int(fields[3])
-    return calls, requests
+    return calls
+
+
+def perf_count(output: str, event: str) -> int | None:
+    """The count of event in `perf stat -x ,`'s output (None: not counted)."""
+    match = re.search(rf"^(\d+),[^,]*,{re.escape(event)}(,|$)", output, re.MULTILINE)
+    return int(match[1]) if match else None
 
 
 def allocations(pid: int, run: Callable[[], dict[str, Any]]) -> tuple[int | None, int]:
     """PyObject_Malloc calls over one job (perf stat on a uprobe), and the requests."""
     text, requests = _traced(lambda out: ["perf", "stat", "-o", str(out), "-x", ",", "-e",
                                           f"probe_libpython3:{_PROBE}", "-p", str(pid)], run)
-    match = re.search(rf"^(\d+),,probe_libpython3:{_PROBE}", text, re.MULTILINE)
-    return (int(match[1]) if match else None), requests
+    return perf_count(text, f"probe_libpython3:{_PROBE}"), requests
 
 
 def cpu_us(pid: int, run: Callable[[], dict[str, Any]]) -> tuple[float, float, int]:
@@ -122,6 +140,32 @@ def _report(name: str, pid: int, run: Callable[[], dict[str, Any]], python: bool
         print(f"  PyObject_Malloc/request {shown}")
 
 
+def _alternated(args: argparse.Namespace) -> None:
+    """CPU us/request of the baseline tree's proxy and this one's, job by job, alternated."""
+    spent: dict[str, list[float]] = {"baseline": [], "this checkout": []}
+    gen = runner.LoadGenerator()
+    try:
+        with ExitStack() as stack:
+            prefill, decode = stack.enter_context(runner.backend(16))
+            proxies = {name: stack.enter_context(runner.proxy(
+                args.policy, "baseline" if name == "baseline" else args.stack, prefill, decode,
+                args.baseline.resolve())) for name in spent}
+            for url, _ in proxies.values():
+                gen.run({**_job(url, args), "duration": 1.0})
+            for round_ in range(args.rounds):
+                for name in (list(spent) if round_ % 2 == 0 else list(spent)[::-1]):
+                    url, pid = proxies[name]
+                    user, system, n = cpu_us(pid, functools.partial(gen.run, _job(url, args)))
+                    spent[name].append((user + system) / n)
+    finally:
+        gen.close()
+    print(f"policy {args.policy}, {args.turns}-turn, concurrency {args.concurrency}, "
+          f"{args.rounds} alternated jobs of {args.seconds:g} s: CPU us/request")
+    for name, values in spent.items():
+        print(f"  {name:>14}: median {statistics.median(values):6.0f}  min {min(values):6.0f}"
+              f"  rounds {' '.join(f'{v:.0f}' for v in values)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -131,7 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--peer", choices=peers.PEERS, action="append", default=[])
+    parser.add_argument("--baseline", type=Path, metavar="TREE",
+                        help="compare CPU per request with this checkout's proxy instead")
+    parser.add_argument("--rounds", type=int, default=6, help="alternated jobs (--baseline)")
     args = parser.parse_args(argv)
+    if args.baseline is not None:
+        _alternated(args)
+        return 0
     if shutil.which("strace") is None or shutil.which("perf") is None:
         parser.error("needs strace and perf")
     library = _libpython()
