@@ -181,15 +181,16 @@ def prefill_wait_ms(prefill: NodeState, costs: StepCosts, scorer: LiveScorer,
     return (prefill.running / 2 + prefill.waiting) * costs.step_ms(typical, 0, 0, 0)
 
 
-def saves_time(prediction: Prediction, prefill_wait: float) -> bool:
-    """Whether serving a turn 1 whole on D saves more time than it costs, time against time
-    (the sum of the requests' completion times; no weights): the wait in P's queue it skips,
+def saves_time(prediction: Prediction, skipped_ms: float) -> bool:
+    """Whether serving a turn on D (local) saves more time than it costs, time against time
+    (the sum of the requests' completion times; no weights): what it skips (`skipped_ms`),
     plus the wait P->D's prefill would add to the turns behind it on P, must exceed its TTFT
     on D plus the stall its prefill adds to every request there (each running request's
-    step, each queued one's admission, each arriving turn's wait). The prefill itself is
-    work either route does, so only P's queue counts on P's side: a turn 1 leaves the
-    disaggregated path only when that wait outlasts D's whole answer and the others' stall."""
-    skipped = prefill_wait + prediction.pd_queue_delay_ms
+    step, each queued one's admission, each arriving turn's wait). A turn 2+ skips P->D's
+    whole TTFT (the history is on D). A turn 1 costs the same prefill on either node, so it
+    skips only P's queue (`prefill_wait_ms`): it leaves the disaggregated path only when that
+    wait outlasts D's whole answer and the others' stall."""
+    skipped = skipped_ms + prediction.pd_queue_delay_ms
     cost = prediction.ttft_local_ms + prediction.batch_delay_ms + prediction.queue_delay_ms
     return skipped > cost
 

@@ -38,6 +38,7 @@ from proxy.live.nodes import (
     placement_decode,
     placement_local,
     roomy,
+    saves_time,
 )
 from proxy.live.predict import (
     NodeState,
@@ -198,7 +199,9 @@ def _predicted(turn: Turn, state: TurnState, inputs: Inputs,
     costs = _predicted_costs(prediction)
     if readback is not None and readback > max(score, 0.0) and local_fits:
         return Decision(RouteKind.READBACK, live, costs=costs, prefill=prefill_url), scorer
-    if score > 0 and local_fits:
+    # Local also has to save more time than it costs D (`saves_time`): P->D's whole TTFT
+    # against local's and the stall its prefill adds to D's batch, queue and arrivals.
+    if score > 0 and local_fits and saves_time(prediction, prediction.ttft_pd_ms):
         return Decision(RouteKind.LOCAL, live, costs=costs, decode=decode,
                         prefill=prefill_url), scorer
     return Decision(RouteKind.PD, Reason.EVICTED if base.missing_tokens > 0 else live,

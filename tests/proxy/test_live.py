@@ -77,12 +77,24 @@ def test_turn_one_and_no_home_go_p_to_d() -> None:
 
 
 def test_w_tpot_moves_a_big_paste_on_a_busy_d_to_p_to_d() -> None:
-    paste = turn(n_ctx=512, n_in=1024, n_out=512)
-    busy = state(512, running=60)
+    # 4,096 new tokens after 4,096 held, one request decoding: local saves more time than it
+    # stalls (`proxy.live.nodes.saves_time`), so the score decides.
+    paste = turn(n_ctx=4096, n_in=4096, n_out=512)
+    busy = state(4096, running=1)
     balanced = RoutingPolicy(LIVE, costs=COSTS)
-    heavy = RoutingPolicy(PolicyConfig(kind=Policy.LIVE, w_tpot=6.0), costs=COSTS)
+    heavy = RoutingPolicy(PolicyConfig(kind=Policy.LIVE, w_tpot=200.0), costs=COSTS)
     assert balanced.decide(paste, "s", True, busy).kind is RouteKind.LOCAL
     decision = heavy.decide(paste, "s", True, busy)
+    assert decision.kind is RouteKind.PD and decision.reason is Reason.LIVE
+
+
+def test_a_big_paste_stalling_a_busy_ds_batch_more_than_it_saves_goes_p_to_d() -> None:
+    # 1,024 new tokens: about 20 ms of prefill beside each of 60 running requests (1.2 s of
+    # stall) against the ~35 ms P->D would add to this turn (`proxy.live.nodes.saves_time`).
+    paste = turn(n_ctx=512, n_in=1024, n_out=512)
+    policy = RoutingPolicy(LIVE, costs=COSTS)
+    assert policy.decide(paste, "s", True, state(512, running=1)).kind is RouteKind.LOCAL
+    decision = policy.decide(paste, "s", True, state(512, running=60))
     assert decision.kind is RouteKind.PD and decision.reason is Reason.LIVE
 
 
@@ -114,12 +126,11 @@ def test_cost_file_round_trip_and_errors(tmp_path: Path) -> None:
 
 
 def test_the_batch_own_output_lengths_price_local_when_known() -> None:
-    # 60 requests of 2,000 output tokens each barely notice a delay; 60 of 10 tokens
-    # feel it two hundred times more.
-    paste = turn(n_ctx=512, n_in=1024, n_out=512)
-    long_batch = TurnState(NodeState(60, 0, 512, 16, tpot_sensitivity=60 / 1999),
-                           NodeState())
-    short_batch = TurnState(NodeState(60, 0, 512, 16, tpot_sensitivity=60 / 9), NodeState())
+    # A request of 2,000 output tokens barely notices a delay; one of 10 tokens feels it two
+    # hundred times more (one request decoding: local saves more time than it stalls).
+    paste = turn(n_ctx=4096, n_in=4096, n_out=512)
+    long_batch = TurnState(NodeState(1, 0, 4096, 16, tpot_sensitivity=1 / 1999), NodeState())
+    short_batch = TurnState(NodeState(1, 0, 4096, 16, tpot_sensitivity=1 / 9), NodeState())
     heavy = PolicyConfig(kind=Policy.LIVE, w_tpot=6.0)
     assert RoutingPolicy(heavy, costs=COSTS).decide(paste, "s", True, long_batch).kind \
         is RouteKind.LOCAL
