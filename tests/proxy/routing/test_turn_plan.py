@@ -19,8 +19,8 @@ from proxy.routing.turn_plan import Attempt, Pick, TurnPlan, plan_turn
 from proxy.sessions.session import Lookup, Session
 from proxy.shared.vocabulary import Decision, Node, Reason, Role, RouteKind, Workload
 from proxy.upstream.backends import BackendPool
+from tests.proxy.policies.test_policies import readback_table
 from tests.proxy.router_harness import chat, router_over, text_of
-from tests.proxy.test_policies import readback_table
 
 
 def _pool() -> BackendPool:

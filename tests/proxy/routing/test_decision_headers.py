@@ -15,7 +15,7 @@ from proxy.config.policy_config import Policy
 from proxy.shared.explain import parse_costs
 from tests.fakes.fake_vllm import FakeVLLM
 from tests.proxy.helpers import chat_body, config_for, reply_text, serve_proxy
-from tests.proxy.test_app import write_table
+from tests.proxy.serving.test_app import write_table
 
 ADMIN = {"authorization": "Bearer adm"}
 URL = "/v1/chat/completions"

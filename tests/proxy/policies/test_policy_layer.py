@@ -11,7 +11,7 @@ from pathlib import Path
 from proxy.config.policy_config import PolicyConfig
 from proxy.policies import registry
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SHARED = ("proxy/policies/base.py", "proxy/policies/routing.py", "proxy/policies/registry.py",
           "proxy/config/settings.py")
 

@@ -104,7 +104,7 @@ async def test_a_local_turn_has_one_leg_and_a_failed_one_is_marked(
 
 async def test_the_decision_span_carries_the_costs_weighed(
         cluster: dict[str, FakeVLLM], tmp_path: Any) -> None:
-    from tests.proxy.test_app import write_table
+    from tests.proxy.serving.test_app import write_table
 
     table = write_table(tmp_path / "t.csv", local_wins=True)
     async with traced(config_for(cluster, Policy.PPD, table=table)) as (client, exporter):

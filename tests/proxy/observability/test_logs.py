@@ -68,7 +68,7 @@ async def test_a_failed_request_is_logged_with_its_status_and_error(
 
 async def test_a_table_decision_logs_its_cell(
         cluster: dict[str, FakeVLLM], caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
-    from tests.proxy.test_app import two_turns, write_table
+    from tests.proxy.serving.test_app import two_turns, write_table
 
     caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
     table = write_table(tmp_path / "t.csv", local_wins=True)

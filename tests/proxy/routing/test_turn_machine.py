@@ -15,7 +15,7 @@ from proxy.sessions.session import Session
 from proxy.shared.vocabulary import Decision, Reason, Role, RouteKind
 from proxy.upstream.backends import BackendPool
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HELD = HeldKV({}, "http://d0", array("q", range(200)), 100.0)
 READBACK_PLAN = TurnPlan(Decision(RouteKind.READBACK, Reason.LIVE), (
     Attempt(RouteKind.READBACK, (Pick(Role.DECODE, "http://d0"), Pick(Role.PREFILL, None))),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from proxy.config.settings import config_from_args
 from proxy.config.startup_line import startup_line
-from tests.proxy.test_app import write_table
+from tests.proxy.serving.test_app import write_table
 
 
 def test_startup_line_names_policy_table_weights_and_nodes(tmp_path: Path) -> None:
