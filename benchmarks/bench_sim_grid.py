@@ -37,6 +37,7 @@ from profiler.simulator.grid import (
     run_grid,
 )
 from profiler.simulator.run import RunSpec, cost_model
+from proxy.policies import live as live_policy
 from proxy.policies import pd as pd_policy
 from proxy.policies import registry
 
@@ -48,8 +49,8 @@ SINGLE_CELLS = (
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake-conversation.jsonl"
 # (layout, time scale, policy) of the production grid's first window (600-750 s of the trace):
 # its heaviest load on its fewest P nodes, and its lightest on its fewest D nodes.
-PRODUCTION_CELLS = (("2P6D", 4.0, "pd"), ("2P6D", 4.0, "live"), ("6P2D", 0.5, "pd"),
-                    ("6P2D", 0.5, "live"))
+PRODUCTION_CELLS = (("2P6D", 4.0, pd_policy.NAME), ("2P6D", 4.0, live_policy.NAME),
+                    ("6P2D", 0.5, pd_policy.NAME), ("6P2D", 0.5, live_policy.NAME))
 
 
 def production_cells(cost: str, trace: Path) -> list[tuple[str, float]]:
