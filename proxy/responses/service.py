@@ -166,6 +166,7 @@ class ResponsesService:
         `response.completed`."""
         writer = EventWriter(turn.response_id, turn.request, turn.created_at)
         finished = False
+        relay.record_late = False  # Quart's writes yield: the turn is recorded before [DONE]
         try:
             yield writer.opening()
             buffer = b""

@@ -371,7 +371,8 @@ class Router:
         headers["cache-control"] = "no-cache"
         relay = Relay(result, node, relay_lease, capture, on_reply, on_failure, on_close,
                       limits=StreamLimits(turn.failover.deadline, over_budget(self.request_timeout),
-                                          requested_output_tokens(turn.incoming.body)))
+                                          requested_output_tokens(turn.incoming.body)),
+                      record_late=not self.sessions.shared)  # records in this process
         return Reply(result.status, headers, relay, result.content_type)
 
     def _finished(self, turn: TurnInFlight, route: RouteKind) -> None:

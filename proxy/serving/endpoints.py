@@ -13,17 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from proxy.config.settings import ProxyConfig
 from proxy.observability import tracing
 from proxy.observability.logs import AccessEntry
-from proxy.routing.router import Incoming, Reply, Router
-from proxy.serving.http_server import (
-    DISCONNECT_EXTENSION,
-    HEAD_WITH_BODY_EXTENSION,
-    DisconnectSignal,
+from proxy.routing.router import Incoming, Router
+from proxy.serving.http_server import DISCONNECT_EXTENSION, DisconnectSignal
+from proxy.serving.responders import (
+    AsgiResponder,
+    DirectHandler,
+    Headers,
+    HeadSeen,
+    Receive,
+    Responder,
+    Scope,
+    Send,
 )
 from proxy.shared.errors import (
     BadRequest,
@@ -45,9 +50,6 @@ from proxy.shared.validate import (
 )
 from proxy.upstream.relay import Relay
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[..., Awaitable[None]]
 
 log = logging.getLogger("ppd.proxy")
@@ -58,7 +60,7 @@ _WANTED = (b"authorization", b"x-ppd-route", b"x-session-id", b"content-length")
 # large_client_header_buffers and Node's default are 8-16 KB; a client needs far less).
 MAX_HEADER_BYTES = 16 * 1024
 # Answered when x-ppd-route came to a proxy without --admin-key (the header was ignored).
-ROUTE_IGNORED = {"x-ppd-route-ignored": "forcing a route needs the proxy's --admin-key"}
+ROUTE_IGNORED = [(b"x-ppd-route-ignored", b"forcing a route needs the proxy's --admin-key")]
 # Body fields that name vLLM's internals: a client's request_id would reach P and D verbatim
 # (two clients sending one id collide in vLLM's request table; the proxy sets its own per
 # leg, as x-request-id), and data_parallel_rank would pin a node's engine. Never forwarded.
@@ -85,40 +87,51 @@ class CompletionsApp:
         self.tracing: tracing.Tracing | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and _header_bytes(scope) > MAX_HEADER_BYTES:
-            await _send_error(send, HeadersTooLarge(
-                f"request headers are over the {MAX_HEADER_BYTES}-byte limit"))
-            return
+        """ASGI: the completion endpoints here, everything else to the fallback app."""
         endpoint = _PATHS.get(scope["path"]) if scope["type"] == "http" else None
-        if endpoint is None:
+        if endpoint is not None:
+            await self._answer(endpoint, scope, receive, AsgiResponder(send))
+        elif scope["type"] == "http" and _header_bytes(scope) > MAX_HEADER_BYTES:
+            await _send_error(AsgiResponder(send), _headers_too_large(), [])
+        else:
             await self._fallback(scope, receive, send)
+
+    def direct(self, scope: Scope) -> DirectHandler | None:
+        """The handler for a completion POST, which the proxy's own server runs without ASGI
+        (`proxy.serving.responders.DirectApp`); None for every other request."""
+        endpoint = _PATHS.get(scope["path"]) if scope["method"] == "POST" else None
+        if endpoint is None:
+            return None
+        return lambda scope, receive, responder: self._answer(endpoint, scope, receive,
+                                                              responder)
+
+    async def _answer(self, endpoint: Endpoint, scope: Scope, receive: Receive,
+                      responder: Responder) -> None:
+        # Added to every completion response; read per response, so it may change later.
+        extra = [(name.encode("latin-1"), value.encode("latin-1"))
+                 for name, value in self._extra.items()] if self._extra else []
+        if _header_bytes(scope) > MAX_HEADER_BYTES:
+            await _send_error(responder, _headers_too_large(), extra)
             return
-        if self._extra:
-            send = _with_headers(send, self._extra)
-        # Every answer from here has its body (or a stream's first chunk) at hand when its
-        # head is sent: one write for both (`proxy.serving.http_server.CycleTransport`).
-        head_with_body = scope.get("extensions", {}).get(HEAD_WITH_BODY_EXTENSION)
-        if head_with_body is not None:
-            head_with_body()
         if self.tracing is None:
-            await self._serve(endpoint, scope, receive, send)
+            await self._serve(endpoint, scope, receive, responder, extra)
             return
         trace = self.tracing.turn(endpoint.value)
         token = tracing.activate(trace)
-        head = _HeadSeen(send)
+        head = HeadSeen(responder)
         try:
-            await self._serve(endpoint, scope, receive, head)
+            await self._serve(endpoint, scope, receive, head, extra)
         finally:
             tracing.deactivate(token)
             trace.finish(head.status, head.headers)
 
     async def _serve(self, endpoint: Endpoint, scope: Scope, receive: Receive,
-                     send: Send) -> None:
+                     responder: Responder, extra: Headers) -> None:
         if scope["method"] != "POST":
             refused = MethodNotAllowed(f"{scope['method']} is not allowed on {scope['path']}; "
                                        "use POST")
             refused.headers["allow"] = "POST"
-            await _send_error(send, refused)
+            await _send_error(responder, refused, extra)
             return
         try:
             incoming = await self._incoming(endpoint, scope, receive)
@@ -128,21 +141,21 @@ class CompletionsApp:
             error = _as_proxy_error(exc)
             # Refused before routing: still one access line (the router writes the others).
             AccessEntry(endpoint.value, status=error.status, error=error.message).emit()
-            await _send_error(send, error)
+            await _send_error(responder, error, extra)
             return
         if incoming.forced is None and not self._config.admin_key and any(
                 name == b"x-ppd-route" for name, _ in scope["headers"]):
-            send = _with_headers(send, ROUTE_IGNORED)
+            extra = [*extra, *ROUTE_IGNORED]
         watch = _DisconnectWatch(scope, receive)
         try:
             reply = await self._router.handle(incoming)
             if COSTS_HEADER in reply.headers and not self._admin(scope):
                 del reply.headers[COSTS_HEADER]
+            head = _head(reply.headers, reply.content_type, extra)
             if isinstance(reply.body, Relay):
-                await _stream(reply, reply.body, send)
+                await _stream(reply.status, head, reply.body, responder)
             else:
-                await _send_bytes(send, reply.status, reply.headers, reply.body,
-                                  reply.content_type)
+                await responder.whole(reply.status, head, reply.body)
             return
         except asyncio.CancelledError:
             if not watch.fired:
@@ -155,7 +168,7 @@ class CompletionsApp:
             watch.stop()
         if COSTS_HEADER in error.headers and not self._admin(scope):
             del error.headers[COSTS_HEADER]
-        await _send_error(send, error)
+        await _send_error(responder, error, extra)
 
     def _admin(self, scope: Scope) -> bool:
         """Whether the request carries the admin key (x-ppd-costs is for the operator)."""
@@ -200,6 +213,10 @@ def _header_bytes(scope: Scope) -> int:
     return sum(len(name) + len(value) for name, value in scope["headers"])
 
 
+def _headers_too_large() -> HeadersTooLarge:
+    return HeadersTooLarge(f"request headers are over the {MAX_HEADER_BYTES}-byte limit")
+
+
 def _too_large(limit: int) -> PayloadTooLarge:
     # Built only when needed: an exception per request was 2.6% of the proxy's CPU.
     return PayloadTooLarge(f"request body is over the {limit}-byte limit")
@@ -223,33 +240,13 @@ async def _read_body(receive: Receive, declared: str | None, limit: int) -> byte
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _start(status: int, headers: dict[str, str], content_type: str,
-           length: int | None) -> dict[str, Any]:
+def _head(headers: dict[str, str], content_type: str, extra: Headers) -> Headers:
     # latin-1 with replacement: a session id from the body may hold any character, and an
     # echoed header must never fail the response.
     raw = [(b"content-type", content_type.encode("latin-1", "replace"))]
     raw += [(name.encode("latin-1", "replace"), value.encode("latin-1", "replace"))
             for name, value in headers.items()]
-    if length is not None:
-        raw.append((b"content-length", str(length).encode()))
-    return {"type": "http.response.start", "status": status, "headers": raw}
-
-
-async def _send_bytes(send: Send, status: int, headers: dict[str, str], body: bytes,
-                      content_type: str = "application/json") -> None:
-    await send(_start(status, headers, content_type, len(body)))
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def _with_headers(send: Send, extra: dict[str, str]) -> Send:
-    encoded = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
-
-    async def sending(message: MutableMapping[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            message["headers"] = [*message["headers"], *encoded]
-        await send(message)
-
-    return sending
+    return raw + extra if extra else raw
 
 
 def _as_proxy_error(exc: Exception) -> ProxyError:
@@ -260,46 +257,32 @@ def _as_proxy_error(exc: Exception) -> ProxyError:
     return ProxyError(f"internal proxy error: {type(exc).__name__}")
 
 
-async def _send_error(send: Send, error: ProxyError) -> None:
-    await _send_bytes(send, error.status, error.headers, error.body_bytes())
+async def _send_error(responder: Responder, error: ProxyError, extra: Headers) -> None:
+    await responder.whole(error.status, _head(error.headers, "application/json", extra),
+                          error.body_bytes())
 
 
-async def _stream(reply: Reply, relay: Relay, send: Send) -> None:
+async def _stream(status: int, head: Headers, relay: Relay, responder: Responder) -> None:
     """Send the relay's chunks as they come; however it ends, the relay is closed.
 
     The relay's first chunk is at hand (the router waited for it) and goes out with the
     response's head; a last chunk that arrived with the upstream's end goes out with the
     body's end: 2 writes (and packets) a reply fewer than one per message."""
+    # The last chunk is written and the relay closed in one step of the loop only by a
+    # responder that writes at once: else the turn is recorded before the end goes out.
+    relay.record_late = relay.record_late and responder.writes_at_once
     try:
-        await send(_start(reply.status, reply.headers, reply.content_type, None))
+        await responder.head(status, head)
         async for chunk in relay:
             if relay.finished:
-                await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                await responder.chunk(chunk, False)
                 return
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await responder.chunk(chunk, True)
+        await responder.chunk(b"", False)
     except Exception as exc:  # a bug after the 200 went out: the body ends unfinished
         log.exception("unexpected error mid-stream: %s", exc)
     finally:
         await relay.aclose()
-
-
-class _HeadSeen:
-    """A `send` that notes the status and x-ppd-* headers the response started with (the
-    turn's trace records them)."""
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self.status = 499  # nothing sent: the client left first (nginx's code for it)
-        self.headers: dict[str, str] = {}
-
-    async def __call__(self, message: MutableMapping[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-            self.headers = {name.decode("latin-1"): value.decode("latin-1")
-                            for name, value in message["headers"]
-                            if name.startswith(b"x-ppd-")}
-        await self._send(message)
 
 
 class _DisconnectWatch:

@@ -1,5 +1,6 @@
 """The HTTP server under the proxy: its settings, uvicorn's protocol with per-request
-deadlines and the app's disconnect signal, and hypercorn kept for comparison.
+deadlines, the app's disconnect signal and the app's direct requests (`proxy.serving.direct`:
+the completion POSTs, answered without ASGI), and hypercorn kept for comparison.
 
 `proxy.serving.server` binds the socket and runs the lifespan; this module only turns a bound
 socket and an app into a serving coroutine (`uvicorn_serving`, `hypercorn_serving`).
@@ -13,6 +14,7 @@ import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
+from proxy.serving.responders import DirectApp
 from proxy.shared.errors import BadRequest, ProxyError, RequestTimeout
 
 # Every setting of the HTTP server lives here (a proxy in front of many short-lived clients):
@@ -46,11 +48,6 @@ SHUTDOWN_GRACE_S = 5.0
 
 # The scope extension through which the server tells the app its client left (uvicorn only).
 DISCONNECT_EXTENSION = "ppd.disconnect"
-# The scope extension the app calls (no arguments) when it will have its response's first
-# body bytes at hand as it sends the head: the head then waits for them (uvicorn only).
-HEAD_WITH_BODY_EXTENSION = "ppd.head_with_body"
-
-
 class DisconnectSignal:
     """Calls `callback` (set by the app, once the request is read) when the client's
     connection is lost before the response completed. An ASGI app learns that only by
@@ -68,56 +65,17 @@ class DisconnectSignal:
             callback()
 
 
-class CycleTransport:
-    """The transport uvicorn's response cycle writes to, around the connection's.
-
-    After `head_with_body()` the response's head - the cycle's first write: status line and
-    headers - is kept until the body's first bytes and written with them, one write (and one
-    packet) where there were two. Only for an app that has its first bytes at hand (the
-    proxy does: a reply's first chunk has arrived before it answers), since a client gets
-    nothing until then."""
-
-    __slots__ = ("_transport", "_hold", "_head")
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._hold = False
-        self._head: bytes | None = None
-
-    def head_with_body(self) -> None:
-        self._hold = True
-
-    def write(self, data: bytes) -> None:
-        if self._hold:
-            if self._head is None:
-                self._head = data
-                return
-            data = self._head + data
-            self._hold, self._head = False, None
-        self._transport.write(data)
-
-    def flush(self) -> None:
-        """Write a head still kept (the response ended without a body: HEAD, or cut)."""
-        head, self._head, self._hold = self._head, None, False
-        if head is not None and not self._transport.is_closing():
-            self._transport.write(head)
-
-    def close(self) -> None:
-        self.flush()
-        self._transport.close()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
 def uvicorn_serving(app: Any, sock: socket.socket, stop: asyncio.Event, grace: float
              ) -> Coroutine[Any, Any, None]:
     import uvicorn
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+    from proxy.serving.direct import serve_direct  # imports uvicorn
+
+    # The app's own hook for the requests it serves without ASGI (a Quart app keeps its ASGI
+    # callable, where the completion endpoints sit, as `asgi_app`).
+    target = getattr(app, "asgi_app", app)
+    direct = target.direct if isinstance(target, DirectApp) else None
     header_timeout, body_timeout, idle_timeout = HEADER_TIMEOUT_S, BODY_TIMEOUT_S, KEEP_ALIVE_S
 
     class Protocol(HttpToolsProtocol):
@@ -207,19 +165,20 @@ def uvicorn_serving(app: Any, sock: socket.socket, stop: asyncio.Event, grace: f
             # (the app's task runs from the next turn of the loop, after the swap below).
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
             extensions[DISCONNECT_EXTENSION] = DisconnectSignal()
-            transport = CycleTransport(self.transport)
-            extensions[HEAD_WITH_BODY_EXTENSION] = transport.head_with_body
-            before = self.cycle
             super().on_headers_complete()
-            if self.cycle is not None and self.cycle is not before:  # a new request's cycle
-                self.cycle.transport = transport  # type: ignore[assignment]
             self._wanted = (body_timeout, "body")
 
-        def on_response_complete(self) -> None:
-            cycle = self.cycle
-            if cycle is not None and isinstance(cycle.transport, CycleTransport):
-                cycle.transport.flush()
-            super().on_response_complete()
+        def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+            # uvicorn starts a request here (at once, or when a pipelined one before it is
+            # answered); a request the app serves directly runs `serve_direct` instead of the
+            # ASGI cycle. Not when uvicorn swapped the app (its concurrency limit's 503).
+            handler = direct(cycle.scope) if direct is not None and app is self.app else None
+            if handler is None:
+                super()._start_asgi_task(cycle, app)
+                return
+            task = self.loop.create_task(serve_direct(cycle, handler))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
 
         def on_message_complete(self) -> None:
             self._clear_deadline()

@@ -20,6 +20,7 @@ upstream response so vLLM aborts the request), releases whatever is still held.
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ from proxy.upstream.backends import Backend
 from proxy.upstream.deadline import Deadline, DeadlineExceeded, guarded
 from proxy.upstream.forward import UpstreamStream
 from proxy.upstream.lease import Lease
+
+log = logging.getLogger("ppd.proxy")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +94,8 @@ class Relay:
                  on_reply: Callable[[Captured], Awaitable[None] | None],
                  on_failure: Callable[[ProxyError], None],
                  on_close: Callable[[], None] | None = None,
-                 limits: StreamLimits = StreamLimits()) -> None:
+                 limits: StreamLimits = StreamLimits(), record_late: bool = False) -> None:
+        """`record_late`: see the attribute."""
         self._stream = stream
         self._limits = limits
         self._node = node
@@ -100,6 +104,16 @@ class Relay:
         self._on_reply = on_reply
         self._on_failure = on_failure
         self._on_close = on_close  # once, last (the access log line)
+        # The turn may be recorded when the relay closes, after the reply's last bytes went
+        # out (rather than before `[DONE]` is released): the client gets its end sooner (the
+        # capture's parse and the record leave the path to it, ~10% of a turn at concurrency
+        # 1, benchmarks/proxy_overhead). Only where nothing can be read in between: the
+        # router allows it for a store in this process (its record never yields to the event
+        # loop), and the caller keeps it only if it writes the last chunk and closes the relay
+        # without yielding either (`proxy.serving.endpoints` on the proxy's own server): then
+        # no request - the client's next turn included - is read before the turn is recorded.
+        self.record_late = record_late
+        self._late = False  # the reply's end went out; it is recorded at the close
         self._framer = SseFramer()
         self._done_next: bytes = b""  # a `[DONE]` held back until the turn is recorded
         self._ended = False  # the upstream's part is over; what is held is the last
@@ -166,6 +180,12 @@ class Relay:
                 if limit is not None and not done and capture.could_exceed(limit):
                     raise UpstreamRunaway(f"backend {self._node.url} streamed past the request's "
                                         f"max_tokens ({limit}); reply cut")
+                if done and self.record_late and self._sent and self._stream.at_end:
+                    # The reply's last events and the upstream's end: all of it goes out now;
+                    # the capture reads it when the relay closes (`record_late`).
+                    self._late = self._ended = self.finished = True
+                    self._lease.settle(self._node, ok=True)
+                    return head + done + self._framer.flush()
                 if done:
                     # The complete events hold "[DONE]" (maybe only inside a reply's text: the
                     # capture says whether the stream's own `[DONE]` event came).
@@ -215,6 +235,11 @@ class Relay:
         if self._closed:
             return
         self._closed = True
+        try:
+            if self._late:
+                await self._reply_once()
+        except Exception as exc:  # a bug: the client has its reply; the turn stays unrecorded
+            log.exception("recording the turn failed: %s", exc)
         try:
             await self._stream.aclose()
         finally:

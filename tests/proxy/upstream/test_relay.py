@@ -131,8 +131,8 @@ async def test_done_before_the_upstreams_end_is_not_the_last_chunk() -> None:
 
 
 async def _sent_by_stream(ends_with_last: bool) -> list[tuple[bytes, bool]]:
-    from proxy.routing.router import Reply
     from proxy.serving.endpoints import _stream
+    from proxy.serving.responders import AsgiResponder
 
     event = b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n'
     relay = Relay(_Chunks([event, b"data: [DONE]\n\n"], ends_with_last), None,  # type: ignore[arg-type]
@@ -144,7 +144,7 @@ async def _sent_by_stream(ends_with_last: bool) -> list[tuple[bytes, bool]]:
         if message["type"] == "http.response.body":
             sent.append((message["body"], message["more_body"]))  # type: ignore[arg-type]
 
-    await _stream(Reply(200, {}, relay, "text/event-stream"), relay, send)  # type: ignore[arg-type]
+    await _stream(200, [], relay, AsgiResponder(send))  # type: ignore[arg-type]
     return sent
 
 
@@ -170,3 +170,45 @@ async def test_the_last_events_go_out_with_done_once_recorded_after_the_first_ch
     assert seen[0] == (first, False)
     assert isinstance(seen[1], Captured) and seen[1].text == "Hi there" and seen[1].complete
     assert seen[2:] == [(last + b"data: [DONE]\n\n", True)]
+
+
+async def test_a_late_record_sends_the_end_first_and_records_when_the_relay_closes() -> None:
+    first = b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n'
+    last = b'data: {"choices": [{"index": 0, "delta": {"content": " there"}}]}\n\n'
+    seen: list[object] = []
+    lease = _CountingLease()
+    relay = Relay(_Chunks([first, last + b"data: [DONE]\n\n"], True), None,  # type: ignore[arg-type]
+                  lease, ReplyCapture(stream=True), seen.append,  # type: ignore[arg-type]
+                  lambda exc: None, record_late=True)
+    async for piece in relay:
+        seen.append((piece, relay.finished))
+        if relay.finished:
+            break  # as the server does: the last chunk written, then the relay closed
+    assert seen == [(first, False), (last + b"data: [DONE]\n\n", True)]  # nothing recorded yet
+    assert lease.settled == [True]
+    await relay.aclose()
+    assert isinstance(seen[2], Captured) and seen[2].text == "Hi there" and seen[2].complete
+    await relay.aclose()
+    assert len(seen) == 3  # recorded once
+
+
+async def test_a_late_record_waits_for_the_upstreams_end_and_never_records_a_cut_reply(
+        ) -> None:
+    first = b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n'
+    done = b"data: [DONE]\n\n"
+    # The upstream's end comes after [DONE]: recorded before [DONE] goes out, as without it.
+    seen: list[object] = []
+    relay = Relay(_Chunks([first, done], False), None, _CountingLease(),  # type: ignore[arg-type]
+                  ReplyCapture(stream=True), seen.append, lambda exc: None,  # type: ignore[arg-type]
+                  record_late=True)
+    async for piece in relay:
+        seen.append(piece)
+    assert seen[0] == first and isinstance(seen[1], Captured) and seen[2:] == [done]
+    # A client gone before the end: closed early, nothing recorded.
+    recorded: list[Captured] = []
+    relay = Relay(_Chunks([first, done], True), None, _CountingLease(),  # type: ignore[arg-type]
+                  ReplyCapture(stream=True), recorded.append, lambda exc: None,  # type: ignore[arg-type]
+                  record_late=True)
+    assert await relay.__anext__() == first
+    await relay.aclose()
+    assert recorded == []
