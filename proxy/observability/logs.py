@@ -139,11 +139,11 @@ class AccessEntry:
     def decided(self, decision: Decision, fell_back: Fallback | None = None) -> None:
         """The policy's reason, the costs it weighed, the table cell of a `ppd` decision,
         and why the route decided did not serve the turn (when it did not)."""
-        self.reason = decision.reason.value
+        self.reason = decision.reason  # a StrEnum: its value, written as text
         if decision.costs:
             self.costs = costs_text(decision.costs)
         if fell_back is not None:
-            self.fallback = fell_back.reason.value
+            self.fallback = fell_back.reason
         if decision.cell is not None:
             cell = decision.cell
             self.cell = f"{cell.context_class.value}/{cell.workload}/{cell.qps:g}"

@@ -124,15 +124,17 @@ class ProxyMetrics:
         """One request took `route` (the decision may have been overridden by failover);
         `fallback`: the route it was decided or forced for, and why that one did not serve."""
         cell = decision.cell
-        self._child(self.requests, endpoint, route.value, decision.reason.value,
-                    cell.context_class.value if cell else "", cell.workload if cell else "",
+        # Labels and keys are the StrEnum members themselves (equal to and hashed as their
+        # values): `.value` is a Python-level descriptor, 17 calls a request.
+        self._child(self.requests, endpoint, route, decision.reason,
+                    cell.context_class if cell else "", cell.workload if cell else "",
                     f"{cell.qps:g}" if cell else "").inc()
         self.turns.observe(turn)
         if fallback is not None:
             wanted, why = fallback
-            self._child(self.fallbacks, wanted.value, why.value).inc()
-        self._routes[route.value] += 1
-        self._reasons[decision.reason.value] += 1
+            self._child(self.fallbacks, wanted, why).inc()
+        self._routes[route] += 1
+        self._reasons[decision.reason] += 1
 
     def read_back(self, tokens: int) -> None:
         """A readback turn told P to read `tokens` tokens' KV from D."""
@@ -146,18 +148,18 @@ class ProxyMetrics:
 
     def first_byte(self, route: RouteKind, seconds: float, turn: int = 1) -> None:
         """Proxy-side TTFT of one request (turn: its index in the conversation)."""
-        self._child(self.ttft, route.value).observe(seconds)
+        self._child(self.ttft, route).observe(seconds)
         if turn > 1:
-            self._child(self.followup_ttft, route.value).observe(seconds)
+            self._child(self.followup_ttft, route).observe(seconds)
 
     def finished(self, route: RouteKind, e2e: float, ttft: float | None,
                  completion_tokens: int | None) -> None:
         """A complete reply: E2E, and TPOT when it was streamed (TTFT known) and had 2+
         tokens."""
-        self._child(self.e2e, route.value).observe(e2e)
+        self._child(self.e2e, route).observe(e2e)
         if ttft is not None and completion_tokens is not None and completion_tokens > 1:
             tpot = max(e2e - ttft, 0.0) / (completion_tokens - 1)
-            self._child(self.tpot, route.value).observe(tpot)
+            self._child(self.tpot, route).observe(tpot)
 
     def upstream_error(self, role: str, kind: str) -> None:
         """One upstream failure (before or during a response)."""

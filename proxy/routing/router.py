@@ -93,7 +93,7 @@ class Router:
         whole
         answer, when the relay closes for a stream."""
         started = self.clock()
-        access = AccessEntry(incoming.endpoint.value, stream=incoming.stream)
+        access = AccessEntry(incoming.endpoint, stream=incoming.stream)
         try:
             lease = self.admission.admit()
         except Overloaded as exc:
@@ -172,11 +172,11 @@ class Router:
             None if self.policy.spec.ignores_forcing else incoming.forced)
         access.decided(decision, fell_back)
         turn.explained = explain.decision_headers(decision, fell_back)
-        access.route = served.route.value
+        access.route = served.route
         access.prefill = served.prefill.url if served.prefill is not None else None
         access.decode = served.decode.url if served.decode is not None else None
         if not served.rejected:
-            self.metrics.routed(incoming.endpoint.value, served.route, decision, lookup.turn,
+            self.metrics.routed(incoming.endpoint, served.route, decision, lookup.turn,
                                 (fell_back.wanted, fell_back.reason) if fell_back else None)
             if served.route is RouteKind.READBACK:
                 self.metrics.read_back(machine.read_back)

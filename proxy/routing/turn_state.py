@@ -110,7 +110,7 @@ class TurnInFlight:
         session = label if _PLAIN_ID.fullmatch(label) else quote(label, safe=_HEADER_SAFE)
         headers = {"x-ppd-session": session, "x-ppd-turn": str(self.lookup.turn)}
         if self.route is not None:
-            headers["x-ppd-route"] = self.route.value
+            headers["x-ppd-route"] = self.route  # a StrEnum: its value
         if self.explained is not None:
             headers.update(self.explained)
         return headers

@@ -51,8 +51,8 @@ class DirectResponder:
     def _head_bytes(self, status: int, headers: Headers, framing: bytes) -> bytes:
         cycle = self._cycle
         headers = cycle.default_headers + headers  # uvicorn's date and server lines
-        if (_BAD_NAME.search(b"".join(name for name, _ in headers))
-                or _BAD_VALUE.search(b"".join(value for _, value in headers))):
+        if (_BAD_NAME.search(b"".join([name for name, _ in headers]))
+                or _BAD_VALUE.search(b"".join([value for _, value in headers]))):
             raise RuntimeError("Invalid HTTP header name or value.")
         lines = [STATUS_LINE[status]]
         for name, value in headers:

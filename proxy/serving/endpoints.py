@@ -1,9 +1,11 @@
-"""The completion endpoints as a bare ASGI app in front of Quart: the proxy's hot path.
+"""The completion endpoints, served ahead of Quart: the proxy's hot path.
 
 POST /v1/chat/completions and /v1/completions are served here, without Quart's request
 context, session cookie, routing and response wrappers, which cost about a third of the
-proxy's CPU per request on benchmarks/proxy_overhead. Every other request (and the lifespan)
-goes on to the Quart app. The handler stays thin: check the API key and the forcing header,
+proxy's CPU per request on benchmarks/proxy_overhead. The proxy's own server hands them over
+directly (`CompletionsApp.direct`, answered on its connection: `proxy.serving.direct`); as an
+ASGI app (any other server, a test's ASGI client) it serves them the same way and passes every
+other request (and the lifespan) on to the Quart app. The handler stays thin: check the API key and the forcing header,
 read the body under the size limit, parse and validate it, hand it to the router, and send
 the `Reply`: bytes, or a relay streamed until it ends or the client disconnects - which closes
 the relay, so the upstream response is closed and vLLM aborts the request.
@@ -210,7 +212,10 @@ class CompletionsApp:
 
 
 def _header_bytes(scope: Scope) -> int:
-    return sum(len(name) + len(value) for name, value in scope["headers"])
+    size = 0
+    for name, value in scope["headers"]:
+        size += len(name) + len(value)
+    return size
 
 
 def _headers_too_large() -> HeadersTooLarge:

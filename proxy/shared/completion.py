@@ -207,6 +207,11 @@ class ReplyCapture:
             if not line or not line.startswith(b"data:"):
                 continue
             data = line[5:]
+            if data[-6:] == b"[DONE]" and data.strip() == b"[DONE]":
+                # Every stream's last event: told apart before orjson, whose refusal of it
+                # costs an exception (a Python-level JSONDecodeError) a reply.
+                self._done = True
+                continue
             try:
                 # orjson skips JSON's own whitespace around a document itself.
                 payload = _orjson_loads(data)

@@ -82,9 +82,9 @@ def parse_costs(text: str) -> dict[str, dict[str, float]]:
 def decision_headers(decision: Decision, fell_back: Fallback | None) -> dict[str, str]:
     """The reason, fallback and costs headers of a reply (the costs for admins only:
     `proxy.serving.endpoints` removes them from the others' replies)."""
-    headers = {REASON_HEADER: decision.reason.value}
+    headers: dict[str, str] = {REASON_HEADER: decision.reason}  # StrEnums: their values
     if fell_back is not None:
-        headers[FALLBACK_HEADER] = fell_back.reason.value
+        headers[FALLBACK_HEADER] = fell_back.reason
     costs = costs_text(decision.costs)
     if costs is not None:
         headers[COSTS_HEADER] = costs

@@ -121,7 +121,7 @@ async def fetch(legs: Legs, base_url: str, endpoint: Endpoint,
                 body: dict[str, Any], request_id: str, leg_name: str | None = None) -> Answer:
     """POST body and read the whole answer (2xx or 4xx); a 5xx or a broken body raises
     (`leg_name`: its span's, when traced)."""
-    url = base_url + endpoint.value
+    url = base_url + endpoint
     leg = "prefill" if leg_name is None else leg_name
     response, content, _ = await _post(legs, url, body, request_id, stream=False, leg=leg)
     return _answer(response, content, url)
@@ -186,7 +186,7 @@ async def prefill(legs: Legs, base_url: str, endpoint: Endpoint,
     params = body.get("kv_transfer_params")
     # A P leg that reads the history's KV back from D names how many tokens to read.
     reads_back = isinstance(params, dict) and "remote_num_tokens" in params
-    leg = RouteKind.READBACK.value if reads_back else "prefill"
+    leg = RouteKind.READBACK if reads_back else "prefill"
     answer = await fetch(legs, base_url, endpoint, body, request_id, leg)
     if answer.rejected:
         return answer
@@ -251,7 +251,7 @@ class UpstreamStream:
 async def open_stream(legs: Legs, base_url: str, endpoint: Endpoint,
                       body: dict[str, Any], request_id: str) -> UpstreamStream | Answer:
     """POST body and wait for the first chunk (a 4xx: its whole answer); errors raise."""
-    url = base_url + endpoint.value
+    url = base_url + endpoint
     response, _, span = await _post(legs, url, body, request_id, stream=True,
                                     leg=_answering_leg(body))
     try:

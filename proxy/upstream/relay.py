@@ -147,6 +147,8 @@ class Relay:
         try:
             if self._done_next:
                 done, self._done_next = self._done_next, b""
+                if self.record_late and self._stream.at_end:
+                    return self._end_late(done)
                 if capture.stream_done:
                     await self._reply_once()
                     return self._finish_with(done)
@@ -181,11 +183,7 @@ class Relay:
                     raise UpstreamRunaway(f"backend {self._node.url} streamed past the request's "
                                         f"max_tokens ({limit}); reply cut")
                 if done and self.record_late and self._sent and self._stream.at_end:
-                    # The reply's last events and the upstream's end: all of it goes out now;
-                    # the capture reads it when the relay closes (`record_late`).
-                    self._late = self._ended = self.finished = True
-                    self._lease.settle(self._node, ok=True)
-                    return head + done + self._framer.flush()
+                    return self._end_late(head + done)
                 if done:
                     # The complete events hold "[DONE]" (maybe only inside a reply's text: the
                     # capture says whether the stream's own `[DONE]` event came).
@@ -211,6 +209,13 @@ class Relay:
                 raise StopAsyncIteration from None
             self._on_failure(exc)
             return error_event(exc)
+
+    def _end_late(self, last: bytes) -> bytes:
+        """The reply's last bytes (`[DONE]` among them) with the upstream's end: all of it goes
+        out now, and the capture reads it when the relay closes (`record_late`)."""
+        self._late = self._ended = self.finished = True
+        self._lease.settle(self._node, ok=True)
+        return last + self._framer.flush()
 
     def _finish_with(self, done: bytes) -> bytes:
         """`[DONE]` (the turn recorded), and when the upstream's end has arrived too, what

@@ -212,3 +212,20 @@ async def test_a_late_record_waits_for_the_upstreams_end_and_never_records_a_cut
     assert await relay.__anext__() == first
     await relay.aclose()
     assert recorded == []
+
+
+async def test_a_late_record_of_a_reply_that_arrived_whole_still_sends_its_tokens_first(
+        ) -> None:
+    reply = b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n'
+    seen: list[object] = []
+    relay = Relay(_Stream(reply + b"data: [DONE]\n\n"), None, _Lease(),  # type: ignore[arg-type]
+                  ReplyCapture(stream=True), seen.append, lambda exc: None,  # type: ignore[arg-type]
+                  record_late=True)
+    async for piece in relay:
+        seen.append((piece, relay.finished))
+        if relay.finished:
+            break
+    # The tokens first (the first write), then [DONE] as the body's last, unrecorded yet.
+    assert seen == [(reply, False), (b"data: [DONE]\n\n", True)]
+    await relay.aclose()
+    assert isinstance(seen[2], Captured) and seen[2].text == "Hi" and seen[2].complete
