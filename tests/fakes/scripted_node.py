@@ -38,6 +38,7 @@ class Answer:
     content_type: str = "application/json"
     length: int | None = None  # None: chunked transfer encoding
     status: int = 200
+    pause_s: float = 0.0  # a wait after the first piece (the rest, and the end, go out at once)
 
     @staticmethod
     def whole(body: bytes, status: int = 200) -> Answer:
@@ -137,10 +138,12 @@ async def _write(writer: asyncio.StreamWriter, answer: Answer) -> None:
                else "transfer-encoding: chunked")
     writer.write(f"HTTP/1.1 {answer.status} X\r\ncontent-type: {answer.content_type}\r\n"
                  f"{framing}\r\n\r\n".encode())
-    for piece in answer.pieces:
+    for n, piece in enumerate(answer.pieces):
         writer.write(piece if answer.length is not None else b"%x\r\n%s\r\n" % (len(piece),
                                                                                   piece))
         await writer.drain()
+        if n == 0 and answer.pause_s:
+            await asyncio.sleep(answer.pause_s)
     if answer.length is None:
         writer.write(b"0\r\n\r\n")
     await writer.drain()

@@ -3,16 +3,14 @@ updated, even when the upstream stream closes later (seen under load with real v
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
-from types import SimpleNamespace
+from typing import Any
 
 import httpx
 
 from proxy.config.policy_config import Policy
 from tests.fakes.fake_vllm import FakeVLLM
+from tests.fakes.scripted_node import Answer, scripted_node
 from tests.proxy.helpers import chat_body, config_for, serve_proxy
 
 
@@ -44,46 +42,21 @@ async def test_next_turn_right_after_done_continues_the_session(
     assert (headers["x-ppd-turn"], headers["x-ppd-route"]) == ("2", "local")
 
 
-@contextlib.asynccontextmanager
-async def _decode_ending_with_done() -> AsyncIterator[str]:
+def _ending_with_done(path: str, body: dict[str, Any]) -> Answer:
     """A D whose stream's first event goes out alone and its last events, `[DONE]` and the
     body's end in one write (as vLLM's last writes reach a proxy under load): the relay may
     then record the turn after the client has its end (`Relay.record_late`)."""
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-            while True:
-                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
-                if "content-length:" in head:
-                    await reader.readexactly(int(head.split("content-length:")[1]
-                                                 .split("\r\n")[0]))
-                if head.startswith("get"):  # /health, /v1/models
-                    models = b'{"object": "list", "data": [{"id": "fake-model"}]}'
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                                 b"content-length: %d\r\n\r\n%s" % (len(models), models))
-                    continue
-                events = [b'data: {"choices": [{"index": 0, "delta": {"content": "%s"}}]}\n\n'
-                          % word for word in (b"Once", b" upon", b" a time.")]
-                events.append(b'data: {"choices": [{"index": 0, "delta": {}, '
-                              b'"finish_reason": "stop"}]}\n\n')
-                events.append(b"data: [DONE]\n\n")
-                chunks = [b"%x\r\n%s\r\n" % (len(e), e) for e in events]
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                             b"transfer-encoding: chunked\r\n\r\n" + chunks[0])
-                await asyncio.sleep(0.01)
-                writer.write(b"".join(chunks[1:]) + b"0\r\n\r\n")
-        writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    finally:
-        server.close()
+    events = [b'data: {"choices": [{"index": 0, "delta": {"content": "%s"}}]}\n\n' % word
+              for word in (b"Once", b" upon", b" a time.")]
+    events.append(b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n')
+    return Answer((events[0], *events[1:], b"data: [DONE]\n\n"), "text/event-stream",
+                  pause_s=0.01)
 
 
 async def test_turns_sent_the_moment_each_done_arrives_all_continue_the_session(
         cluster: dict[str, FakeVLLM]) -> None:
-    async with _decode_ending_with_done() as decode:
-        nodes = {"p1": cluster["p1"], "d1": SimpleNamespace(url=decode)}
+    async with scripted_node(_ending_with_done) as decode:
+        nodes = {"p1": cluster["p1"], "d1": decode}
         async with serve_proxy(config_for(nodes, Policy.LOCAL)) as proxy:  # type: ignore[arg-type]
             contents = ["Tell me a story."]
             for turn in range(1, 7):
