@@ -5,10 +5,11 @@ context, session cookie, routing and response wrappers, which cost about a third
 proxy's CPU per request on benchmarks/proxy_overhead. The proxy's own server hands them over
 directly (`CompletionsApp.direct`, answered on its connection: `proxy.serving.direct`); as an
 ASGI app (any other server, a test's ASGI client) it serves them the same way and passes every
-other request (and the lifespan) on to the Quart app. The handler stays thin: check the API key and the forcing header,
-read the body under the size limit, parse and validate it, hand it to the router, and send
-the `Reply`: bytes, or a relay streamed until it ends or the client disconnects - which closes
-the relay, so the upstream response is closed and vLLM aborts the request.
+other request (and the lifespan) on to the Quart app. The handler stays thin: check the API
+key and the forcing header, read the body under the size limit, parse and validate it, hand
+it to the router, and send the `Reply`: bytes, or a relay streamed until it ends or the
+client disconnects - which closes the relay, so the upstream response is closed and vLLM
+aborts the request.
 """
 
 from __future__ import annotations
