@@ -48,6 +48,8 @@ SHUTDOWN_GRACE_S = 5.0
 
 # The scope extension through which the server tells the app its client left (uvicorn only).
 DISCONNECT_EXTENSION = "ppd.disconnect"
+
+
 class DisconnectSignal:
     """Calls `callback` (set by the app, once the request is read) when the client's
     connection is lost before the response completed. An ASGI app learns that only by
@@ -162,7 +164,7 @@ def uvicorn_serving(app: Any, sock: socket.socket, stop: asyncio.Event, grace: f
 
         def on_headers_complete(self) -> None:
             # Before uvicorn builds the request's cycle from the scope and starts the app
-            # (the app's task runs from the next turn of the loop, after the swap below).
+            # (`_start_asgi_task`; the task runs from the next turn of the loop).
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
             extensions[DISCONNECT_EXTENSION] = DisconnectSignal()
             super().on_headers_complete()
