@@ -21,6 +21,17 @@ SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "samples" / "mooncak
 MAX_CONTEXT = 4000
 
 
+def _all_answered(frame: pd.DataFrame) -> None:
+    """Every request got a 200 and its tokens. A 1-token turn (the trace's short answers,
+    scaled) may count as "no tokens in the answer" though vLLM generated it: the tiny model
+    samples at temperature 1 and, with ignore_eos, may pick a special token, whose text vLLM
+    skips (CI, 2026-11-29: usage said 1 completion token, no text came). Such a row is
+    answered; anything else is a failure."""
+    textless = ((frame["error"] == "no tokens in the answer") & (frame["status"] == 200)
+                & (frame["n_output_tokens"] >= 1))
+    assert (frame["success"] | textless).all(), frame["error"].dropna().tolist()
+
+
 @pytest.fixture(scope="module")
 def pd_proxy(cluster_1p1d: Cluster, tiny_model: Path) -> Iterator[str]:
     with proxy_for(cluster_1p1d, "pd", tiny_model) as url:
@@ -47,7 +58,7 @@ def test_the_sample_replays_through_the_proxy(pd_proxy: str, tiny_model: Path,
     fitting = [r for r in window if len_scaled(r["input_length"])
                + min(max(round(r["output_length"] * 0.125), 1), 8) <= MAX_CONTEXT]
     assert 0 < len(frame) == len(fitting) < len(window)  # the longest ones do not fit
-    assert frame["success"].all(), frame["error"].dropna().tolist()
+    _all_answered(frame)
     assert set(frame["route"]) == {"pd"} and frame["prefill"].notna().all()
     # the prompt the node counted is the scaled one (ids, not text re-tokenised)
     assert sorted(frame["n_input_tokens"]) == sorted(
@@ -75,7 +86,7 @@ def test_continuations_of_the_sample_are_routed_local(local_proxy: str, tiny_mod
                 "--out", str(out), "--no-progress"])
     assert code == 0
     frame = pd.read_csv(out / "requests.csv").sort_values("start_ms")
-    assert frame["success"].all(), frame["error"].dropna().tolist()
+    _all_answered(frame)
     seen = [(c, int(t), r, int(p)) for c, t, r, p in
             frame[["conversation_id", "turn", "route", "proxy_turn"]].itertuples(index=False)]
     assert len(seen) == 9
