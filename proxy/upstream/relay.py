@@ -213,13 +213,13 @@ class Relay:
     def _end_late(self, last: bytes) -> bytes:
         """The reply's last bytes (`[DONE]` among them) with the upstream's end: all of it goes
         out now, and the capture reads it when the relay closes (`record_late`)."""
-        self._late = self._ended = self.finished = True
-        self._lease.settle(self._node, ok=True)
-        return last + self._framer.flush()
+        self._late = True
+        return self._finish_with(last)
 
     def _finish_with(self, done: bytes) -> bytes:
-        """`[DONE]` (the turn recorded), and when the upstream's end has arrived too, what
-        the framer still holds: then the stream is over here, as when its end is read."""
+        """`[DONE]` (the turn recorded, or recorded at the close), and when the upstream's end
+        has arrived too, what the framer still holds: then the stream is over here, as when
+        its end is read."""
         if not self._stream.at_end:
             return done
         self._ended = self.finished = True
